@@ -1,0 +1,136 @@
+// Package store decides rate-limit checks against counter state. It defines
+// the Store contract and the algorithms' exact arithmetic; the memory store
+// (this package) and the Redis store (package store/redis via lua/) implement
+// it and must give identical results for identical inputs and clocks.
+//
+// # Arithmetic (shared by every implementation, bit for bit)
+//
+// Time is an integer count of microseconds since the Unix epoch (now). A
+// window is W whole seconds, Wus = W*1e6 microseconds. All fractional
+// arithmetic is IEEE-754 float64 in the order written here, so Lua (doubles)
+// and Go produce the same numbers.
+//
+// Every algorithm has a "budget" R (how many single hits would pass right
+// now, never negative). A consuming check of h >= 1 hits is allowed iff
+// h <= R; it then consumes h and reports Remaining = R - h. A check-only
+// check (h == 0) is allowed iff R >= 1 and reports Remaining = R. A refund
+// (Refund true) returns h hits to the budget, is always allowed, and reports
+// the budget after the refund.
+//
+// Sliding-window counter (seed-lld.md). State: win, cur, prev (integers).
+//
+//	curWin  = floor(now / Wus)
+//	if no state: win, cur, prev = curWin, 0, 0
+//	if win != curWin: prev = (win == curWin-1) ? cur : 0; cur = 0
+//	elapsed = (now - curWin*Wus) / Wus             -- float in [0,1)
+//	rate    = prev*(1-elapsed) + cur
+//	R       = rate < L ? ceil(L - rate) : 0
+//	consume: cur += h
+//	refund:  cur -= h; if cur < 0 { prev = max(0, prev+cur); cur = 0 }
+//	Reset   = Wus - (now - curWin*Wus)             -- to the end of the window
+//	TTL     = 2*W seconds, set on every write
+//
+// RetryAfter when denied (h > R): the earliest time at which h hits would pass
+// with no other traffic. Let A = L - cur - h + 1.
+//
+//	if A > 0 (prev > 0 necessarily): x = (1 - A/prev)*Wus - (now - curWin*Wus)
+//	else: A2 = L - h + 1
+//	      if A2 <= 0 (h > L, can never pass): RetryAfter = Reset
+//	      elif cur < A2: x = Reset (the next window start) minus 1 microsecond
+//	      else: x = Reset + (1 - A2/cur)*Wus
+//	RetryAfter = floor(x) + 1 microseconds
+//
+// Fixed window. State: win, count. If win != curWin: count = 0.
+// R = max(0, L - count); refund: count = max(0, count - h).
+// Reset = RetryAfter = Wus - (now - curWin*Wus); TTL = Reset (rounded up to a
+// whole millisecond), set on every write.
+//
+// Token bucket. Capacity B = Burst (Burst 0 means L); refill rate
+// r = L / Wus tokens per microsecond. State: tokens (float), last (integer
+// microseconds). No state: tokens = B, last = now.
+//
+//	tokens = min(B, tokens + (now - last)*r); last = now
+//	R = floor(tokens)
+//	consume: tokens -= h      refund: tokens = min(B, tokens + h)
+//	Reset      = floor((B - tokens)/r) + 1 microseconds when tokens < B, else 0 (time to full)
+//	RetryAfter = floor((h - tokens)/r) + 1 microseconds when h <= B, else Reset of an empty bucket
+//	TTL        = ceil(B/r) microseconds + 1 second, in whole milliseconds rounded up
+//
+// Redis stores tokens as string.format('%.17g', tokens) so the double round-
+// trips exactly.
+//
+// # Batches
+//
+// Decide evaluates a batch atomically. Refund checks are applied first and are
+// always written. Then the other checks are evaluated in order, each against
+// the state the earlier checks of the batch left (so two checks of one key
+// count twice). If every consuming check is allowed, all consumption is
+// written; if any consuming check is denied, no consumption is written (a
+// denied request takes no quota). Each Result reports its own check's
+// verdict computed in that pass. Check-only checks never write.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Algorithm selects the counting algorithm of a check.
+type Algorithm uint8
+
+// The algorithms. The zero value is the default, the sliding-window counter.
+const (
+	SlidingWindow Algorithm = iota
+	TokenBucket
+	FixedWindow
+)
+
+// String returns the algorithm's configuration name.
+func (a Algorithm) String() string {
+	switch a {
+	case SlidingWindow:
+		return "sliding_window"
+	case TokenBucket:
+		return "token_bucket"
+	case FixedWindow:
+		return "fixed_window"
+	}
+	return "unknown"
+}
+
+// Check is one counter to decide. Key is the full store key (see
+// descriptors.AppendKey); all checks whose keys share a Redis hash slot are
+// decided in one script call.
+type Check struct {
+	Key       string
+	Algorithm Algorithm
+	Limit     uint64        // requests per window
+	Window    time.Duration // a whole number of seconds, at least one
+	Burst     uint64        // token bucket capacity; 0 means Limit
+	Hits      uint64        // 0 means check without consuming
+	Refund    bool          // return Hits to the budget (is_negative_hits)
+}
+
+// Result is the outcome of one Check.
+type Result struct {
+	Allowed    bool
+	Remaining  uint64        // budget left after this check (see the package doc)
+	RetryAfter time.Duration // when denied: until the same check would pass; 0 when allowed
+	Reset      time.Duration // until the current window ends (token bucket: until full)
+}
+
+// Store decides batches of checks. Implementations are safe for concurrent use.
+type Store interface {
+	// Decide decides checks atomically (see the package doc) and writes one
+	// Result per Check into results, which has the same length as checks. An
+	// error means nothing is known about the outcome; errors caused by an
+	// unreachable or slow backend wrap ErrUnavailable.
+	Decide(ctx context.Context, checks []Check, results []Result) error
+	// Close releases the store's resources.
+	Close() error
+}
+
+// ErrUnavailable marks errors caused by a store backend that cannot answer
+// (connection refused, timeout, cluster down). Callers fall back on it.
+var ErrUnavailable = errors.New("store unavailable")
