@@ -68,6 +68,10 @@
 // written; if any consuming check is denied, no consumption is written (a
 // denied request takes no quota). Each Result reports its own check's
 // verdict computed in that pass. Check-only checks never write.
+//
+// A Shadow check is evaluated like any other, but its denial does not veto
+// the batch: the other checks consume as if it were absent, and the denied
+// shadow check itself writes nothing. An allowed shadow check consumes.
 package store
 
 import (
@@ -110,6 +114,7 @@ type Check struct {
 	Burst     uint64        // token bucket capacity; 0 means Limit
 	Hits      uint64        // 0 means check without consuming
 	Refund    bool          // return Hits to the budget (is_negative_hits)
+	Shadow    bool          // shadow mode: a denial does not veto the batch (see the package doc)
 }
 
 // Result is the outcome of one Check.
@@ -118,14 +123,20 @@ type Result struct {
 	Remaining  uint64        // budget left after this check (see the package doc)
 	RetryAfter time.Duration // when denied: until the same check would pass; 0 when allowed
 	Reset      time.Duration // until the current window ends (token bucket: until full)
+	// Undecided marks a check the store could not decide because the part of
+	// the backend that owns its key is unavailable (see Store.Decide).
+	Undecided bool
 }
 
 // Store decides batches of checks. Implementations are safe for concurrent use.
 type Store interface {
 	// Decide decides checks atomically (see the package doc) and writes one
-	// Result per Check into results, which has the same length as checks. An
-	// error means nothing is known about the outcome; errors caused by an
-	// unreachable or slow backend wrap ErrUnavailable.
+	// Result per Check into results, which has the same length as checks.
+	// Errors caused by an unreachable or slow backend wrap ErrUnavailable;
+	// then the results not marked Undecided are valid decisions (a Redis
+	// Cluster whose other shards answered) and the Undecided ones are for the
+	// caller's fallback. A store that marks none has decided none. Any other
+	// error means nothing is known about the outcome.
 	Decide(ctx context.Context, checks []Check, results []Result) error
 	// Close releases the store's resources.
 	Close() error
