@@ -1,0 +1,67 @@
+// Package descriptors is the rate-limit configuration model: it parses and
+// validates the descriptor YAML files of a config directory, matches the
+// descriptors of an Envoy request to rules, and builds the store keys of the
+// counters. It is pure: no network, no Redis, no I/O beyond reading files.
+//
+// # YAML
+//
+// The format is a superset of envoyproxy/ratelimit's, so its files load
+// unchanged. One domain per file:
+//
+//	domain: api                      # required, unique across files
+//	descriptors:
+//	  - key: api_key                 # required
+//	    value: "premium-*"           # optional; '*' matches any run of characters
+//	    shadow_mode: false           # decisions are computed but never deny
+//	    detailed_metric: false       # metrics may carry the request's values
+//	    value_to_metric: false       # accepted (envoyproxy/ratelimit metrics naming)
+//	    share_threshold: false       # wildcard values share one counter (see below)
+//	    quota_mode: false            # accepted and carried as Rule.QuotaMode
+//	    rate_limit:
+//	      unit: minute               # second|minute|hour|day|week|month|year
+//	      requests_per_unit: 100     # 0..4294967295
+//	      name: premium              # optional; used by replaces
+//	      unlimited: false           # never limited; no unit/requests_per_unit then
+//	      replaces: [{name: base}]   # drop these named limits when this one matches
+//	      algorithm: sliding_window  # | token_bucket | fixed_window (rls extension)
+//	      burst: 50                  # token_bucket only: capacity, default requests_per_unit
+//	      on_error: fail_open        # | fail_closed; absent: the service's default
+//	    descriptors: [...]           # nested levels
+//
+// Every validation failure is a *ConfigError naming the file, the line of the
+// offending YAML node and the field; Load and Parse collect all of them into
+// an Errors value. Unknown fields are errors at every level. YAML anchors,
+// aliases and merge keys ("<<") are supported.
+//
+// # Matching
+//
+// Match follows envoyproxy/ratelimit: the request's entries are walked level
+// by level from the domain's top-level descriptors. At each level the entry
+// (k, v) selects the child with key k and value v, else the first child (in
+// file order) with key k whose wildcard value matches v, else the child with
+// key k and no value. The rule is the rate_limit of the node reached by the
+// last entry; there is no fallback to a parent's limit, and a request deeper
+// than the configuration matches nothing. Unlike envoyproxy/ratelimit, which
+// only honours a trailing '*', a '*' may appear anywhere in a value; and a
+// key with a trailing '*' is a literal key here (envoyproxy/ratelimit
+// accidentally treats key-only "foo*" as a key prefix).
+//
+// # Store keys
+//
+// AppendKey builds "rl:{tenant}:rest" (sliding and fixed window) or
+// "tb:{tenant}:rest" (token bucket). The tenant is the escaped domain and the
+// request's first entry, so all counters of one tenant share a Redis Cluster
+// hash slot. rest holds the algorithm and window ("s60", "f3600", "t1"), for
+// a request override "o" and its requests_per_unit, then every further entry
+// as "|key=value". Keys and values are the request's (a wildcard or key-only
+// rule counts every distinct value separately) and are percent-escaped so
+// that distinct inputs never share a key. An entry matched through a
+// share_threshold wildcard is written as "%*" followed by the escaped pattern
+// instead of its value, so every value matching the wildcard shares one
+// counter ("%*" never occurs in an escaped value). Override rules never share.
+//
+// # Concurrency
+//
+// A *Config is immutable after Load or Parse and safe for concurrent use.
+// Rules returned by Match are shared and must not be modified.
+package descriptors

@@ -1,0 +1,616 @@
+package descriptors
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// maxNodes bounds the descriptors one file may expand to (aliases can
+// multiply them), so a hostile file cannot exhaust memory.
+const maxNodes = 100000
+
+// maxDepth bounds the nesting of descriptors (a recursive alias would
+// otherwise nest them without end).
+const maxDepth = 64
+
+var (
+	rootFields       = []string{"domain", "descriptors"}
+	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
+		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode"}
+	rateLimitFields = []string{"unit", "requests_per_unit", "name", "unlimited", "replaces",
+		"algorithm", "burst", "on_error"}
+	replacesFields = []string{"name"}
+)
+
+// Load reads every *.yaml and *.yml file of dir (not recursively; symbolic
+// links are followed, so a Kubernetes ConfigMap mount works) and parses them
+// with Parse. Entries whose names start with '.' (such as a ConfigMap's
+// "..data" and "..2024_01_01..." entries), directories and files with other
+// extensions are skipped, each with a line in ignored. Errors names each file
+// by its path in dir. The error is an Errors when validation fails, and a
+// wrapped I/O error when dir cannot be read. An empty directory gives a
+// Config without domains.
+func Load(dir string) (cfg *Config, ignored []string, err error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	files := make(map[string][]byte)
+	var errs Errors
+	for _, e := range entries {
+		name := e.Name()
+		path := filepath.Join(dir, name)
+		if strings.HasPrefix(name, ".") {
+			ignored = append(ignored, fmt.Sprintf("ignoring %s: hidden entry", path))
+			continue
+		}
+		fi, err := os.Stat(path) // follows symbolic links
+		if err != nil {
+			errs = append(errs, &ConfigError{File: path, Msg: err.Error()})
+			continue
+		}
+		if fi.IsDir() {
+			ignored = append(ignored, fmt.Sprintf("ignoring %s: directory", path))
+			continue
+		}
+		switch strings.ToLower(filepath.Ext(name)) {
+		case ".yaml", ".yml":
+		default:
+			ignored = append(ignored, fmt.Sprintf("ignoring %s: not a .yaml or .yml file", path))
+			continue
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			errs = append(errs, &ConfigError{File: path, Msg: err.Error()})
+			continue
+		}
+		files[path] = data
+	}
+	cfg, err = Parse(files)
+	if err != nil {
+		var perrs Errors
+		if errors.As(err, &perrs) {
+			errs = append(errs, perrs...)
+		} else {
+			return nil, ignored, err
+		}
+	}
+	if len(errs) > 0 {
+		errs.sort()
+		return nil, ignored, errs
+	}
+	return cfg, ignored, nil
+}
+
+// Parse builds a Config from files, a map from file name (used in errors and
+// Rule.File) to YAML content, one domain per file. It returns every problem
+// of every file as an Errors, sorted by file and line, and a nil Config then.
+func Parse(files map[string][]byte) (*Config, error) {
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+
+	var errs Errors
+	h := sha256.New()
+	cfg := &Config{domains: make(map[string]*level)}
+	firstFile := make(map[string]*ConfigError) // domain -> where it was first defined
+	for _, name := range names {
+		data := files[name]
+		fmt.Fprintf(h, "%s\x00%d\x00", name, len(data))
+		h.Write(data)
+
+		p := &parser{file: name, errs: &errs, budget: maxNodes}
+		domain, domainNode, root := p.parseFile(data)
+		if domainNode == nil || domain == "" {
+			continue
+		}
+		if first, dup := firstFile[domain]; dup {
+			p.errorf(domainNode, "domain", "duplicate domain %q, also defined at %s:%d", domain, first.File, first.Line)
+			continue
+		}
+		firstFile[domain] = &ConfigError{File: name, Line: domainNode.Line}
+		cfg.domains[domain] = root
+		for _, r := range p.rules {
+			r.Domain = domain
+		}
+		cfg.rules = append(cfg.rules, p.rules...)
+	}
+	if len(errs) > 0 {
+		errs.sort()
+		return nil, errs
+	}
+	cfg.names = sortedKeys(cfg.domains)
+	sort.SliceStable(cfg.rules, func(i, j int) bool { return cfg.rules[i].Domain < cfg.rules[j].Domain })
+	cfg.hash = hex.EncodeToString(h.Sum(nil))
+	return cfg, nil
+}
+
+// parser holds the state of parsing one file.
+type parser struct {
+	file     string
+	errs     *Errors
+	budget   int
+	exceeded bool
+	rules    []*Rule
+}
+
+// field is one key/value pair of a YAML mapping.
+type field struct {
+	key, val *yaml.Node
+}
+
+func (p *parser) errorf(n *yaml.Node, fieldName, format string, args ...any) {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	*p.errs = append(*p.errs, &ConfigError{File: p.file, Line: line, Field: fieldName, Msg: fmt.Sprintf(format, args...)})
+}
+
+var (
+	yamlLine       = regexp.MustCompile(`line (\d+)`)
+	yamlLinePrefix = regexp.MustCompile(`^line \d+: `)
+)
+
+// parseFile parses one file. domainNode is nil when the file has no usable
+// domain.
+func (p *parser) parseFile(data []byte) (domain string, domainNode *yaml.Node, root *level) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			p.errs.add(p.file, 1, "domain", "file is empty: missing domain")
+			return "", nil, nil
+		}
+		p.syntaxError(err)
+		return "", nil, nil
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		p.errorf(&extra, "", "more than one YAML document: one domain per file")
+	} else if !errors.Is(err, io.EOF) {
+		p.syntaxError(err)
+	}
+	if len(doc.Content) == 0 {
+		p.errs.add(p.file, 1, "domain", "file is empty: missing domain")
+		return "", nil, nil
+	}
+	top := resolve(doc.Content[0])
+	if top.Kind != yaml.MappingNode {
+		if top.Tag == "!!null" {
+			p.errorf(top, "domain", "file is empty: missing domain")
+		} else {
+			p.errorf(top, "", "the document must be a mapping with domain and descriptors, got %s", kindName(top))
+		}
+		return "", nil, nil
+	}
+	fs := p.mapping(top, "", rootFields)
+	df, ok := fs["domain"]
+	if !ok {
+		p.errorf(top, "domain", "missing")
+	} else if domain, ok = p.str(df, "domain"); ok && domain == "" {
+		p.errorf(df.val, "domain", "must not be empty")
+	} else if ok {
+		domainNode = df.val
+	}
+	root = &level{byKey: map[string]*group{}}
+	if f, ok := fs["descriptors"]; ok {
+		root = p.descriptors(f, "", 0, nil)
+	}
+	return domain, domainNode, root
+}
+
+func (es *Errors) add(file string, line int, fieldName, msg string) {
+	*es = append(*es, &ConfigError{File: file, Line: line, Field: fieldName, Msg: msg})
+}
+
+func (p *parser) syntaxError(err error) {
+	msg := err.Error()
+	line := 0
+	if m := yamlLine.FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+	}
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	msg = strings.TrimPrefix(msg, yamlLinePrefix.FindString(msg))
+	p.errs.add(p.file, line, "", "YAML syntax: "+msg)
+}
+
+// resolve follows aliases.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	return n
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "null"
+		}
+		return "the scalar " + strconv.Quote(n.Value)
+	}
+	return "an unexpected node"
+}
+
+// mapping returns the fields of mapping node n, reporting unknown and
+// duplicate fields and merging "<<" keys. what names n in errors. It
+// returns nil when n is not a mapping.
+func (p *parser) mapping(n *yaml.Node, what string, allowed []string) map[string]field {
+	n = resolve(n)
+	if n.Kind != yaml.MappingNode {
+		p.errorf(n, what, "must be a mapping, got %s", kindName(n))
+		return nil
+	}
+	fs := make(map[string]field, len(n.Content)/2)
+	var merges []*yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
+			m := resolve(v)
+			if m.Kind == yaml.SequenceNode {
+				merges = append(merges, m.Content...)
+			} else {
+				merges = append(merges, m)
+			}
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			p.errorf(k, what, "field names must be strings, got %s", kindName(k))
+			continue
+		}
+		name := k.Value
+		if !contains(allowed, name) {
+			p.errorf(k, name, "unknown field; allowed: %s", strings.Join(allowed, ", "))
+			continue
+		}
+		if first, dup := fs[name]; dup {
+			p.errorf(k, name, "duplicate field (first at line %d)", first.key.Line)
+			continue
+		}
+		fs[name] = field{key: k, val: v}
+	}
+	for _, m := range merges {
+		if p.spend() {
+			return fs
+		}
+		for name, f := range p.mapping(m, what, allowed) {
+			if _, ok := fs[name]; !ok {
+				fs[name] = f
+			}
+		}
+	}
+	return fs
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// spend takes one node from the file's budget and reports whether it is
+// exhausted (reporting that once).
+func (p *parser) spend() bool {
+	p.budget--
+	if p.budget >= 0 {
+		return false
+	}
+	if !p.exceeded {
+		p.exceeded = true
+		p.errs.add(p.file, 0, "descriptors", fmt.Sprintf("more than %d descriptors (after expanding aliases)", maxNodes))
+	}
+	return true
+}
+
+// str returns a scalar's text; null is "". ok is false (and an error
+// recorded) for a list or mapping.
+func (p *parser) str(f field, name string) (s string, ok bool) {
+	v := resolve(f.val)
+	if v.Kind != yaml.ScalarNode {
+		p.errorf(v, name, "must be a string, got %s", kindName(v))
+		return "", false
+	}
+	if v.Tag == "!!null" {
+		return "", true
+	}
+	return v.Value, true
+}
+
+// boolean returns a boolean field; YAML 1.1 forms (yes, on) are accepted as
+// envoyproxy/ratelimit's YAML library does.
+func (p *parser) boolean(f field, name string) bool {
+	v := resolve(f.val)
+	var b bool
+	if v.Kind != yaml.ScalarNode || v.Tag == "!!null" || v.Decode(&b) != nil {
+		p.errorf(v, name, "must be true or false, got %s", kindName(v))
+		return false
+	}
+	return b
+}
+
+// uint32Field returns a non-negative integer field that fits uint32.
+func (p *parser) uint32Field(f field, name string) (uint32, bool) {
+	v := resolve(f.val)
+	if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+		p.errorf(v, name, "must be a non-negative integer, got %s", kindName(v))
+		return 0, false
+	}
+	switch v.Tag {
+	case "!!int":
+	case "!!float":
+		p.errorf(v, name, "must be an integer, got %s", v.Value)
+		return 0, false
+	default:
+		p.errorf(v, name, "must be a non-negative integer, got %s", kindName(v))
+		return 0, false
+	}
+	if strings.HasPrefix(strings.TrimSpace(v.Value), "-") {
+		p.errorf(v, name, "must not be negative, got %s", v.Value)
+		return 0, false
+	}
+	var u uint64
+	if err := v.Decode(&u); err != nil || u > math.MaxUint32 {
+		p.errorf(v, name, "too large: %s (at most %d)", v.Value, uint32(math.MaxUint32))
+		return 0, false
+	}
+	return uint32(u), true
+}
+
+// descriptors parses a descriptors list at depth; share holds the
+// share_threshold patterns of the levels above.
+func (p *parser) descriptors(f field, path string, depth int, share []string) *level {
+	lv := &level{byKey: map[string]*group{}}
+	seq := resolve(f.val)
+	if seq.Kind == yaml.ScalarNode && seq.Tag == "!!null" {
+		return lv
+	}
+	if seq.Kind != yaml.SequenceNode {
+		p.errorf(seq, "descriptors", "must be a list, got %s", kindName(seq))
+		return lv
+	}
+	if depth >= maxDepth {
+		p.errorf(f.key, "descriptors", "nested deeper than %d levels", maxDepth)
+		return lv
+	}
+	seen := make(map[string]int) // key "\x00" value -> line
+	for _, item := range seq.Content {
+		if p.spend() {
+			return lv
+		}
+		item = resolve(item)
+		fs := p.mapping(item, "descriptors", descriptorFields)
+		if fs == nil {
+			continue
+		}
+		var key, value string
+		kf, ok := fs["key"]
+		if !ok {
+			p.errorf(item, "key", "missing")
+		} else if key, ok = p.str(kf, "key"); ok && key == "" {
+			p.errorf(kf.val, "key", "must not be empty")
+		}
+		if vf, ok := fs["value"]; ok {
+			value, _ = p.str(vf, "value")
+		}
+		wild := strings.Contains(value, "*")
+		flag := func(name string) bool {
+			if f, ok := fs[name]; ok {
+				return p.boolean(f, name)
+			}
+			return false
+		}
+		shadow, detailed, quota := flag("shadow_mode"), flag("detailed_metric"), flag("quota_mode")
+		flag("value_to_metric")
+		shareThreshold := flag("share_threshold")
+		if shareThreshold && !wild {
+			p.errorf(fs["share_threshold"].key, "share_threshold", "requires a wildcard value (with '*')")
+		}
+
+		seg := key
+		if value != "" {
+			seg += "=" + value
+		}
+		nodePath := seg
+		if path != "" {
+			nodePath = path + "/" + seg
+		}
+		levelShare := make([]string, depth+1)
+		copy(levelShare, share)
+		if shareThreshold && wild {
+			levelShare[depth] = value
+		}
+
+		n := &node{}
+		if rf, ok := fs["rate_limit"]; ok {
+			if r := p.rateLimit(rf); r != nil {
+				r.Path, r.File, r.Line = nodePath, p.file, rf.key.Line
+				r.ShadowMode, r.DetailedMetric, r.QuotaMode = shadow, detailed, quota
+				for _, s := range levelShare {
+					if s != "" {
+						r.share = levelShare
+						break
+					}
+				}
+				n.rule = r
+				p.rules = append(p.rules, r)
+			}
+		}
+		if df, ok := fs["descriptors"]; ok {
+			n.children = p.descriptors(df, nodePath, depth+1, levelShare)
+		}
+
+		if key == "" {
+			continue
+		}
+		id := key + "\x00" + value
+		if first, dup := seen[id]; dup {
+			fieldName, what := "key", "key "+strconv.Quote(key)
+			if value != "" {
+				fieldName, what = "value", what+" with value "+strconv.Quote(value)
+			}
+			p.errorf(item, fieldName, "duplicate descriptor %s at this level (first at line %d)", what, first)
+			continue
+		}
+		seen[id] = item.Line
+		g := lv.byKey[key]
+		if g == nil {
+			g = &group{}
+			lv.byKey[key] = g
+		}
+		switch {
+		case value == "":
+			g.def = n
+		case wild:
+			n.glob = compileGlob(value)
+			g.wild = append(g.wild, n)
+		default:
+			if g.exact == nil {
+				g.exact = make(map[string]*node)
+			}
+			g.exact[value] = n
+		}
+	}
+	return lv
+}
+
+// rateLimit parses a rate_limit mapping; nil when it is not a mapping.
+func (p *parser) rateLimit(rf field) *Rule {
+	fs := p.mapping(rf.val, "rate_limit", rateLimitFields)
+	if fs == nil {
+		return nil
+	}
+	r := &Rule{}
+	if f, ok := fs["unlimited"]; ok {
+		r.Unlimited = p.boolean(f, "unlimited")
+	}
+	if f, ok := fs["name"]; ok {
+		r.Name, _ = p.str(f, "name")
+	}
+	uf, hasUnit := fs["unit"]
+	if hasUnit {
+		if s, ok := p.str(uf, "unit"); ok {
+			if u, ok := ParseUnit(s); ok {
+				r.Unit = u
+			} else {
+				p.errorf(uf.val, "unit", "invalid unit %q; choices are second, minute, hour, day, week, month, year", s)
+			}
+		}
+	}
+	rpuf, hasRPU := fs["requests_per_unit"]
+	if hasRPU {
+		r.RequestsPerUnit, _ = p.uint32Field(rpuf, "requests_per_unit")
+	}
+	if r.Unlimited {
+		if hasUnit {
+			p.errorf(uf.key, "unit", "must not be set when unlimited is true")
+		}
+		if hasRPU {
+			p.errorf(rpuf.key, "requests_per_unit", "must not be set when unlimited is true")
+		}
+	} else if !hasUnit {
+		p.errorf(rf.key, "unit", "missing; required unless unlimited is true")
+	}
+
+	if f, ok := fs["replaces"]; ok {
+		r.Replaces = p.replaces(f, r.Name)
+	}
+	if f, ok := fs["algorithm"]; ok {
+		if s, ok := p.str(f, "algorithm"); ok {
+			switch strings.ToLower(s) {
+			case "sliding_window":
+				r.Algorithm = store.SlidingWindow
+			case "token_bucket":
+				r.Algorithm = store.TokenBucket
+			case "fixed_window":
+				r.Algorithm = store.FixedWindow
+			default:
+				p.errorf(f.val, "algorithm", "invalid algorithm %q; choices are sliding_window, token_bucket, fixed_window", s)
+			}
+		}
+	}
+	if f, ok := fs["burst"]; ok {
+		if r.Algorithm != store.TokenBucket {
+			p.errorf(f.key, "burst", "only valid with algorithm: token_bucket")
+		} else if b, ok := p.uint32Field(f, "burst"); ok {
+			if b < 1 {
+				p.errorf(f.val, "burst", "must be at least 1")
+			}
+			r.Burst = b
+		}
+	}
+	if f, ok := fs["on_error"]; ok {
+		if s, ok := p.str(f, "on_error"); ok {
+			switch strings.ToLower(s) {
+			case "fail_open":
+				r.OnError = OnErrorFailOpen
+			case "fail_closed":
+				r.OnError = OnErrorFailClosed
+			default:
+				p.errorf(f.val, "on_error", "invalid value %q; choices are fail_open, fail_closed", s)
+			}
+		}
+	}
+	return r
+}
+
+// replaces parses a replaces list of {name: X} mappings.
+func (p *parser) replaces(f field, own string) []string {
+	seq := resolve(f.val)
+	if seq.Kind == yaml.ScalarNode && seq.Tag == "!!null" {
+		return nil
+	}
+	if seq.Kind != yaml.SequenceNode {
+		p.errorf(seq, "replaces", "must be a list of {name: ...}, got %s", kindName(seq))
+		return nil
+	}
+	var names []string
+	for _, item := range seq.Content {
+		item = resolve(item)
+		fs := p.mapping(item, "replaces", replacesFields)
+		if fs == nil {
+			continue
+		}
+		nf, ok := fs["name"]
+		if !ok {
+			p.errorf(item, "replaces", "entry has no name")
+			continue
+		}
+		name, ok := p.str(nf, "name")
+		switch {
+		case !ok:
+		case name == "":
+			p.errorf(nf.val, "replaces", "entry has an empty name")
+		case name == own:
+			p.errorf(nf.val, "replaces", "names the rule's own name %q", name)
+		default:
+			names = append(names, name)
+		}
+	}
+	return names
+}

@@ -1,0 +1,98 @@
+package descriptors
+
+import (
+	"time"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// Rule is one configured limit (the rate_limit of a descriptor) or a limit
+// made from a request's override. Rules returned by Config.Match are shared
+// between goroutines and must be treated as read-only.
+type Rule struct {
+	Name            string // rate_limit.name, may be empty
+	Unit            Unit
+	RequestsPerUnit uint32
+	Unlimited       bool // never limited: answer OK without counting
+	Algorithm       store.Algorithm
+	Burst           uint32 // token bucket capacity as configured; 0 means RequestsPerUnit
+	OnError         OnError
+	ShadowMode      bool
+	DetailedMetric  bool
+	QuotaMode       bool     // the descriptor's quota_mode flag, carried for the service
+	Replaces        []string // names of the limits this one replaces
+	Domain          string
+	Path            string // place in the YAML: key or key=value per level, joined by '/'
+	File            string
+	Line            int  // line of the rate_limit field in File
+	Override        bool // made from a request's limit override (OverrideRule)
+
+	// share holds, per descriptor level, the wildcard pattern whose matches
+	// share one counter (share_threshold), or "" for the request's value.
+	// nil when no level shares.
+	share []string
+}
+
+// Window returns the rule's window, its unit's length (0 for an invalid unit).
+func (r *Rule) Window() time.Duration {
+	return time.Duration(r.Unit.Seconds()) * time.Second
+}
+
+// ApplyReplaces implements envoyproxy/ratelimit's replaces: rules holds the
+// rule matched for each descriptor of one request (nil entries allowed), and
+// every rule whose non-empty Name is listed in the Replaces of any matched
+// rule is set to nil. The replaced names are taken from all matched rules
+// before any is removed, so the result does not depend on order. It does not
+// allocate for up to 64 rules.
+func ApplyReplaces(rules []*Rule) {
+	var buf [64]bool
+	drop := buf[:0]
+	if len(rules) > len(buf) {
+		drop = make([]bool, 0, len(rules))
+	}
+	for _, r := range rules {
+		drop = append(drop, r != nil && r.Name != "" && replaced(rules, r.Name))
+	}
+	for i, d := range drop {
+		if d {
+			rules[i] = nil
+		}
+	}
+}
+
+// replaced reports whether any rule of rules lists name in its Replaces.
+func replaced(rules []*Rule, name string) bool {
+	for _, o := range rules {
+		if o == nil {
+			continue
+		}
+		for _, n := range o.Replaces {
+			if n == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// OverrideRule returns the rule for a request descriptor's limit override:
+// RequestsPerUnit and Unit come from the override and Override is true.
+// Everything else (name, algorithm, on_error, shadow mode, detailed metric,
+// replaces, place in the YAML) comes from base when base is not nil, except
+// Burst, which is 0 so the capacity follows the override. With a nil base
+// the rule has the defaults (sliding window, OnErrorDefault). Its counter key
+// never equals a configured rule's or another override's (see AppendKey).
+func OverrideRule(base *Rule, domain string, rpu uint32, unit Unit) *Rule {
+	r := &Rule{Domain: domain}
+	if base != nil {
+		*r = *base
+		r.Unlimited = false
+		r.Burst = 0
+		r.share = nil
+	}
+	r.Domain = domain
+	r.RequestsPerUnit = rpu
+	r.Unit = unit
+	r.Override = true
+	return r
+}
