@@ -1,0 +1,118 @@
+package limiter
+
+import (
+	"hash/maphash"
+	"sync"
+)
+
+// lru is a bounded map from store keys to V, split into shards that each
+// evict their least recently used entry beyond their share of the cap. It is
+// safe for concurrent use; with locks held per shard, f must not block.
+type lru[V any] struct {
+	seed     maphash.Seed
+	shards   []lruShard[V]
+	shardCap int
+}
+
+type lruShard[V any] struct {
+	mu         sync.Mutex
+	m          map[string]*lruNode[V]
+	head, tail *lruNode[V] // head is the most recently used
+}
+
+type lruNode[V any] struct {
+	key        string
+	val        V
+	prev, next *lruNode[V]
+}
+
+const lruShards = 32
+
+// newLRU returns a map holding at most about capacity entries (at least one
+// per shard).
+func newLRU[V any](capacity int) *lru[V] {
+	per := (capacity + lruShards - 1) / lruShards
+	if per < 1 {
+		per = 1
+	}
+	l := &lru[V]{seed: maphash.MakeSeed(), shards: make([]lruShard[V], lruShards), shardCap: per}
+	for i := range l.shards {
+		l.shards[i].m = make(map[string]*lruNode[V])
+	}
+	return l
+}
+
+func (l *lru[V]) shard(key string) *lruShard[V] {
+	return &l.shards[maphash.String(l.seed, key)%lruShards]
+}
+
+// with runs f on the entry of key under its shard's lock. f gets the value
+// and whether it exists, and returns the value to keep, whether to keep it
+// (false deletes it), and a result passed back to the caller.
+func lruWith[V, R any](l *lru[V], key string, f func(v V, ok bool) (V, bool, R)) R {
+	s := l.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.m[key]
+	var v V
+	if n != nil {
+		v = n.val
+	}
+	nv, keep, r := f(v, n != nil)
+	switch {
+	case !keep && n != nil:
+		s.unlink(n)
+		delete(s.m, key)
+	case keep && n != nil:
+		n.val = nv
+		s.unlink(n)
+		s.pushFront(n)
+	case keep:
+		n = &lruNode[V]{key: key, val: nv}
+		s.m[key] = n
+		s.pushFront(n)
+		for len(s.m) > l.shardCap {
+			old := s.tail
+			s.unlink(old)
+			delete(s.m, old.key)
+		}
+	}
+	return r
+}
+
+// len returns the number of entries.
+func (l *lru[V]) len() int {
+	n := 0
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+func (s *lruShard[V]) unlink(n *lruNode[V]) {
+	if n.prev != nil {
+		n.prev.next = n.next
+	} else {
+		s.head = n.next
+	}
+	if n.next != nil {
+		n.next.prev = n.prev
+	} else {
+		s.tail = n.prev
+	}
+	n.prev, n.next = nil, nil
+}
+
+func (s *lruShard[V]) pushFront(n *lruNode[V]) {
+	n.next = s.head
+	if s.head != nil {
+		s.head.prev = n
+	}
+	s.head = n
+	if s.tail == nil {
+		s.tail = n
+	}
+}
