@@ -527,7 +527,41 @@ func (st *state) slidingRetry(limit, h uint64, into, wus, rst int64) time.Durati
 			x = float64(rst) + float64((1-a2/float64(st.cur))*fw)
 		}
 	}
-	return usDuration(x)
+	ra := settle(int64(math.Floor(x))+1, func(ra int64) bool { return st.slidingPassesAt(l, hf, into+ra, wus) })
+	return time.Duration(ra) * time.Microsecond
+}
+
+// slidingPassesAt reports whether hf hits would pass at into microseconds
+// past the current window's start (into may reach later windows), with no
+// other traffic.
+func (st *state) slidingPassesAt(l, hf float64, into, wus int64) bool {
+	prev, cur := st.prev, st.cur
+	switch {
+	case into >= 2*wus:
+		prev, cur = 0, 0
+	case into >= wus:
+		prev, cur, into = cur, 0, into-wus
+	}
+	elapsed := float64(into) / float64(wus)
+	rate := float64(float64(prev)*(1-elapsed)) + float64(cur)
+	if rate >= l {
+		return false
+	}
+	return hf <= math.Ceil(l-rate)
+}
+
+// settle corrects a RetryAfter computed in floating point: it is at least
+// one microsecond, and it moves later (a few microseconds at most) while the
+// check would still not pass then, so a client retrying at RetryAfter passes.
+func settle(ra int64, passes func(int64) bool) int64 {
+	ra = max(ra, 1)
+	for range 4 {
+		if passes(ra) {
+			break
+		}
+		ra++
+	}
+	return ra
 }
 
 // tokenBucket applies a token bucket check. A Limit of 0 never refills; the
@@ -567,7 +601,11 @@ func (st *state) tokenBucket(c *Check, now, wus int64, h uint64, o op) Result {
 	hf := float64(max(h, 1))
 	var retry time.Duration
 	if hf <= b {
-		retry = usDuration((hf - st.tokens) / r)
+		tokens := st.tokens
+		ra := settle(int64(math.Floor((hf-tokens)/r))+1, func(ra int64) bool {
+			return min(b, tokens+float64(float64(ra)*r)) >= hf
+		})
+		retry = time.Duration(ra) * time.Microsecond
 	} else {
 		retry = usDuration(b / r)
 	}

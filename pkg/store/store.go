@@ -38,7 +38,14 @@
 //	      if A2 <= 0 (h > L, can never pass): RetryAfter = Reset
 //	      elif cur < A2: x = Reset (the next window start) minus 1 microsecond
 //	      else: x = Reset + (1 - A2/cur)*Wus
-//	RetryAfter = floor(x) + 1 microseconds
+//	RetryAfter = settle(floor(x) + 1) microseconds
+//
+// settle(ra) makes ra at least 1 and then, at most four times, adds one
+// microsecond while h hits would still not pass at now+ra (the budget rolled
+// forward with no other traffic), so float rounding never makes a client
+// that retries at RetryAfter fail again. A check-only check (h = 0) that is
+// denied reports the RetryAfter of one hit. Remaining of a denied check is
+// its budget R.
 //
 // Fixed window. State: win, count. If win != curWin: count = 0.
 // R = max(0, L - count); refund: count = max(0, count - h).
@@ -53,7 +60,9 @@
 //	R = floor(tokens)
 //	consume: tokens -= h      refund: tokens = min(B, tokens + h)
 //	Reset      = floor((B - tokens)/r) + 1 microseconds when tokens < B, else 0 (time to full)
-//	RetryAfter = floor((h - tokens)/r) + 1 microseconds when h <= B, else Reset of an empty bucket
+//	RetryAfter = settle(floor((h - tokens)/r) + 1) microseconds when h <= B, else floor(B/r) + 1
+//	A bucket with L = 0 never refills: it denies everything with RetryAfter of
+//	one window and Reset 0, and neither reads nor writes state.
 //	TTL        = ceil(B/r) microseconds + 1 second, in whole milliseconds rounded up
 //
 // Redis stores tokens as string.format('%.17g', tokens) so the double round-

@@ -156,8 +156,12 @@ var vectors = []vector{
 			one(1150*ms, sliding("k", 10, s, 1), ok(0, 850*ms)),
 			// rate 10.5: denied. A = 10-2-1+1 = 8; x = (1 - 8/10)*1e6 - 150000,
 			// 50000 in reals, but float64 1 - 0.8 is 0.19999999999999996, so
-			// x = 49999.99999999994 and RetryAfter = 50000 µs.
-			one(1150*ms, sliding("k", 10, s, 1), deny(0, 50000*us, 850*ms)),
+			// x = 49999.99999999994 and floor(x)+1 = 50000 µs. At 1.2 s the
+			// rate is exactly 10 (still denied), so the settling step of
+			// store.go moves RetryAfter to 50001 µs, the first passing time.
+			one(1150*ms, sliding("k", 10, s, 1), deny(0, 50001*us, 850*ms)),
+			// 1 µs before it: still denied, with 1 µs to wait.
+			one(1200*ms, sliding("k", 10, s, 1), deny(0, us, 800*ms)),
 			// 1 µs past 1.2 s the rate is just under 10: R = 1.
 			one(1200*ms+us, sliding("k", 10, s, 1), ok(0, 799999*us)),
 		},

@@ -1,0 +1,120 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/tls"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+func TestOptionsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want string // substring of the error; "" means valid
+	}{
+		{"single", Options{URL: "redis://localhost:6379/0"}, ""},
+		{"tls", Options{URL: "rediss://u:p@localhost:6380"}, ""},
+		{"tls config", Options{URL: "redis://localhost:6380", TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13}}, ""},
+		{"cluster", Options{URL: "redis://h1:1?addr=h2:2&addr=h3:3", Mode: "cluster"}, ""},
+		{"sentinel", Options{URL: "redis://s1:26379?addr=s2:26379", Mode: "sentinel", MasterName: "mymaster"}, ""},
+		{"sentinel url master", Options{URL: "redis://s1:26379?master_name=m", Mode: "sentinel"}, ""},
+		{"bad mode", Options{URL: "redis://h:1", Mode: "x"}, `--redis-mode "x" is invalid; choices are [single cluster sentinel]`},
+		{"no url", Options{}, "--redis-url is required"},
+		{"bad scheme", Options{URL: "http://h:1"}, "scheme must be redis or rediss"},
+		{"no host", Options{URL: "redis://"}, "no host"},
+		{"bad query", Options{URL: "redis://:hunter2@h:1?bogus=1"}, "unexpected option"},
+		{"sentinel without master", Options{URL: "redis://s:1", Mode: "sentinel"}, "--redis-master-name is required"},
+		{"master outside sentinel", Options{URL: "redis://s:1", MasterName: "m"}, "only valid with --redis-mode sentinel"},
+		{"negative pool", Options{URL: "redis://h:1", PoolSize: -1}, "--redis-pool-size"},
+		{"negative timeout", Options{URL: "redis://h:1", Timeout: -time.Second}, "--redis-timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.opts.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Validate = %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("Validate = %v, want an error containing %q", err, tc.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("error shows the password: %v", err)
+			}
+			if tc.want == "" {
+				s, err := New(tc.opts) // must not connect
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				s.Close()
+			}
+		})
+	}
+}
+
+func TestTLSConfig(t *testing.T) {
+	base := &tls.Config{MinVersion: tls.VersionTLS13}
+	p, err := Options{URL: "redis://cache.internal:6380", TLSConfig: base}.clientOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := p.single.TLSConfig
+	if got == nil || got == base || got.ServerName != "cache.internal" || got.MinVersion != tls.VersionTLS13 {
+		t.Errorf("TLSConfig = %+v; want a clone of the option with ServerName cache.internal", got)
+	}
+	if base.ServerName != "" {
+		t.Error("the caller's TLSConfig was modified")
+	}
+	p, err = Options{URL: "rediss://cache.internal:6380", Mode: ModeCluster}.clientOptions()
+	if err != nil || p.cluster.TLSConfig == nil {
+		t.Errorf("rediss:// in cluster mode: TLS %v, %v", p.cluster.TLSConfig, err)
+	}
+	if !p.cluster.ContextTimeoutEnabled {
+		t.Error("ContextTimeoutEnabled is off: Decide's deadline would not bound socket I/O")
+	}
+}
+
+func TestPasswordNeverShown(t *testing.T) {
+	for _, raw := range []string{
+		"redis://user:hunter2@h:1?bogus=1",
+		"redis://h:1?password=hunter2&bogus=1",
+		"redis://user:hunter2@h:1/notadb",
+		"redis://user:hunter2@h:1/%zz",
+		"redis://user:hunter2@[::1:1",
+		"ftp://user:hunter2@h:1",
+	} {
+		for _, mode := range modes {
+			err := Options{URL: raw, Mode: mode, MasterName: "m"}.Validate()
+			if err == nil {
+				t.Errorf("%s %s: no error", mode, raw)
+				continue
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("%s: error shows the password: %v", mode, err)
+			}
+		}
+	}
+	// A wrong password at run time is not shown either, and Password
+	// overrides the URL's.
+	srv := redistest.StartServer(t, "--requirepass", "right")
+	s, err := New(Options{URL: "redis://:hunter2@" + srv.Addr, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = s.Decide(context.Background(), []store.Check{{Key: "k", Limit: 1, Window: time.Second}}, make([]store.Result, 1))
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("wrong password: %v", err)
+	}
+	s2, err := New(Options{URL: "redis://:hunter2@" + srv.Addr, Password: "right", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if err := s2.Ping(context.Background()); err != nil {
+		t.Errorf("Password overriding the URL's: %v", err)
+	}
+}

@@ -1,0 +1,65 @@
+package redisstore
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// TestSentinel runs the store through a Sentinel and fails the master over
+// to its replica: decisions resume on the new master, whose script cache is
+// empty, with the counters replicated.
+func TestSentinel(t *testing.T) {
+	ctx := context.Background()
+	master := redistest.StartServer(t)
+	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+	sentinel := redistest.StartSentinel(t, "mymaster", master)
+	s, err := New(Options{URL: "redis://" + sentinel.Addr, Mode: ModeSentinel, MasterName: "mymaster", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+
+	check := store.Check{Key: "rl:{sent}:x", Algorithm: store.FixedWindow, Limit: 1000, Window: time.Hour, Hits: 1}
+	for i := 0; i < 3; i++ {
+		decide(t, s, check)
+	}
+	if got := master.CommandStats(ctx)["evalsha"]; got != 3 {
+		t.Errorf("master evalsha = %d, want 3", got)
+	}
+	// Wait until the replica has the counter (it is a 1 s window at most).
+	rc := replica.Client()
+	defer rc.Close()
+	waitFor(t, 5*time.Second, func() bool { v, _ := rc.HGet(ctx, check.Key, "count").Result(); return v == "3" })
+
+	master.Stop()
+	// Sentinel notices after 1 s and promotes the replica; decisions fail
+	// meanwhile (store unavailable) and then resume.
+	var res []store.Result
+	waitFor(t, 20*time.Second, func() bool {
+		res = make([]store.Result, 1)
+		return s.Decide(ctx, []store.Check{check}, res) == nil
+	})
+	if !res[0].Allowed || res[0].Remaining != 1000-4 {
+		t.Errorf("first decision on the new master: %+v, want allowed with 996 remaining", res[0])
+	}
+	if st := replica.CommandStats(ctx); st["evalsha"] == 0 {
+		t.Errorf("the promoted replica ran no EVALSHA: %v", st)
+	}
+}
+
+// waitFor polls cond every 50 ms until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,36 @@
+package redisstore
+
+import (
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/storetest"
+)
+
+// TestConformance runs the shared store vectors against the Lua script with
+// the suite's clock: the Redis store gives the memory store's numbers.
+func TestConformance(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	storetest.Run(t, func(t *testing.T, now func() time.Time) store.Store {
+		return NewFromClient(c, WithClock(now), WithTimeout(time.Second))
+	})
+}
+
+// TestConformanceConcurrent races decisions through real connections with
+// Redis's own clock (TIME), unless the hour is about to turn (the suite must
+// not cross an hour boundary), when a frozen clock is used instead.
+func TestConformanceConcurrent(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	opts := []Option{WithTimeout(time.Second)}
+	if now := time.Now(); now.Add(time.Minute).Truncate(time.Hour) != now.Truncate(time.Hour) {
+		frozen := now
+		opts = append(opts, WithClock(func() time.Time { return frozen }))
+	}
+	storetest.RunConcurrent(t, NewFromClient(c, opts...))
+}
