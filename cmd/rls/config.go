@@ -1,0 +1,172 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config is everything rls reads from its flags and their RLS_* environment
+// twins, read once at start-up and validated before anything is started.
+type Config struct {
+	ConfigDir       string
+	GRPCAddr        string
+	HTTPAddr        string
+	DebugAddr       string
+	Store           string
+	LogLevel        string
+	LogFormat       string
+	ShutdownDrain   time.Duration
+	ShutdownTimeout time.Duration
+
+	RedisURL        string
+	RedisMode       string
+	RedisMasterName string
+	RedisUsername   string
+	RedisPassword   string
+	RedisPoolSize   int
+	RedisTimeout    time.Duration
+
+	MemoryMaxKeys int
+
+	OnStoreError   string
+	FleetSize      int
+	OverLimitCache bool
+	LocalMaxKeys   int
+}
+
+// envName returns the environment twin of a flag: --redis-url → RLS_REDIS_URL.
+func envName(flagName string) string {
+	return "RLS_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// newFlagSet declares every serve flag on c with its default.
+func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("rls serve", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&c.ConfigDir, "config-dir", "./config", "directory of descriptor YAML files, one domain per file")
+	fs.StringVar(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC listen address (RateLimitService, health, reflection)")
+	fs.StringVar(&c.HTTPAddr, "http-addr", ":8080", "HTTP listen address (/healthcheck)")
+	fs.StringVar(&c.DebugAddr, "debug-addr", "127.0.0.1:6070", "debug listen address (/debug/pprof); empty disables it")
+	fs.StringVar(&c.Store, "store", "memory", "counter store: memory (embedded, per process) or redis (shared by the fleet)")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
+	fs.DurationVar(&c.ShutdownDrain, "shutdown-drain", 0, "on SIGTERM, time to keep serving while health reports NOT_SERVING")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls may take to finish")
+	fs.StringVar(&c.RedisURL, "redis-url", "redis://127.0.0.1:6379", "Redis URL: redis:// or rediss:// (TLS); cluster seeds and sentinels as redis://h1:p1?addr=h2:p2")
+	fs.StringVar(&c.RedisMode, "redis-mode", "single", "Redis topology: single, cluster or sentinel")
+	fs.StringVar(&c.RedisMasterName, "redis-master-name", "", "Sentinel master name (--redis-mode sentinel)")
+	fs.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user name (overrides the URL's)")
+	fs.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (overrides the URL's); prefer the RLS_REDIS_PASSWORD environment variable")
+	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 0, "Redis connections per node; 0 means go-redis's default (10 per CPU)")
+	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 10*time.Millisecond, "budget for one decision's Redis calls, well under Envoy's 20ms")
+	fs.IntVar(&c.MemoryMaxKeys, "memory-max-keys", 1_000_000, "memory store: most counters kept; the oldest are evicted beyond it")
+	fs.StringVar(&c.OnStoreError, "on-store-error", "fail_open", "what rules without on_error do when the store cannot answer: fail_open (local share of the limit) or fail_closed (deny)")
+	fs.IntVar(&c.FleetSize, "fleet-size", 0, "replicas sharing the limits, for the fail-open share (limit/fleet size); 0 learns it from heartbeats in Redis (memory store: 1)")
+	fs.BoolVar(&c.OverLimitCache, "over-limit-cache", true, "deny keys the store found over their limit locally until their retry time, without a store call")
+	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 100_000, "most keys kept by each local table (over-limit cache, fail-open buckets); least recently used evicted beyond it")
+	return fs
+}
+
+// parseConfig parses args, then fills every flag not given on the command
+// line from its RLS_* environment twin, and validates the result.
+func parseConfig(args []string, getenv func(string) string, out io.Writer) (*Config, error) {
+	c := &Config{}
+	fs := newFlagSet(c, out)
+	fs.Usage = func() {
+		fmt.Fprintf(out, "usage: rls [serve] [flags]\n       rls validate DIR\n       rls version\n\nFlags (each also read from its RLS_* environment twin):\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			fmt.Fprintf(out, "  --%s (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %v", envName(f.Name), v, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return c, c.Validate()
+}
+
+func oneOf(flagName, v string, choices ...string) error {
+	if slices.Contains(choices, v) {
+		return nil
+	}
+	return fmt.Errorf("--%s (%s) %q is invalid; choices are %v", flagName, envName(flagName), v, choices)
+}
+
+func validAddr(flagName, v string, allowEmpty bool) error {
+	if v == "" && allowEmpty {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		return fmt.Errorf("--%s (%s) %q is invalid: want host:port", flagName, envName(flagName), v)
+	}
+	return nil
+}
+
+// Validate reports every invalid setting, naming the flag and its env twin.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.ConfigDir == "" {
+		add(errors.New("--config-dir (RLS_CONFIG_DIR) is empty"))
+	} else if st, err := os.Stat(c.ConfigDir); err != nil {
+		add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR): %v", err))
+	} else if !st.IsDir() {
+		add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR) %q is not a directory", c.ConfigDir))
+	}
+	add(validAddr("grpc-addr", c.GRPCAddr, false))
+	add(validAddr("http-addr", c.HTTPAddr, true))
+	add(validAddr("debug-addr", c.DebugAddr, true))
+	add(oneOf("store", c.Store, "memory", "redis"))
+	add(oneOf("log-level", c.LogLevel, "debug", "info", "warn", "error"))
+	add(oneOf("log-format", c.LogFormat, "text", "json"))
+	if c.ShutdownDrain < 0 {
+		add(errors.New("--shutdown-drain (RLS_SHUTDOWN_DRAIN) is negative"))
+	}
+	if c.ShutdownTimeout <= 0 {
+		add(errors.New("--shutdown-timeout (RLS_SHUTDOWN_TIMEOUT) must be positive"))
+	}
+	add(oneOf("on-store-error", c.OnStoreError, "fail_open", "fail_closed"))
+	if c.FleetSize < 0 {
+		add(errors.New("--fleet-size (RLS_FLEET_SIZE) is negative"))
+	}
+	if c.LocalMaxKeys < 1 {
+		add(errors.New("--local-max-keys (RLS_LOCAL_MAX_KEYS) must be at least 1"))
+	}
+	if c.MemoryMaxKeys < 1 {
+		add(errors.New("--memory-max-keys (RLS_MEMORY_MAX_KEYS) must be at least 1"))
+	}
+	if c.Store == "redis" {
+		add(c.redisOptions().Validate())
+	}
+	return errors.Join(errs...)
+}
+

@@ -1,0 +1,96 @@
+// Command rls is a global rate-limit decision service for Envoy and Istio:
+// it serves envoy.service.ratelimit.v3.RateLimitService over gRPC, decides
+// from descriptor YAML, and counts in an embedded memory store or in Redis.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"sort"
+	"syscall"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "rls:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// run is the whole program: it dispatches the subcommand and returns when it
+// is done (for serve: when ctx is cancelled and shutdown has finished).
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "validate" || args[0] == "version") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "version":
+		fmt.Fprintln(stdout, "rls", version())
+		return nil
+	case "validate":
+		return validate(args, stdout)
+	}
+	cfg, err := parseConfig(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, stderr)
+}
+
+// validate loads a config directory and prints every error as
+// file:line: message. It fails when any file is invalid.
+func validate(args []string, out io.Writer) error {
+	if len(args) != 1 {
+		return errors.New("usage: rls validate DIR")
+	}
+	cfg, notes, err := descriptors.Load(args[0])
+	for _, n := range notes {
+		fmt.Fprintln(out, n)
+	}
+	if err != nil {
+		var list descriptors.Errors
+		if errors.As(err, &list) {
+			for _, e := range list {
+				fmt.Fprintln(out, e.Error())
+			}
+			return fmt.Errorf("%s: %d error(s)", args[0], len(list))
+		}
+		return err
+	}
+	domains := cfg.Domains()
+	sort.Strings(domains)
+	fmt.Fprintf(out, "%s: ok, %d domain(s) %v\n", args[0], len(domains), domains)
+	return nil
+}
+
+// version reports the module version and VCS revision baked in by go build.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" {
+			v += " " + s.Value
+		}
+		if s.Key == "vcs.modified" && s.Value == "true" {
+			v += " (modified)"
+		}
+	}
+	return v + " " + bi.GoVersion
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/pkg/breaker"
+	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/store"
+	redisstore "github.com/rls-project/rls/pkg/store/redis"
+)
+
+// redisOptions maps the --redis-* flags to the Redis store's options.
+func (c *Config) redisOptions() redisstore.Options {
+	return redisstore.Options{
+		URL:        c.RedisURL,
+		Mode:       c.RedisMode,
+		MasterName: c.RedisMasterName,
+		Username:   c.RedisUsername,
+		Password:   c.RedisPassword,
+		PoolSize:   c.RedisPoolSize,
+		Timeout:    c.RedisTimeout,
+	}
+}
+
+func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
+	redis.SetLogger(&redisLogger{log: log})
+	opts := c.redisOptions()
+	opts.OnBreakerChange = func(node string, from, to breaker.State) {
+		log.Warn("redis circuit breaker", "node", node, "from", from.String(), "to", to.String())
+	}
+	s, err := redisstore.New(opts)
+	if err != nil {
+		return nil, fmt.Errorf("redis store: %w", err)
+	}
+	return s, nil
+}
+
+// redactURL hides a URL's password so it can be logged.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// newFleet returns the fleet-size source: --fleet-size when set, 1 on the
+// memory store, else heartbeats in Redis.
+func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
+	rs, ok := st.(*redisstore.Store)
+	if cfg.FleetSize > 0 || !ok {
+		return limiter.NewFleet(max(cfg.FleetSize, 1), nil, nil, 0, log)
+	}
+	id := replicaID()
+	return limiter.NewFleet(0,
+		func(ctx context.Context) (int, error) { return rs.Heartbeat(ctx, id, heartbeatTTL) },
+		func(ctx context.Context) error { return rs.Leave(ctx, id) },
+		heartbeatInterval, log)
+}
+
+// Heartbeats: each replica refreshes its own entry every heartbeatInterval;
+// an entry not refreshed for heartbeatTTL is no longer counted.
+const (
+	heartbeatInterval = 2 * time.Second
+	heartbeatTTL      = 6 * time.Second
+)
+
+// replicaID names this process in the fleet: host name, PID and a random
+// suffix, so a restarted replica never counts twice for long.
+func replicaID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s/%d/%x", host, os.Getpid(), b)
+}
+
+// redisLogger routes go-redis's own messages (dial failures and the like,
+// one per attempt while Redis is down) to the log, at most one line every
+// 10 seconds.
+type redisLogger struct {
+	log  *slog.Logger
+	last atomic.Int64
+}
+
+func (l *redisLogger) Printf(_ context.Context, format string, v ...any) {
+	now := time.Now().UnixNano()
+	last := l.last.Load()
+	if now-last < int64(10*time.Second) || !l.last.CompareAndSwap(last, now) {
+		return
+	}
+	l.log.Warn("go-redis: "+fmt.Sprintf(format, v...), "note", "further go-redis messages suppressed for 10s")
+}

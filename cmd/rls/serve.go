@@ -1,0 +1,259 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/service"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// rlsServiceName is the gRPC service whose health Envoy and Kubernetes check.
+const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// storeHealthName is the gRPC health service that reflects whether the store
+// answers; rls itself stays SERVING (degraded) while it does not.
+const storeHealthName = "rls.store"
+
+func newLogger(cfg *Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated already
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// serve runs the servers until ctx is cancelled, then shuts down in order:
+// health NOT_SERVING, drain, bounded GracefulStop, HTTP servers, store last.
+func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
+	log := newLogger(cfg, logw)
+	if cfg.Store == "memory" {
+		log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", "config_dir", cfg.ConfigDir)
+	} else {
+		log.Info("rls starting on redis", "mode", cfg.RedisMode, "url", redactURL(cfg.RedisURL), "config_dir", cfg.ConfigDir)
+	}
+
+	rules, notes, err := descriptors.Load(cfg.ConfigDir)
+	for _, n := range notes {
+		log.Info(n)
+	}
+	if err != nil {
+		return fmt.Errorf("load config: %w", err)
+	}
+	log.Info("config loaded", "domains", rules.Domains(), "hash", rules.Hash())
+
+	st, ready, err := openStore(cfg, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			log.Warn("close store", "err", err)
+		}
+		log.Info("store closed")
+	}()
+
+	grpcLis, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	srv := grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	fleet := newFleet(cfg, st, log)
+	lim := limiter.New(st, limiter.Options{
+		FleetSize:    fleet.Size,
+		CacheSize:    cfg.LocalMaxKeys,
+		BucketsSize:  cfg.LocalMaxKeys,
+		DisableCache: !cfg.OverLimitCache,
+		Log:          log,
+	})
+	svc := service.New(rules, lim, service.Options{FailClosed: cfg.OnStoreError == "fail_closed", Log: log})
+	rlsv3.RegisterRateLimitServiceServer(srv, svc)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	reflection.Register(srv)
+
+	// Readiness: serving from start-up to SIGTERM. A store outage does not
+	// make rls unready (it decides in fallback); it shows as degraded on
+	// /healthcheck and as NOT_SERVING of the gRPC health service "rls.store".
+	var storeOK, shuttingDown atomic.Bool
+	setStore := func(ok bool) {
+		if storeOK.Swap(ok) == ok {
+			return
+		}
+		s := healthpb.HealthCheckResponse_NOT_SERVING
+		if ok {
+			s = healthpb.HealthCheckResponse_SERVING
+		}
+		hs.SetServingStatus(storeHealthName, s)
+		log.Info("store health", "serving", ok)
+	}
+	hs.SetServingStatus(storeHealthName, healthpb.HealthCheckResponse_NOT_SERVING)
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(rlsServiceName, healthpb.HealthCheckResponse_SERVING)
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	wg.Go(func() {
+		if err := srv.Serve(grpcLis); err != nil {
+			errc <- fmt.Errorf("grpc server: %w", err)
+		}
+	})
+	log.Info("grpc listening", "addr", grpcLis.Addr().String())
+
+	var httpSrvs []*http.Server
+	startHTTP := func(name, addr string, h http.Handler) error {
+		if addr == "" {
+			return nil
+		}
+		lis, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("--%s: %w", name, err)
+		}
+		hsrv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+		httpSrvs = append(httpSrvs, hsrv)
+		wg.Go(func() {
+			if err := hsrv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s: %w", name, err)
+			}
+		})
+		log.Info("http listening", "flag", name, "addr", lis.Addr().String())
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case shuttingDown.Load():
+			http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
+		case !storeOK.Load() || lim.Degraded(5*time.Second):
+			io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")
+		default:
+			io.WriteString(w, "OK\n")
+		}
+	})
+	dbg := http.NewServeMux()
+	dbg.HandleFunc("/debug/pprof/", pprof.Index)
+	dbg.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	dbg.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	dbg.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	dbg.HandleFunc("/debug/pprof/trace", pprof.Trace)
+
+	stopAll := func() {
+		srv.Stop()
+		for _, h := range httpSrvs {
+			h.Close()
+		}
+		wg.Wait()
+	}
+	if err := startHTTP("http-addr", cfg.HTTPAddr, mux); err != nil {
+		stopAll()
+		return err
+	}
+	if err := startHTTP("debug-addr", cfg.DebugAddr, dbg); err != nil {
+		stopAll()
+		return err
+	}
+
+	readyCtx, stopReady := context.WithCancel(ctx)
+	var readyWG sync.WaitGroup
+	readyWG.Go(func() { watchReadiness(readyCtx, ready, setStore, log) })
+	readyWG.Go(func() { fleet.Run(readyCtx) })
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutdown requested")
+	case runErr = <-errc:
+		log.Error("server failed; shutting down", "err", runErr)
+	}
+
+	// Ordered shutdown: stop advertising, drain, finish in-flight calls.
+	stopReady()
+	readyWG.Wait()
+	shuttingDown.Store(true)
+	hs.Shutdown() // every service NOT_SERVING
+	log.Info("health", "serving", false)
+	fleet.Leave()
+	if cfg.ShutdownDrain > 0 && runErr == nil {
+		log.Info("draining", "for", cfg.ShutdownDrain)
+		time.Sleep(cfg.ShutdownDrain)
+	}
+	t := time.AfterFunc(cfg.ShutdownTimeout, func() {
+		log.Warn("graceful stop timed out; closing connections", "timeout", cfg.ShutdownTimeout)
+		srv.Stop()
+	})
+	srv.GracefulStop()
+	t.Stop()
+	log.Info("grpc stopped")
+	shCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	for _, h := range httpSrvs {
+		if err := h.Shutdown(shCtx); err != nil {
+			h.Close()
+		}
+	}
+	wg.Wait()
+	return runErr
+}
+
+// watchReadiness reports SERVING while ready succeeds, probing once a second.
+func watchReadiness(ctx context.Context, ready func(context.Context) error, set func(bool), log *slog.Logger) {
+	lastErr := ""
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := ready(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		set(err == nil)
+		if err != nil && err.Error() != lastErr {
+			log.Warn("store not ready", "err", err)
+		}
+		lastErr = ""
+		if err != nil {
+			lastErr = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// openStore builds the configured store and its readiness probe.
+func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context) error, error) {
+	switch cfg.Store {
+	case "redis":
+		rs, err := openRedis(cfg, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return rs, rs.Ping, nil
+	default:
+		m := store.NewMemory(store.MemoryOptions{MaxKeys: cfg.MemoryMaxKeys})
+		return m, func(context.Context) error { return nil }, nil
+	}
+}

@@ -1,0 +1,370 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+const testConfig = `
+domain: test
+descriptors:
+  - key: api_key
+    rate_limit: {name: per-key, unit: minute, requests_per_unit: 5}
+    descriptors:
+      - key: route
+        rate_limit: {name: per-route, unit: second, requests_per_unit: 2}
+  - key: small
+    rate_limit: {name: small, unit: hour, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {name: shadow, unit: hour, requests_per_unit: 1}
+  - key: ip
+    rate_limit: {name: per-ip, unit: second, requests_per_unit: 100}
+  - key: ip_strict
+    rate_limit:
+      name: strict
+      unit: second
+      requests_per_unit: 1
+      replaces: [{name: per-ip}]
+  - key: weekly
+    rate_limit: {name: weekly, unit: week, requests_per_unit: 1}
+`
+
+// clock is a settable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func newTestService(t *testing.T) (*Service, *clock) {
+	t.Helper()
+	cfg, err := descriptors.Parse(map[string][]byte{"test.yaml": []byte(testConfig)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{t: time.Unix(1_751_540_400, 0)} // on a window boundary of every unit up to a day
+	st := store.NewMemory(store.MemoryOptions{Now: clk.now})
+	return New(cfg, limiter.New(st, limiter.Options{Now: clk.now}), Options{}), clk
+}
+
+func d(kv ...string) *rlcommon.RateLimitDescriptor {
+	out := &rlcommon.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		out.Entries = append(out.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
+}
+
+func call(t *testing.T, s *Service, hits uint32, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	t.Helper()
+	r, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "test", Descriptors: ds, HitsAddend: hits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OverallCode == rlsv3.RateLimitResponse_UNKNOWN {
+		t.Fatal("overall_code UNKNOWN")
+	}
+	if len(r.Statuses) != len(ds) {
+		t.Fatalf("%d statuses for %d descriptors", len(r.Statuses), len(ds))
+	}
+	for i, st := range r.Statuses {
+		if st.Code == rlsv3.RateLimitResponse_UNKNOWN {
+			t.Fatalf("status %d UNKNOWN", i)
+		}
+	}
+	return r
+}
+
+// brief renders statuses compactly: code/remaining/limit-name per status.
+func brief(r *rlsv3.RateLimitResponse) string {
+	var b strings.Builder
+	b.WriteString(r.OverallCode.String())
+	for _, st := range r.Statuses {
+		fmt.Fprintf(&b, " %s/%d/%s", st.Code, st.LimitRemaining, st.CurrentLimit.GetName())
+	}
+	return b.String()
+}
+
+func TestStatusesInOrderWithFullLimit(t *testing.T) {
+	s, _ := newTestService(t)
+	r := call(t, s, 0, d("api_key", "a"), d("unknown", "x"), d("api_key", "a", "route", "/r"), d("free", "x"))
+	if got, want := brief(r), "OK OK/4/per-key OK/0/ OK/1/per-route OK/4294967295/"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	st := r.Statuses[0]
+	if st.CurrentLimit.RequestsPerUnit != 5 || st.CurrentLimit.Unit != rlsv3.RateLimitResponse_RateLimit_MINUTE {
+		t.Errorf("current_limit %v", st.CurrentLimit)
+	}
+	if got := st.DurationUntilReset.AsDuration(); got != time.Minute {
+		t.Errorf("duration_until_reset %v at a window start, want 1m", got)
+	}
+	if r.Statuses[1].CurrentLimit != nil || r.Statuses[3].CurrentLimit != nil {
+		t.Error("unmatched or unlimited descriptor carries current_limit")
+	}
+}
+
+func TestOverLimitAndRetry(t *testing.T) {
+	s, clk := newTestService(t)
+	if got := brief(call(t, s, 0, d("small", "x"))); got != "OK OK/0/small" {
+		t.Fatal(got)
+	}
+	clk.add(10 * time.Minute)
+	r := call(t, s, 0, d("small", "x"))
+	if got := brief(r); got != "OVER_LIMIT OVER_LIMIT/0/small" {
+		t.Fatal(got)
+	}
+	// Sliding window: one hit in a 1/hour window passes once the previous
+	// window's weight decays below the limit, i.e. just after the next window
+	// starts (the rate there is exactly the limit).
+	if got := r.Statuses[0].DurationUntilReset.AsDuration(); got != 50*time.Minute+time.Microsecond {
+		t.Errorf("retry after %v, want 50m0.000001s", got)
+	}
+}
+
+func TestWeekUnit(t *testing.T) {
+	s, _ := newTestService(t)
+	r := call(t, s, 0, d("weekly", "x"))
+	if r.Statuses[0].CurrentLimit.Unit != rlsv3.RateLimitResponse_RateLimit_WEEK {
+		t.Fatalf("unit %v, want WEEK", r.Statuses[0].CurrentLimit.Unit)
+	}
+}
+
+func TestHitsAddend(t *testing.T) {
+	s, _ := newTestService(t)
+	// Request hits_addend 0 means 1; 3 consumes 3.
+	if got := brief(call(t, s, 0, d("api_key", "h"))); got != "OK OK/4/per-key" {
+		t.Fatal(got)
+	}
+	if got := brief(call(t, s, 3, d("api_key", "h"))); got != "OK OK/1/per-key" {
+		t.Fatal(got)
+	}
+	// A descriptor's hits_addend wins over the request's.
+	withHits := func(n uint64, ds *rlcommon.RateLimitDescriptor) *rlcommon.RateLimitDescriptor {
+		ds.HitsAddend = wrapperspb.UInt64(n)
+		return ds
+	}
+	if got := brief(call(t, s, 3, withHits(1, d("api_key", "h")))); got != "OK OK/0/per-key" {
+		t.Fatal(got)
+	}
+	// Explicit 0 checks without consuming: OVER_LIMIT once the budget is spent.
+	if got := brief(call(t, s, 0, withHits(0, d("api_key", "h")))); got != "OVER_LIMIT OVER_LIMIT/0/per-key" {
+		t.Fatal(got)
+	}
+	if got := brief(call(t, s, 0, withHits(0, d("api_key", "fresh")))); got != "OK OK/5/per-key" {
+		t.Fatal(got)
+	}
+	if got := brief(call(t, s, 0, withHits(0, d("api_key", "fresh")))); got != "OK OK/5/per-key" {
+		t.Fatalf("check-only consumed: %s", got)
+	}
+	// is_negative_hits refunds and is never OVER_LIMIT.
+	ref := withHits(2, d("api_key", "h"))
+	ref.IsNegativeHits = true
+	if got := brief(call(t, s, 0, ref)); got != "OK OK/2/per-key" {
+		t.Fatal(got)
+	}
+	if got := brief(call(t, s, 2, d("api_key", "h"))); got != "OK OK/0/per-key" {
+		t.Fatal(got)
+	}
+}
+
+func TestShadowModeCountsButNeverDenies(t *testing.T) {
+	s, _ := newTestService(t)
+	call(t, s, 0, d("shadow", "x"))
+	r := call(t, s, 0, d("shadow", "x"), d("api_key", "shadowed"))
+	if got := brief(r); got != "OK OK/0/shadow OK/4/per-key" {
+		t.Fatal(got)
+	}
+	// The shadow rule's denial did not veto the other descriptor.
+	if got := brief(call(t, s, 0, d("api_key", "shadowed"))); got != "OK OK/3/per-key" {
+		t.Fatal(got)
+	}
+}
+
+func TestAllOrNothing(t *testing.T) {
+	s, _ := newTestService(t)
+	call(t, s, 0, d("small", "y"))
+	r := call(t, s, 0, d("api_key", "aon"), d("small", "y"))
+	if got := brief(r); got != "OVER_LIMIT OK/4/per-key OVER_LIMIT/0/small" {
+		t.Fatal(got)
+	}
+	if got := brief(call(t, s, 0, d("api_key", "aon"))); got != "OK OK/4/per-key" {
+		t.Fatalf("denied request consumed quota: %s", got)
+	}
+}
+
+func TestReplaces(t *testing.T) {
+	s, _ := newTestService(t)
+	r := call(t, s, 0, d("ip", "1.2.3.4"), d("ip_strict", "1.2.3.4"))
+	if got := brief(r); got != "OK OK/0/ OK/0/strict" {
+		t.Fatal(got)
+	}
+	if r.Statuses[0].CurrentLimit != nil {
+		t.Error("replaced limit still reported")
+	}
+}
+
+func TestUnknownDomain(t *testing.T) {
+	s, _ := newTestService(t)
+	r, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "a")}})
+	if err != nil || brief(r) != "OK OK/0/" {
+		t.Fatalf("%v %v", r, err)
+	}
+}
+
+func TestOverride(t *testing.T) {
+	s, _ := newTestService(t)
+	over := func(ds *rlcommon.RateLimitDescriptor, rpu uint32, u typev3.RateLimitUnit) *rlcommon.RateLimitDescriptor {
+		ds.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: u}
+		return ds
+	}
+	// An override applies to a key the config does not know.
+	r := call(t, s, 0, over(d("tenant", "t1"), 2, typev3.RateLimitUnit_HOUR))
+	if got := brief(r); got != "OK OK/1/" || r.Statuses[0].CurrentLimit.Unit != rlsv3.RateLimitResponse_RateLimit_HOUR {
+		t.Fatalf("%s %v", got, r.Statuses[0].CurrentLimit)
+	}
+	// It replaces a configured limit, keeps its name, and counts separately.
+	if got := brief(call(t, s, 0, over(d("api_key", "o"), 10, typev3.RateLimitUnit_MINUTE))); got != "OK OK/9/per-key" {
+		t.Fatal(got)
+	}
+	if got := brief(call(t, s, 0, d("api_key", "o"))); got != "OK OK/4/per-key" {
+		t.Fatalf("override shared the configured counter: %s", got)
+	}
+	if got := brief(call(t, s, 0, over(d("api_key", "o"), 20, typev3.RateLimitUnit_MINUTE))); got != "OK OK/19/per-key" {
+		t.Fatalf("two overrides shared a counter: %s", got)
+	}
+}
+
+func TestInvalidArgument(t *testing.T) {
+	s, _ := newTestService(t)
+	cases := map[string]*rlsv3.RateLimitRequest{
+		"domain is empty":                    {Descriptors: []*rlcommon.RateLimitDescriptor{d("a", "b")}},
+		"descriptors is empty":               {Domain: "test"},
+		"descriptors[0] has no entries":      {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{{}}},
+		"descriptors[0].entries[1].key":      {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d("a", "b", "", "c")}},
+		"descriptors[0].limit: unit UNKNOWN": {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: d("a", "b").Entries, Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1}}}},
+		"descriptors[0].limit: unit 7":       {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: d("a", "b").Entries, Limit: &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: 7}}}},
+	}
+	for want, req := range cases {
+		t.Run(want, func(t *testing.T) {
+			_, err := s.ShouldRateLimit(context.Background(), req)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), want) {
+				t.Fatalf("got %v, want InvalidArgument with %q", err, want)
+			}
+		})
+	}
+}
+
+// failingStore is a hand-written fake for the error mapping only.
+type failingStore struct{ err error }
+
+func (f failingStore) Decide(context.Context, []store.Check, []store.Result) error { return f.err }
+func (f failingStore) Close() error                                                { return nil }
+
+func TestStoreErrorsBecomeGRPCCodes(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"test.yaml": []byte(testConfig)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		err  error
+		want codes.Code
+	}{
+		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{errors.New("bad reply"), codes.Internal},
+	} {
+		s := New(cfg, limiter.New(failingStore{tc.err}, limiter.Options{}), Options{})
+		_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "a")}})
+		if status.Code(err) != tc.want {
+			t.Errorf("%v: got %v, want %v", tc.err, err, tc.want)
+		}
+	}
+	// No store call at all when nothing matches.
+	s := New(cfg, limiter.New(failingStore{errors.New("must not be called")}, limiter.Options{}), Options{})
+	if _, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d("nothing", "a")}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func BenchmarkShouldRateLimit(b *testing.B) {
+	cfg, err := descriptors.Parse(map[string][]byte{"test.yaml": []byte(strings.ReplaceAll(testConfig, "requests_per_unit: 5}", "requests_per_unit: 1000000000}"))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{}), limiter.Options{}), Options{})
+	req := &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "bench")}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.ShouldRateLimit(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestStoreOutageFallsBackPerRule: with the store down, a fail_closed rule
+// is OVER_LIMIT, a fail_open rule is decided on the local share, and a rule
+// that says nothing follows Options.FailClosed.
+func TestStoreOutageFallsBackPerRule(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"t.yaml": []byte(`
+domain: test
+descriptors:
+  - key: open
+    rate_limit: {unit: second, requests_per_unit: 2, on_error: fail_open}
+  - key: closed
+    rate_limit: {unit: second, requests_per_unit: 2, on_error: fail_closed}
+  - key: silent
+    rate_limit: {unit: second, requests_per_unit: 2}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := failingStore{fmt.Errorf("connection refused: %w", store.ErrUnavailable)}
+	for _, tc := range []struct {
+		failClosed bool
+		want       string
+	}{
+		{false, "OVER_LIMIT OK/1/ OVER_LIMIT/0/ OK/1/"},
+		{true, "OVER_LIMIT OK/1/ OVER_LIMIT/0/ OVER_LIMIT/0/"},
+	} {
+		s := New(cfg, limiter.New(down, limiter.Options{}), Options{FailClosed: tc.failClosed})
+		r, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "test",
+			Descriptors: []*rlcommon.RateLimitDescriptor{d("open", "a"), d("closed", "a"), d("silent", "a")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := brief(r); got != tc.want {
+			t.Errorf("FailClosed %v: got %q, want %q", tc.failClosed, got, tc.want)
+		}
+		// Each alone: the fail_open rule allows its local share.
+		r, _ = s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "test",
+			Descriptors: []*rlcommon.RateLimitDescriptor{d("open", "a")}})
+		if got := brief(r); got != "OK OK/1/" {
+			t.Errorf("FailClosed %v: fail_open alone: %q", tc.failClosed, got)
+		}
+	}
+}
