@@ -1,0 +1,42 @@
+# rls — see README.md. `make help` lists the targets.
+GO       ?= go
+BIN      ?= bin/rls
+CONFIG   ?= ./config
+export CGO_ENABLED ?= 1
+
+.PHONY: help build run test unit integration deps lint tidy clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build bin/rls
+	$(GO) build -o $(BIN) ./cmd/rls
+
+run: build ## serve ./config on the embedded memory store (gRPC :8081, HTTP :8080)
+	./$(BIN) serve --config-dir $(CONFIG)
+
+deps: ## install what the tests need (redis-server from Debian) when missing
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+	  echo "redis-server not found: installing Debian's redis-server package"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null || { \
+	    echo "could not install redis-server: run 'apt-get install -y redis-server'"; exit 1; }; }
+	@redis-server --version
+
+test: deps lint ## everything: vet, gofmt, unit and integration tests with the race detector
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+unit: ## the unit tests only (no Redis, no binary)
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
+
+lint: ## gofmt and go vet (and staticcheck when installed)
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	@if command -v staticcheck >/dev/null; then staticcheck ./...; fi
+
+tidy: ## go mod tidy, failing when it changes anything
+	$(GO) mod tidy && git diff --exit-code go.mod go.sum
+
+clean: ## remove build output
+	rm -rf bin

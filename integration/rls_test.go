@@ -1,0 +1,221 @@
+// Package integration holds black-box tests: they build the real rls binary,
+// start it (and real redis-server processes) on free loopback ports, and talk
+// to it over gRPC and HTTP as Envoy and operators do.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// rlsBin is the binary under test, built once by TestMain with the race
+// detector on.
+var rlsBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "rls-integration-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	rlsBin = filepath.Join(dir, "rls")
+	build := exec.Command("go", "build", "-race", "-o", rlsBin, "../cmd/rls")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build rls:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// freeAddr returns a loopback address that was free a moment ago.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// syncBuffer is a bytes.Buffer safe for the process's writer and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// rlsProc is one running rls binary.
+type rlsProc struct {
+	GRPCAddr, HTTPAddr string
+	cmd                *exec.Cmd
+	Log                *syncBuffer
+	done               chan struct{}
+	exitErr            error
+	conn               *grpc.ClientConn
+}
+
+// startRLS starts the binary with a config directory and extra flags, waits
+// until its gRPC health says SERVING, and stops it when the test ends.
+func startRLS(t testing.TB, configDir string, args ...string) *rlsProc {
+	t.Helper()
+	p := startRLSNoWait(t, configDir, args...)
+	p.waitServing(t, 20*time.Second)
+	return p
+}
+
+func startRLSNoWait(t testing.TB, configDir string, args ...string) *rlsProc {
+	t.Helper()
+	p := &rlsProc{GRPCAddr: freeAddr(t), HTTPAddr: freeAddr(t), Log: &syncBuffer{}, done: make(chan struct{})}
+	all := append([]string{"serve", "--config-dir", configDir, "--grpc-addr", p.GRPCAddr,
+		"--http-addr", p.HTTPAddr, "--debug-addr", ""}, args...)
+	p.cmd = exec.Command(rlsBin, all...)
+	p.cmd.Env = cleanEnv()
+	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exitErr = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop(t)
+		if t.Failed() {
+			t.Logf("rls log (%s):\n%s", p.GRPCAddr, p.Log.String())
+		}
+	})
+	conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.conn = conn
+	t.Cleanup(func() { conn.Close() })
+	return p
+}
+
+// cleanEnv is the test's environment without RLS_* variables, so a
+// developer's shell cannot change what the binary under test does.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "RLS_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func (p *rlsProc) waitServing(t testing.TB, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	hc := healthpb.NewHealthClient(p.conn)
+	for time.Now().Before(deadline) {
+		select {
+		case <-p.done:
+			t.Fatalf("rls exited before serving: %v\n%s", p.exitErr, p.Log.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && r.Status == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("rls not SERVING within %v\n%s", within, p.Log.String())
+}
+
+// stop sends SIGTERM and waits for the exit, killing by PID after 15 s.
+func (p *rlsProc) stop(t testing.TB) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		t.Errorf("rls did not exit 15s after SIGTERM; killing pid %d", p.cmd.Process.Pid)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// wait waits for the process to exit by itself and returns its error.
+func (p *rlsProc) wait(t testing.TB, within time.Duration) error {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.exitErr
+	case <-time.After(within):
+		t.Fatalf("rls still running after %v", within)
+		return nil
+	}
+}
+
+func (p *rlsProc) client() rlsv3.RateLimitServiceClient { return rlsv3.NewRateLimitServiceClient(p.conn) }
+
+// desc builds a descriptor from key, value pairs.
+func desc(kv ...string) *rlcommon.RateLimitDescriptor {
+	d := &rlcommon.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// should calls ShouldRateLimit with a bounded deadline.
+func should(t testing.TB, c rlsv3.RateLimitServiceClient, domain string, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds})
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	return resp
+}
+
+// writeConfig writes files (name → YAML) into a new directory.
+func writeConfig(t testing.TB, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+var sigterm = syscall.SIGTERM
