@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const method = rlsv3.RateLimitService_ShouldRateLimit_FullMethodName
+
+// stats is one worker's tally; workers never share one, and the run merges
+// them when every worker has stopped.
+type stats struct {
+	lat, svc      hist
+	ok, over, unk uint64
+	errs          [codes.Unauthenticated + 1]uint64
+	sent          uint64
+	lagSum        uint64 // open loop: µs
+	lagMax        uint64
+	late          uint64
+}
+
+func (s *stats) merge(o *stats) {
+	s.lat.Merge(&o.lat)
+	s.svc.Merge(&o.svc)
+	s.ok += o.ok
+	s.over += o.over
+	s.unk += o.unk
+	for i, n := range o.errs {
+		s.errs[i] += n
+	}
+	s.sent += o.sent
+	s.lagSum += o.lagSum
+	s.lagMax = max(s.lagMax, o.lagMax)
+	s.late += o.late
+}
+
+func (s *stats) decisions() uint64 { return s.ok + s.over + s.unk }
+
+func (s *stats) errors() uint64 {
+	var n uint64
+	for _, e := range s.errs {
+		n += e
+	}
+	return n
+}
+
+// count tallies one RPC's outcome.
+func (s *stats) count(err error, resp *rlsv3.RateLimitResponse) {
+	if err != nil {
+		c := status.Code(err)
+		if int(c) >= len(s.errs) {
+			c = codes.Unknown
+		}
+		s.errs[c]++
+		return
+	}
+	switch resp.OverallCode {
+	case rlsv3.RateLimitResponse_OK:
+		s.ok++
+	case rlsv3.RateLimitResponse_OVER_LIMIT:
+		s.over++
+	default:
+		s.unk++
+	}
+}
+
+func micros(d time.Duration) uint64 {
+	if d < 0 {
+		return 0
+	}
+	return uint64(d / time.Microsecond)
+}
+
+// loader drives ShouldRateLimit calls; one loader serves the warm-up and
+// the measured phase.
+type loader struct {
+	conns   []*grpc.ClientConn
+	reqs    *requestSet
+	picker  keyPicker
+	workers int
+	timeout time.Duration
+	seed    uint64
+}
+
+// phase bounds one run: until dur has passed or n requests (0: no bound),
+// closed loop when rate is 0, else open loop at rate requests/s.
+type phase struct {
+	dur  time.Duration
+	n    uint64
+	rate float64
+}
+
+type result struct {
+	st          stats
+	elapsed     time.Duration
+	intended    uint64 // open loop: sends due by the end
+	interrupted bool
+}
+
+func (l *loader) call(ctx context.Context, conn *grpc.ClientConn, req *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse) error {
+	if l.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+	}
+	return conn.Invoke(ctx, method, req, resp)
+}
+
+// run runs one phase. ctx cancellation (Ctrl-C) ends it early; the result
+// then covers the run so far and says it was interrupted.
+func (l *loader) run(ctx context.Context, p phase) result {
+	var (
+		seq     atomic.Uint64
+		stopped atomic.Bool
+		stop    = make(chan struct{})
+		once    sync.Once
+		wg      sync.WaitGroup
+		all     = make([]stats, l.workers)
+	)
+	halt := func() { once.Do(func() { stopped.Store(true); close(stop) }) }
+	start := time.Now()
+	end := start.Add(p.dur)
+	timer := time.AfterFunc(p.dur, halt)
+	defer timer.Stop()
+	go func() {
+		select {
+		case <-ctx.Done():
+			halt()
+		case <-stop:
+		}
+	}()
+
+	var interval float64
+	slots := uint64(math.MaxUint64)
+	if p.rate > 0 {
+		interval = float64(time.Second) / p.rate
+		slots = uint64(math.Ceil(p.dur.Seconds() * p.rate)) // due before end
+		if p.n > 0 {
+			slots = min(slots, p.n)
+		}
+	} else if p.n > 0 {
+		slots = p.n
+	}
+
+	for w := range l.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := &all[w]
+			r := rand.New(rand.NewPCG(l.seed, uint64(w)))
+			resp := new(rlsv3.RateLimitResponse)
+			var sleep *time.Timer
+			for j := 0; ; j++ {
+				if stopped.Load() {
+					return
+				}
+				i := seq.Add(1) - 1
+				if i >= slots {
+					return
+				}
+				req := l.reqs.get(l.picker.Pick(i, r))
+				conn := l.conns[(w+j)%len(l.conns)]
+				if p.rate == 0 {
+					t0 := time.Now()
+					err := l.call(ctx, conn, req, resp)
+					el := time.Since(t0)
+					if err != nil && ctx.Err() != nil {
+						return // cut short by Ctrl-C: not a server error
+					}
+					st.count(err, resp)
+					st.lat.Record(micros(el))
+					continue
+				}
+				// Open loop: slot i is due at start + i/rate, whenever a
+				// worker gets to it; the wait for a free worker is latency.
+				intended := start.Add(time.Duration(float64(i) * interval))
+				if d := time.Until(intended); d > 0 {
+					if sleep == nil {
+						sleep = time.NewTimer(d)
+					} else {
+						sleep.Reset(d)
+					}
+					select {
+					case <-sleep.C:
+					case <-stop:
+						return
+					}
+				}
+				if stopped.Load() {
+					return // the run ended while this slot waited for a worker
+				}
+				t0 := time.Now()
+				err := l.call(ctx, conn, req, resp)
+				done := time.Now()
+				if err != nil && ctx.Err() != nil {
+					return
+				}
+				st.count(err, resp)
+				st.sent++
+				lag := micros(t0.Sub(intended))
+				st.lagSum += lag
+				st.lagMax = max(st.lagMax, lag)
+				if lag > 1000 {
+					st.late++
+				}
+				st.lat.Record(micros(done.Sub(intended)))
+				st.svc.Record(micros(done.Sub(t0)))
+			}
+		}()
+	}
+	wg.Wait()
+	res := result{elapsed: time.Since(start), interrupted: ctx.Err() != nil}
+	for i := range all {
+		res.st.merge(&all[i])
+	}
+	if p.rate > 0 {
+		res.intended = slots
+		if res.interrupted {
+			// Only what fell due before the interruption.
+			due := time.Since(start)
+			if e := end.Sub(start); due > e {
+				due = e
+			}
+			res.intended = min(slots, uint64(math.Ceil(due.Seconds()*p.rate)))
+		}
+	}
+	return res
+}
+
+func rlsv3Client(cc *grpc.ClientConn) rlsv3.RateLimitServiceClient {
+	return rlsv3.NewRateLimitServiceClient(cc)
+}
+
+func codeName(c int) string { return codes.Code(c).String() }

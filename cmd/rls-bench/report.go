@@ -1,0 +1,252 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// Report is the result of one measured run. -json prints it as is.
+type Report struct {
+	Mode        string  `json:"mode"` // "closed" or "open"
+	Target      string  `json:"target"`
+	Domain      string  `json:"domain"`
+	Request     string  `json:"request"` // the descriptors of key 0, e.g. "[api_key=k0]"
+	Descriptors int     `json:"descriptors_per_request"`
+	Keys        int     `json:"keys"`
+	Dist        string  `json:"dist"`
+	Concurrency int     `json:"concurrency"`
+	Connections int     `json:"connections"`
+	TargetRate  float64 `json:"target_rate,omitempty"`
+	WarmupSec   float64 `json:"warmup_seconds"`
+	ElapsedSec  float64 `json:"elapsed_seconds"`
+	Interrupted bool    `json:"interrupted,omitempty"`
+
+	Requests        uint64            `json:"requests"`  // RPCs completed, errors included
+	Decisions       uint64            `json:"decisions"` // RPCs answered OK, OVER_LIMIT or UNKNOWN
+	DecisionsPerSec float64           `json:"decisions_per_second"`
+	OK              uint64            `json:"ok"`
+	OverLimit       uint64            `json:"over_limit"`
+	Unknown         uint64            `json:"unknown,omitempty"` // overall_code UNKNOWN
+	Errors          map[string]uint64 `json:"errors,omitempty"`  // by gRPC code
+
+	// Latency of every completed RPC; in the open loop measured from its
+	// intended send time (coordinated-omission corrected).
+	Latency Latency `json:"latency_us"`
+	// Open loop only: measured from the actual send.
+	ServiceLatency *Latency   `json:"service_latency_us,omitempty"`
+	Schedule       *Schedule  `json:"schedule,omitempty"`
+	Client         CPU        `json:"client_cpu"`
+	Server         *ServerCPU `json:"server,omitempty"`
+	Redis          *Redis     `json:"redis,omitempty"`
+	// -metrics-url: change of rls's own counters over the measured phase.
+	ServerMetrics map[string]float64 `json:"server_metrics,omitempty"`
+}
+
+// Latency summarizes a histogram, in microseconds.
+type Latency struct {
+	Min  uint64  `json:"min"`
+	Mean float64 `json:"mean"`
+	P50  uint64  `json:"p50"`
+	P90  uint64  `json:"p90"`
+	P99  uint64  `json:"p99"`
+	P999 uint64  `json:"p99_9"`
+	Max  uint64  `json:"max"`
+}
+
+func summarize(h *hist) Latency {
+	return Latency{Min: h.Min(), Mean: h.Mean(), P50: h.Quantile(0.5), P90: h.Quantile(0.9),
+		P99: h.Quantile(0.99), P999: h.Quantile(0.999), Max: h.Max()}
+}
+
+// Schedule tells how well the open loop kept to its timetable.
+type Schedule struct {
+	Intended      uint64  `json:"intended"`         // sends due by the end of the run
+	Sent          uint64  `json:"sent"`             // sends made
+	BehindAtEnd   uint64  `json:"behind_at_end"`    // due but never sent
+	BehindAtEndMs float64 `json:"behind_at_end_ms"` // the same as time at the target rate
+	MeanLagUs     float64 `json:"mean_lag_us"`      // actual minus intended send time
+	MaxLagUs      uint64  `json:"max_lag_us"`
+	LateOver1ms   uint64  `json:"late_over_1ms"` // sends more than 1 ms behind their slot
+}
+
+// CPU is a process's CPU time over the measured phase.
+type CPU struct {
+	Seconds       float64 `json:"cpu_seconds"`
+	Cores         float64 `json:"cores"` // CPU seconds per elapsed second
+	UsPerDecision float64 `json:"cpu_us_per_decision"`
+}
+
+// ServerCPU is the CPU of the -server-pid processes, summed.
+type ServerCPU struct {
+	Pids []int `json:"pids"`
+	CPU
+}
+
+// Redis is what INFO says Redis did during the measured phase.
+type Redis struct {
+	Addr                string            `json:"addr"`
+	CPU                                   // used_cpu_sys + used_cpu_user
+	Commands            uint64            `json:"commands"` // total_commands_processed, minus our INFO calls
+	CommandsPerDecision float64           `json:"commands_per_decision"`
+	Evalsha             uint64            `json:"evalsha"`
+	EvalshaPerDecision  float64           `json:"evalsha_per_decision"`
+	Calls               map[string]uint64 `json:"calls"` // per command, INFO excluded
+	// Connections Redis accepted during the phase, our INFO connection
+	// excluded: a client that keeps its pool open makes none.
+	NewConnections uint64 `json:"new_connections"`
+}
+
+func newCPU(seconds, elapsed float64, decisions uint64) CPU {
+	c := CPU{Seconds: seconds}
+	if elapsed > 0 {
+		c.Cores = seconds / elapsed
+	}
+	if decisions > 0 {
+		c.UsPerDecision = seconds * 1e6 / float64(decisions)
+	}
+	return c
+}
+
+// redisDelta turns two INFO snapshots into the phase's figures; the INFO
+// commands themselves (ours and anyone else's) are not counted.
+func redisDelta(addr string, before, after redisInfo, elapsed float64, decisions uint64) *Redis {
+	r := &Redis{Addr: addr, CPU: newCPU(after.cpu-before.cpu, elapsed, decisions), Calls: map[string]uint64{}}
+	for cmd, n := range after.calls {
+		if b := before.calls[cmd]; n > b && cmd != "info" {
+			r.Calls[cmd] = n - b
+		}
+	}
+	infos := after.calls["info"] - before.calls["info"]
+	if cmds := after.commands - before.commands; cmds >= infos {
+		r.Commands = cmds - infos
+	}
+	if d := after.conns - before.conns; after.conns > before.conns && d > 0 {
+		r.NewConnections = d - 1 // the connection of the closing INFO
+	}
+	r.Evalsha = r.Calls["evalsha"]
+	if decisions > 0 {
+		r.CommandsPerDecision = float64(r.Commands) / float64(decisions)
+		r.EvalshaPerDecision = float64(r.Evalsha) / float64(decisions)
+	}
+	return r
+}
+
+func writeJSON(w io.Writer, r *Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+func writeText(w io.Writer, r *Report) error {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("rls-bench: %s loop against %s, domain %q, %d descriptor(s)/request %s\n", r.Mode, r.Target, r.Domain, r.Descriptors, r.Request)
+	p("  keys %d (%s), concurrency %d, connections %d", r.Keys, r.Dist, r.Concurrency, r.Connections)
+	if r.Mode == "open" {
+		p(", target rate %.0f/s", r.TargetRate)
+	}
+	p(", warm-up %.1fs excluded\n", r.WarmupSec)
+	if r.Interrupted {
+		p("  INTERRUPTED: figures cover the run up to the interruption\n")
+	}
+	p("elapsed        %.2fs\n", r.ElapsedSec)
+	p("requests       %d\n", r.Requests)
+	p("decisions/s    %.0f\n", r.DecisionsPerSec)
+	p("OK             %d (%s)\n", r.OK, pct(r.OK, r.Requests))
+	p("OVER_LIMIT     %d (%s)\n", r.OverLimit, pct(r.OverLimit, r.Requests))
+	if r.Unknown > 0 {
+		p("UNKNOWN        %d (%s)\n", r.Unknown, pct(r.Unknown, r.Requests))
+	}
+	var nerr uint64
+	codes := make([]string, 0, len(r.Errors))
+	for c, n := range r.Errors {
+		codes = append(codes, c)
+		nerr += n
+	}
+	sort.Strings(codes)
+	p("errors         %d", nerr)
+	for _, c := range codes {
+		p(" %s=%d", c, r.Errors[c])
+	}
+	p("\n")
+	lat := func(name string, l Latency) {
+		p("%-14s p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  (mean %s)\n", name,
+			us(l.P50), us(l.P90), us(l.P99), us(l.P999), us(l.Max), us(uint64(l.Mean+0.5)))
+	}
+	if r.Mode == "open" {
+		lat("latency*", r.Latency)
+		if r.ServiceLatency != nil {
+			lat("service", *r.ServiceLatency)
+		}
+		p("  * from each request's intended send time (coordinated-omission corrected); service: from the actual send\n")
+	} else {
+		lat("latency", r.Latency)
+	}
+	if s := r.Schedule; s != nil {
+		p("schedule       %d due, %d sent; lag mean %s max %s, %d sends >1ms late; behind at end: %d (%.1f ms)\n",
+			s.Intended, s.Sent, us(uint64(s.MeanLagUs+0.5)), us(s.MaxLagUs), s.LateOver1ms, s.BehindAtEnd, s.BehindAtEndMs)
+	}
+	cpu := func(name string, c CPU) {
+		p("%-14s %.2f CPU-s, %.2f cores, %.1f µs CPU/decision\n", name, c.Seconds, c.Cores, c.UsPerDecision)
+	}
+	cpu("client cpu", r.Client)
+	if r.Server != nil {
+		cpu(fmt.Sprintf("server cpu %v", r.Server.Pids), r.Server.CPU)
+	}
+	if x := r.Redis; x != nil {
+		cpu("redis cpu", x.CPU)
+		p("redis conns    %d new during the run\n", x.NewConnections)
+		p("redis cmds     %d (%.2f/decision, commands run by scripts included), evalsha %d (%.2f/decision)", x.Commands, x.CommandsPerDecision, x.Evalsha, x.EvalshaPerDecision)
+		cmds := make([]string, 0, len(x.Calls))
+		for c := range x.Calls {
+			cmds = append(cmds, c)
+		}
+		sort.Strings(cmds)
+		if len(cmds) > 0 {
+			p(";")
+		}
+		for _, c := range cmds {
+			p(" %s=%d", c, x.Calls[c])
+		}
+		p("\n")
+	}
+	if len(r.ServerMetrics) > 0 {
+		names := make([]string, 0, len(r.ServerMetrics))
+		for n := range r.ServerMetrics {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		p("rls metrics   ")
+		for _, n := range names {
+			p(" %s +%.0f", n, r.ServerMetrics[n])
+		}
+		p("\n")
+		if fb := r.ServerMetrics["rls_fallback_decisions_total"]; fb > 0 && r.Decisions > 0 {
+			p("WARNING        %.0f checks (%.1f%% of decisions) were decided without the store: it could not answer in time\n",
+				fb, 100*fb/float64(r.Decisions))
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func pct(n, of uint64) string {
+	if of == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(of))
+}
+
+// us formats microseconds compactly: 850µs, 1.25ms, 2.000s.
+func us(v uint64) string {
+	switch {
+	case v < 1000:
+		return fmt.Sprintf("%dµs", v)
+	case v < 1000000:
+		return fmt.Sprintf("%.2fms", float64(v)/1e3)
+	}
+	return fmt.Sprintf("%.3fs", float64(v)/1e6)
+}
