@@ -1,0 +1,165 @@
+package reload
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+)
+
+const good = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: %s}\n"
+
+func write(t *testing.T, path, body string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil { // an atomic replace
+		t.Fatal(err)
+	}
+}
+
+type applied struct {
+	mu   sync.Mutex
+	cfgs []*descriptors.Config
+	res  []Result
+}
+
+func (a *applied) last() (*descriptors.Config, int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.cfgs) == 0 {
+		return nil, 0
+	}
+	return a.cfgs[len(a.cfgs)-1], len(a.cfgs)
+}
+
+func waitFor(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func limitOf(cfg *descriptors.Config) uint32 {
+	for _, r := range cfg.Rules() {
+		return r.RequestsPerUnit
+	}
+	return 0
+}
+
+func TestWatcherAppliesValidChangesOnly(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "1"))
+	cfg, _, err := descriptors.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &applied{}
+	w := New(cfg, Options{Dir: dir, Debounce: 20 * time.Millisecond, Poll: -1,
+		Apply:  func(c *descriptors.Config) { a.mu.Lock(); a.cfgs = append(a.cfgs, c); a.mu.Unlock() },
+		Report: func(r Result, _ *descriptors.Config) { a.mu.Lock(); a.res = append(a.res, r); a.mu.Unlock() }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(50 * time.Millisecond) // let the watch start
+
+	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "2"))
+	waitFor(t, "limit 2", func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 2 })
+
+	// A broken edit is rejected: nothing applied.
+	write(t, filepath.Join(dir, "d.yaml"), "domain: d\ndescriptors:\n  - key: k\n    bogus: 1\n")
+	waitFor(t, "a failure", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.res) > 0 && a.res[len(a.res)-1] == Failure
+	})
+	if _, n := a.last(); n != 1 {
+		t.Fatalf("%d configs applied, want 1 (the broken one must not be)", n)
+	}
+	// A stray non-YAML file changes nothing; fixing the file applies again.
+	if err := os.WriteFile(filepath.Join(dir, "README.txt"), []byte("hi"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "3"))
+	waitFor(t, "limit 3", func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 3 })
+	// Adding a domain file and removing it.
+	write(t, filepath.Join(dir, "e.yaml"), "domain: e\ndescriptors: []\n")
+	waitFor(t, "domain e", func() bool { c, _ := a.last(); return c != nil && len(c.Domains()) == 2 })
+	if err := os.Remove(filepath.Join(dir, "e.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "domain e removed", func() bool { c, _ := a.last(); return c != nil && len(c.Domains()) == 1 })
+}
+
+// TestConfigMapSymlinkSwap rebuilds Kubernetes' ConfigMap layout: the files
+// are symlinks into ..data, itself a symlink swapped atomically to a new
+// timestamped directory on update.
+func TestConfigMapSymlinkSwap(t *testing.T) {
+	dir := t.TempDir()
+	mkVersion := func(name, limit string) {
+		v := filepath.Join(dir, name)
+		if err := os.Mkdir(v, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(v, "d.yaml"), []byte(fmt.Sprintf(good, limit)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	swap := func(name string) {
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(name, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkVersion("..2026_01_01_00_00_00.1", "1")
+	swap("..2026_01_01_00_00_00.1")
+	if err := os.Symlink("..data/d.yaml", filepath.Join(dir, "d.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := descriptors.Load(dir)
+	if err != nil || limitOf(cfg) != 1 {
+		t.Fatalf("initial load: %v", err)
+	}
+	a := &applied{}
+	w := New(cfg, Options{Dir: dir, Debounce: 20 * time.Millisecond, Poll: -1,
+		Apply: func(c *descriptors.Config) { a.mu.Lock(); a.cfgs = append(a.cfgs, c); a.mu.Unlock() }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(50 * time.Millisecond)
+
+	mkVersion("..2026_01_01_00_00_00.2", "7")
+	swap("..2026_01_01_00_00_00.2")
+	waitFor(t, "limit 7 after the ..data swap", func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 7 })
+}
+
+func TestPollCatchesMissedEvents(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "1"))
+	cfg, _, _ := descriptors.Load(dir)
+	a := &applied{}
+	w := New(cfg, Options{Dir: dir, Apply: func(c *descriptors.Config) { a.cfgs = append(a.cfgs, c) }})
+	if r := w.Reload(); r != Unchanged {
+		t.Fatalf("reload of the same files: %v", r)
+	}
+	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "5"))
+	if r := w.Reload(); r != Success || limitOf(a.cfgs[0]) != 5 {
+		t.Fatalf("reload: %v", r)
+	}
+}
