@@ -4,7 +4,10 @@ BIN      ?= bin/rls
 CONFIG   ?= ./config
 export CGO_ENABLED ?= 1
 
-.PHONY: help build run test unit integration deps lint tidy clean
+GOBIN    ?= $(shell $(GO) env GOPATH)/bin
+export PATH := $(GOBIN):$(PATH)
+
+.PHONY: help build run test unit deps lint tidy proto clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -22,6 +25,8 @@ deps: ## install what the tests need (redis-server from Debian) when missing
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null || { \
 	    echo "could not install redis-server: run 'apt-get install -y redis-server'"; exit 1; }; }
 	@redis-server --version
+	@command -v grpcurl >/dev/null || { echo "installing grpcurl (the README's examples are run by a test)"; \
+	  $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4; }
 
 test: deps lint ## everything: vet, gofmt, unit and integration tests with the race detector
 	$(GO) test -race -count=1 -timeout 20m ./...
@@ -34,6 +39,13 @@ lint: ## gofmt and go vet (and staticcheck when installed)
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@if command -v staticcheck >/dev/null; then staticcheck ./...; fi
+
+proto: ## regenerate proto/ Go code with buf and local plugins, and lint it
+	@command -v buf >/dev/null || $(GO) install github.com/bufbuild/buf/cmd/buf@v1.75.0
+	@command -v protoc-gen-go >/dev/null || $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	@command -v protoc-gen-go-grpc >/dev/null || $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+	buf lint
+	buf generate
 
 tidy: ## go mod tidy, failing when it changes anything
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum

@@ -35,6 +35,11 @@ type Config struct {
 
 	MemoryMaxKeys int
 
+	Admin             bool
+	ResponseHeaders   bool
+	DetailedMetricMax int
+	ConfigPoll        time.Duration
+
 	OnStoreError   string
 	FleetSize      int
 	OverLimitCache bool
@@ -67,6 +72,10 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 0, "Redis connections per node; 0 means go-redis's default (10 per CPU)")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 10*time.Millisecond, "budget for one decision's Redis calls, well under Envoy's 20ms")
 	fs.IntVar(&c.MemoryMaxKeys, "memory-max-keys", 1_000_000, "memory store: most counters kept; the oldest are evicted beyond it")
+	fs.BoolVar(&c.Admin, "admin", false, "serve rls.admin.v1.AdminService (Explain, ResetCounters) on the gRPC port; anyone who reaches the port can reset counters")
+	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-Limit/-Remaining/-Reset (draft-03) to every response and Retry-After to OVER_LIMIT ones")
+	fs.IntVar(&c.DetailedMetricMax, "detailed-metric-max", 100, "most distinct descriptor values counted per detailed_metric rule; the rest are counted as value=\"_other\"")
+	fs.DurationVar(&c.ConfigPoll, "config-poll", 10*time.Second, "re-read --config-dir this often even without file events (0 disables; file events always trigger a reload)")
 	fs.StringVar(&c.OnStoreError, "on-store-error", "fail_open", "what rules without on_error do when the store cannot answer: fail_open (local share of the limit) or fail_closed (deny)")
 	fs.IntVar(&c.FleetSize, "fleet-size", 0, "replicas sharing the limits, for the fail-open share (limit/fleet size); 0 learns it from heartbeats in Redis (memory store: 1)")
 	fs.BoolVar(&c.OverLimitCache, "over-limit-cache", true, "deny keys the store found over their limit locally until their retry time, without a store call")
@@ -158,6 +167,12 @@ func (c *Config) Validate() error {
 	if c.FleetSize < 0 {
 		add(errors.New("--fleet-size (RLS_FLEET_SIZE) is negative"))
 	}
+	if c.DetailedMetricMax < 1 {
+		add(errors.New("--detailed-metric-max (RLS_DETAILED_METRIC_MAX) must be at least 1"))
+	}
+	if c.ConfigPoll < 0 {
+		add(errors.New("--config-poll (RLS_CONFIG_POLL) is negative"))
+	}
 	if c.LocalMaxKeys < 1 {
 		add(errors.New("--local-max-keys (RLS_LOCAL_MAX_KEYS) must be at least 1"))
 	}
@@ -169,4 +184,3 @@ func (c *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
-

@@ -20,10 +20,15 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rls-project/rls/pkg/descriptors"
+
 	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/reload"
 	"github.com/rls-project/rls/pkg/service"
 	"github.com/rls-project/rls/pkg/store"
+	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
 // rlsServiceName is the gRPC service whose health Envoy and Kubernetes check.
@@ -62,10 +67,17 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 	}
 	log.Info("config loaded", "domains", rules.Domains(), "hash", rules.Hash())
 
-	st, ready, err := openStore(cfg, log)
+	reg := newRegistry()
+	cfgMetrics := newConfigMetrics(reg)
+	cfgMetrics.set(rules)
+	rawStore, ready, err := openStore(cfg, log)
 	if err != nil {
 		return err
 	}
+	if rs, ok := rawStore.(*redisstore.Store); ok {
+		registerBreakers(reg, rs)
+	}
+	st := newTimedStore(rawStore, reg)
 	defer func() {
 		if err := st.Close(); err != nil {
 			log.Warn("close store", "err", err)
@@ -88,7 +100,27 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 		DisableCache: !cfg.OverLimitCache,
 		Log:          log,
 	})
-	svc := service.New(rules, lim, service.Options{FailClosed: cfg.OnStoreError == "fail_closed", Log: log})
+	registerLocal(reg, lim, fleet)
+	svc := service.New(rules, lim, service.Options{
+		FailClosed:      cfg.OnStoreError == "fail_closed",
+		ResponseHeaders: cfg.ResponseHeaders,
+		Metrics:         service.NewMetrics(reg, cfg.DetailedMetricMax),
+		Log:             log,
+	})
+	if cfg.Admin {
+		adminv1.RegisterAdminServiceServer(srv, service.NewAdmin(svc, st, lim))
+		log.Warn("admin API on: rls.admin.v1.AdminService can read and reset counters", "addr", cfg.GRPCAddr)
+	}
+	watcher := reload.New(rules, reload.Options{
+		Dir:  cfg.ConfigDir,
+		Poll: pollInterval(cfg.ConfigPoll),
+		Apply: func(c *descriptors.Config) {
+			svc.SetConfig(c)
+			cfgMetrics.set(c)
+		},
+		Report: func(r reload.Result, _ *descriptors.Config) { cfgMetrics.reloads.WithLabelValues(string(r)).Inc() },
+		Log:    log,
+	})
 	rlsv3.RegisterRateLimitServiceServer(srv, svc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
@@ -152,7 +184,12 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 			io.WriteString(w, "OK\n")
 		}
 	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	dbg := http.NewServeMux()
+	dbg.HandleFunc("GET /rlconfig", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		dumpConfig(w, svc.Config())
+	})
 	dbg.HandleFunc("/debug/pprof/", pprof.Index)
 	dbg.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	dbg.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -179,6 +216,11 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 	var readyWG sync.WaitGroup
 	readyWG.Go(func() { watchReadiness(readyCtx, ready, setStore, log) })
 	readyWG.Go(func() { fleet.Run(readyCtx) })
+	readyWG.Go(func() {
+		if err := watcher.Run(readyCtx); err != nil {
+			log.Error("cannot watch the config directory; config changes need a restart", "dir", cfg.ConfigDir, "err", err)
+		}
+	})
 
 	var runErr error
 	select {
@@ -255,5 +297,45 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 	default:
 		m := store.NewMemory(store.MemoryOptions{MaxKeys: cfg.MemoryMaxKeys})
 		return m, func(context.Context) error { return nil }, nil
+	}
+}
+
+// pollInterval maps --config-poll to the watcher's option (0 disables).
+func pollInterval(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// dumpConfig writes the config in force, one rule a line, for /rlconfig.
+func dumpConfig(w io.Writer, cfg *descriptors.Config) {
+	fmt.Fprintf(w, "# config %s, domains %v\n", cfg.Hash(), cfg.Domains())
+	for _, r := range cfg.Rules() {
+		fmt.Fprintf(w, "%s: %s", r.Domain, r.Path)
+		if r.Name != "" {
+			fmt.Fprintf(w, " name=%q", r.Name)
+		}
+		if r.Unlimited {
+			fmt.Fprint(w, " unlimited")
+		} else {
+			fmt.Fprintf(w, " %d/%s %s", r.RequestsPerUnit, r.Unit, r.Algorithm)
+			if r.Burst > 0 {
+				fmt.Fprintf(w, " burst=%d", r.Burst)
+			}
+			if r.OnError != descriptors.OnErrorDefault {
+				fmt.Fprintf(w, " on_error=%s", r.OnError)
+			}
+		}
+		if r.ShadowMode {
+			fmt.Fprint(w, " shadow_mode")
+		}
+		if r.DetailedMetric {
+			fmt.Fprint(w, " detailed_metric")
+		}
+		if len(r.Replaces) > 0 {
+			fmt.Fprintf(w, " replaces=%v", r.Replaces)
+		}
+		fmt.Fprintf(w, " (%s:%d)\n", r.File, r.Line)
 	}
 }

@@ -33,7 +33,7 @@ var (
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode"}
 	rateLimitFields = []string{"unit", "requests_per_unit", "name", "unlimited", "replaces",
-		"algorithm", "burst", "on_error"}
+		"algorithm", "burst", "on_error", "response_body", "content_type"}
 	replacesFields = []string{"name"}
 )
 
@@ -562,6 +562,21 @@ func (p *parser) rateLimit(rf field) *Rule {
 				p.errorf(f.val, "burst", "must be at least 1")
 			}
 			r.Burst = b
+		}
+	}
+	if f, ok := fs["response_body"]; ok {
+		if s, ok := p.str(f, "response_body"); ok {
+			r.ResponseBody = s
+		}
+	}
+	if f, ok := fs["content_type"]; ok {
+		if s, ok := p.str(f, "content_type"); ok {
+			if _, hasBody := fs["response_body"]; !hasBody {
+				p.errorf(f.key, "content_type", "only valid with response_body")
+			} else if s == "" || strings.ContainsAny(s, "\r\n") {
+				p.errorf(f.val, "content_type", "must be a non-empty single-line media type")
+			}
+			r.ContentType = s
 		}
 	}
 	if f, ok := fs["on_error"]; ok {

@@ -21,6 +21,8 @@ type Rule struct {
 	DetailedMetric  bool
 	QuotaMode       bool     // the descriptor's quota_mode flag, carried for the service
 	Replaces        []string // names of the limits this one replaces
+	ResponseBody    string   // body of the 429 when this rule denies (raw_body); may be empty
+	ContentType     string   // content-type of ResponseBody; empty means Envoy's default
 	Domain          string
 	Path            string // place in the YAML: key or key=value per level, joined by '/'
 	File            string

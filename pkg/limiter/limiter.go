@@ -451,3 +451,23 @@ func (b *bucket) take(c *store.Check, now int64) store.Result {
 	b.tokens -= h
 	return b.result(h, true)
 }
+
+// Forget drops keys from the over-limit cache and the fail-open buckets, so
+// a counter reset by an operator is not denied from stale local state.
+func (l *Limiter) Forget(keys ...string) {
+	for _, k := range keys {
+		l.forget(k)
+		lruWith(l.local, k, func(b *bucket, _ bool) (*bucket, bool, struct{}) { return b, false, struct{}{} })
+	}
+}
+
+// CachedDenial reports whether the over-limit cache denies c now, and for
+// how long (for the admin API's Explain).
+func (l *Limiter) CachedDenial(c *store.Check) (time.Duration, bool) {
+	now := l.opts.Now().UnixNano()
+	until, ok := l.deniedUntil(c, now)
+	if !ok {
+		return 0, false
+	}
+	return time.Duration(until - now), true
+}

@@ -1,7 +1,7 @@
 // Package service adapts Envoy's rate limit protocol
 // (envoy.service.ratelimit.v3.RateLimitService) to the descriptor config and
-// a store. It is the one place where domain outcomes and errors become gRPC
-// responses and status codes.
+// the limiter. It is the one place where domain outcomes and errors become
+// gRPC responses and status codes, and where decisions are counted.
 package service
 
 import (
@@ -10,9 +10,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -26,14 +30,21 @@ import (
 )
 
 // Service implements rlsv3.RateLimitServiceServer. It is safe for concurrent
-// use; SetConfig swaps the descriptor config atomically under live traffic.
+// use; SetConfig swaps the descriptor config (and its metric series)
+// atomically under live traffic.
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	cfg  atomic.Pointer[descriptors.Config]
+	snap atomic.Pointer[snapshot]
 	lim  *limiter.Limiter
 	opts Options
 	pool sync.Pool // *scratch
+}
+
+// snapshot is a config with the metric series resolved for its rules.
+type snapshot struct {
+	cfg   *descriptors.Config
+	stats *stats
 }
 
 // Options configure a Service.
@@ -41,6 +52,12 @@ type Options struct {
 	// FailClosed is what rules that set no on_error do when the store cannot
 	// answer: deny (true) or fall back to the local share (false).
 	FailClosed bool
+	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset (draft-03) to every response and Retry-After to
+	// OVER_LIMIT ones, for Envoys that do not make their own.
+	ResponseHeaders bool
+	// Metrics records decisions; nil records nothing.
+	Metrics *Metrics
 	// Log receives the errors mapped to gRPC codes [discard].
 	Log *slog.Logger
 }
@@ -51,16 +68,18 @@ func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Service{lim: lim, opts: opts}
-	s.cfg.Store(cfg)
+	s.SetConfig(cfg)
 	s.pool.New = func() any { return new(scratch) }
 	return s
 }
 
 // SetConfig replaces the descriptor config used by later calls.
-func (s *Service) SetConfig(cfg *descriptors.Config) { s.cfg.Store(cfg) }
+func (s *Service) SetConfig(cfg *descriptors.Config) {
+	s.snap.Store(&snapshot{cfg: cfg, stats: s.opts.Metrics.statsFor(cfg)})
+}
 
 // Config returns the descriptor config in force.
-func (s *Service) Config() *descriptors.Config { return s.cfg.Load() }
+func (s *Service) Config() *descriptors.Config { return s.snap.Load().cfg }
 
 // scratch holds per-call buffers reused across calls.
 type scratch struct {
@@ -76,17 +95,21 @@ type scratch struct {
 // ShouldRateLimit decides a request as Envoy defines it: one status per
 // descriptor in request order, overall OVER_LIMIT when any non-shadow
 // descriptor is over its limit, never UNKNOWN. A malformed request is
-// InvalidArgument; a store that cannot answer is Unavailable.
+// InvalidArgument.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
 	if err := validateRequest(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	cfg := s.cfg.Load()
+	snap := s.snap.Load()
 	sc := s.pool.Get().(*scratch)
 	defer s.pool.Put(sc)
-	resp, err := s.decide(ctx, cfg, req, sc)
+	resp, err := s.decide(ctx, snap, req, sc)
 	if err != nil {
 		return nil, s.toStatus(err)
+	}
+	if m := s.opts.Metrics; m != nil {
+		m.latency.Observe(time.Since(start).Seconds())
 	}
 	return resp, nil
 }
@@ -106,7 +129,8 @@ func (s *Service) toStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-func (s *Service) decide(ctx context.Context, cfg *descriptors.Config, req *rlsv3.RateLimitRequest, sc *scratch) (*rlsv3.RateLimitResponse, error) {
+func (s *Service) decide(ctx context.Context, snap *snapshot, req *rlsv3.RateLimitRequest, sc *scratch) (*rlsv3.RateLimitResponse, error) {
+	cfg := snap.cfg
 	n := len(req.Descriptors)
 	sc.rules = sc.rules[:0]
 	for _, d := range req.Descriptors {
@@ -168,15 +192,18 @@ func (s *Service) decide(ctx context.Context, cfg *descriptors.Config, req *rlsv
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, n),
 	}
-	for i := range req.Descriptors {
+	var body *descriptors.Rule // the first denying rule with a response body
+	for i, d := range req.Descriptors {
 		r := sc.rules[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
 		switch {
 		case r == nil:
+			snap.stats.record(req.Domain, nil, OutcomeNoRule, nil)
 			continue
 		case r.Unlimited:
 			st.LimitRemaining = math.MaxUint32
+			snap.stats.record(req.Domain, r, OutcomeUnlimited, entriesOf(d))
 			continue
 		}
 		res := &sc.results[sc.slot[i]]
@@ -186,18 +213,102 @@ func (s *Service) decide(ctx context.Context, cfg *descriptors.Config, req *rlsv
 			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit),
 		}
 		st.LimitRemaining = clampUint32(res.Remaining)
-		if res.Allowed {
+		outcome := OutcomeOK
+		switch {
+		case res.Allowed:
 			st.DurationUntilReset = durationpb.New(res.Reset)
-			continue
+			if nearLimit(res.Remaining, r.RequestsPerUnit) {
+				outcome = OutcomeNearLimit
+			}
+		case r.ShadowMode: // counted and reported, never denied
+			st.DurationUntilReset = durationpb.New(res.RetryAfter)
+			outcome = OutcomeShadowOverLimit
+		default:
+			st.DurationUntilReset = durationpb.New(res.RetryAfter)
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			outcome = OutcomeOverLimit
+			if body == nil && r.ResponseBody != "" {
+				body = r
+			}
 		}
-		st.DurationUntilReset = durationpb.New(res.RetryAfter)
-		if r.ShadowMode {
-			continue // counted and reported, never denied
+		snap.stats.record(req.Domain, r, outcome, entriesOf(d))
+	}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && body != nil {
+		resp.RawBody = []byte(body.ResponseBody)
+		if body.ContentType != "" {
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, header("content-type", body.ContentType))
 		}
-		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if s.opts.ResponseHeaders {
+		addRateLimitHeaders(resp)
 	}
 	return resp, nil
+}
+
+// nearLimit reports whether 80% or more of the limit is used.
+func nearLimit(remaining uint64, limit uint32) bool {
+	return limit > 0 && remaining*5 <= uint64(limit)
+}
+
+// entriesOf returns a func rendering d's entries as key=value pairs joined
+// by '|', for detailed metrics (called only for detailed_metric rules).
+func entriesOf(d *rlcommon.RateLimitDescriptor) func() string {
+	return func() string {
+		var b strings.Builder
+		for i, e := range d.Entries {
+			if i > 0 {
+				b.WriteByte('|')
+			}
+			b.WriteString(e.Key)
+			b.WriteByte('=')
+			b.WriteString(e.Value)
+		}
+		return b.String()
+	}
+}
+
+func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
+
+// addRateLimitHeaders adds the draft-03 RateLimit headers, from the status
+// with the least remaining (as Envoy's own x-ratelimit headers do), and
+// Retry-After (whole seconds, rounded up) on OVER_LIMIT.
+func addRateLimitHeaders(resp *rlsv3.RateLimitResponse) {
+	var chosen *rlsv3.RateLimitResponse_DescriptorStatus
+	var policies strings.Builder
+	var retry time.Duration
+	for _, st := range resp.Statuses {
+		l := st.CurrentLimit
+		if l == nil {
+			continue
+		}
+		if chosen == nil || st.LimitRemaining < chosen.LimitRemaining {
+			chosen = st
+		}
+		fmt.Fprintf(&policies, ", %d;w=%d", l.RequestsPerUnit, descriptors.Unit(l.Unit).Seconds())
+		if l.Name != "" {
+			fmt.Fprintf(&policies, ";name=%q", l.Name)
+		}
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			retry = max(retry, st.DurationUntilReset.AsDuration())
+		}
+	}
+	if chosen == nil {
+		return
+	}
+	resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+		header("RateLimit-Limit", strconv.FormatUint(uint64(chosen.CurrentLimit.RequestsPerUnit), 10)+policies.String()),
+		header("RateLimit-Remaining", strconv.FormatUint(uint64(chosen.LimitRemaining), 10)),
+		header("RateLimit-Reset", strconv.FormatInt(ceilSeconds(chosen.DurationUntilReset.AsDuration()), 10)))
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			header("Retry-After", strconv.FormatInt(max(1, ceilSeconds(retry)), 10)))
+	}
+}
+
+// ceilSeconds rounds d up to whole seconds.
+func ceilSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
 }
 
 func clampUint32(v uint64) uint32 {

@@ -16,6 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store"
@@ -366,5 +369,133 @@ descriptors:
 		if got := brief(r); got != "OK OK/1/" {
 			t.Errorf("FailClosed %v: fail_open alone: %q", tc.failClosed, got)
 		}
+	}
+}
+
+func headersOf(r *rlsv3.RateLimitResponse) map[string]string {
+	m := map[string]string{}
+	for _, h := range r.ResponseHeadersToAdd {
+		m[h.Key] = h.Value
+	}
+	return m
+}
+
+func TestResponseHeaders(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"test.yaml": []byte(testConfig)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{t: time.Unix(1_751_540_400, 0).Add(15 * time.Second)}
+	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{Now: clk.now}), limiter.Options{Now: clk.now}),
+		Options{ResponseHeaders: true})
+	r := call(t, s, 0, d("api_key", "h"), d("small", "h"))
+	h := headersOf(r)
+	// small (1/hour) has the least remaining (0): it is the one reported.
+	want := map[string]string{
+		"RateLimit-Limit":     `1, 5;w=60;name="per-key", 1;w=3600;name="small"`,
+		"RateLimit-Remaining": "0",
+		"RateLimit-Reset":     "3585", // 59m45s to the end of the hour window
+	}
+	for k, v := range want {
+		if h[k] != v {
+			t.Errorf("%s = %q, want %q (all: %v)", k, h[k], v, h)
+		}
+	}
+	if _, ok := h["Retry-After"]; ok {
+		t.Error("Retry-After on an OK response")
+	}
+	clk.add(500 * time.Millisecond)
+	r = call(t, s, 0, d("api_key", "h"), d("small", "h"))
+	h = headersOf(r)
+	if r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatal(brief(r))
+	}
+	// Retry-After: the over-limit status's duration (just past the next
+	// window start, 59m44.5s away) rounded up to whole seconds.
+	retry := r.Statuses[1].DurationUntilReset.AsDuration()
+	if got, want := h["Retry-After"], fmt.Sprint(int64((retry+time.Second-1)/time.Second)); got != want || want != "3585" {
+		t.Errorf("Retry-After %q, want %q (3585) from %v", got, want, retry)
+	}
+	if h["RateLimit-Remaining"] != "0" || h["RateLimit-Reset"] != "3585" {
+		t.Errorf("headers %v", h)
+	}
+}
+
+func TestResponseBodyOnDenial(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"t.yaml": []byte(`
+domain: test
+descriptors:
+  - key: k
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
+      response_body: '{"error":"slow down"}'
+      content_type: application/json
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{}), limiter.Options{}), Options{})
+	if r := call(t, s, 0, d("k", "v")); r.RawBody != nil || len(r.ResponseHeadersToAdd) != 0 {
+		t.Fatalf("body or headers on an OK response: %v", r)
+	}
+	r := call(t, s, 0, d("k", "v"))
+	if string(r.RawBody) != `{"error":"slow down"}` || headersOf(r)["content-type"] != "application/json" {
+		t.Fatalf("raw_body %q, headers %v", r.RawBody, r.ResponseHeadersToAdd)
+	}
+}
+
+func TestMetricsCountOutcomesWithoutRawValues(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"test.yaml": []byte(testConfig + `
+  - key: detailed
+    detailed_metric: true
+    rate_limit: {name: det, unit: hour, requests_per_unit: 1000}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, 3)
+	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{}), limiter.Options{}), Options{Metrics: m})
+	for i := range 1000 {
+		call(t, s, 0, d("api_key", fmt.Sprint("key-", i)))
+	}
+	call(t, s, 0, d("small", "x"))
+	call(t, s, 0, d("small", "x"))
+	call(t, s, 0, d("shadow", "x"))
+	call(t, s, 0, d("shadow", "x"))
+	call(t, s, 0, d("free", "x"), d("nothing", "x"))
+	for i := range 10 {
+		call(t, s, 0, d("detailed", fmt.Sprint("v", i)))
+	}
+	s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlcommon.RateLimitDescriptor{d("a", "b")}})
+
+	for _, tc := range []struct {
+		labels []string
+		want   float64
+	}{
+		{[]string{"test", "per-key", "ok"}, 1000},
+		{[]string{"test", "small", "near_limit"}, 1},
+		{[]string{"test", "small", "over_limit"}, 1},
+		{[]string{"test", "shadow", "shadow_over_limit"}, 1},
+		{[]string{"test", "free", "unlimited"}, 1}, // no name: labelled by its path
+		{[]string{"test", "", "no_rule"}, 1},
+		{[]string{"_unknown", "", "no_rule"}, 1},
+		{[]string{"test", "det", "ok"}, 10},
+	} {
+		if got := testutil.ToFloat64(m.decisions.WithLabelValues(tc.labels...)); got != tc.want {
+			t.Errorf("rls_decisions_total%v = %v, want %v", tc.labels, got, tc.want)
+		}
+	}
+	// 1000 distinct api_key values added no series: one per rule and outcome.
+	if n := testutil.CollectAndCount(m.decisions); n > 6*20 {
+		t.Errorf("%d decision series", n)
+	}
+	// Detailed values are capped at 3 per rule; the rest is _other.
+	if got := testutil.ToFloat64(m.detailed.WithLabelValues("test", "det", otherValue, "ok")); got != 7 {
+		t.Errorf("_other detailed count %v, want 7", got)
+	}
+	if n := testutil.CollectAndCount(m.detailed); n != 4 {
+		t.Errorf("%d detailed series, want 4 (3 values + _other)", n)
 	}
 }
