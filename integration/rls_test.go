@@ -183,7 +183,9 @@ func (p *rlsProc) wait(t testing.TB, within time.Duration) error {
 	}
 }
 
-func (p *rlsProc) client() rlsv3.RateLimitServiceClient { return rlsv3.NewRateLimitServiceClient(p.conn) }
+func (p *rlsProc) client() rlsv3.RateLimitServiceClient {
+	return rlsv3.NewRateLimitServiceClient(p.conn)
+}
 
 // desc builds a descriptor from key, value pairs.
 func desc(kv ...string) *rlcommon.RateLimitDescriptor {
