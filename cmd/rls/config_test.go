@@ -1,0 +1,76 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestEnvTwins(t *testing.T) {
+	env := map[string]string{"RLS_GRPC_ADDR": "127.0.0.1:9", "RLS_REDIS_TIMEOUT": "25ms", "RLS_OVER_LIMIT_CACHE": "false"}
+	c, err := parseConfig([]string{"--config-dir", "../../config", "--grpc-addr", "127.0.0.1:1"}, func(k string) string { return env[k] }, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.GRPCAddr != "127.0.0.1:1" {
+		t.Errorf("the flag must win over its env twin: %q", c.GRPCAddr)
+	}
+	if c.RedisTimeout != 25*time.Millisecond || c.OverLimitCache {
+		t.Errorf("env twins not applied: %v %v", c.RedisTimeout, c.OverLimitCache)
+	}
+}
+
+func TestInvalidSettingsNameTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--store", "etcd"}, nil, `--store (RLS_STORE) "etcd" is invalid; choices are [memory redis]`},
+		{nil, map[string]string{"RLS_LOG_FORMAT": "xml"}, `--log-format (RLS_LOG_FORMAT) "xml" is invalid`},
+		{nil, map[string]string{"RLS_REDIS_TIMEOUT": "soon"}, `RLS_REDIS_TIMEOUT="soon"`},
+		{[]string{"--on-store-error", "maybe"}, nil, `--on-store-error (RLS_ON_STORE_ERROR) "maybe" is invalid`},
+		{[]string{"--grpc-addr", "8081"}, nil, `--grpc-addr (RLS_GRPC_ADDR) "8081" is invalid: want host:port`},
+		{[]string{"--config-dir", "/does/not/exist"}, nil, `--config-dir (RLS_CONFIG_DIR)`},
+		{[]string{"--store", "redis", "--redis-mode", "ring"}, nil, `--redis-mode "ring" is invalid`},
+		{[]string{"--fleet-size", "-1"}, nil, `--fleet-size (RLS_FLEET_SIZE) is negative`},
+	} {
+		args := append([]string{"--config-dir", "../../config"}, tc.args...)
+		_, err := parseConfig(args, func(k string) string { return tc.env[k] }, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: got %v, want an error containing %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}
+
+// TestReadmeListsEveryFlag keeps the README's flag table true: every flag
+// is in it with its default, and it lists no flag that does not exist.
+func TestReadmeListsEveryFlag(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `--([a-z-]+)` \\|([^|]*)\\|").FindAllStringSubmatch(string(readme), -1) {
+		rows[m[1]] = strings.Trim(strings.TrimSpace(m[2]), "`")
+	}
+	fs := newFlagSet(&Config{}, &bytes.Buffer{})
+	fs.VisitAll(func(f *flag.Flag) {
+		def, ok := rows[f.Name]
+		if !ok {
+			t.Errorf("README's flag table lacks --%s", f.Name)
+			return
+		}
+		if f.DefValue != def {
+			t.Errorf("README says --%s defaults to %q; it is %q", f.Name, def, f.DefValue)
+		}
+		delete(rows, f.Name)
+	})
+	for name := range rows {
+		t.Errorf("README lists --%s, which does not exist", name)
+	}
+}
