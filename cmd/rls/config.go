@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/rls-project/rls/pkg/service"
 )
 
 // Config is everything rls reads from its flags and their RLS_* environment
@@ -35,6 +37,12 @@ type Config struct {
 
 	MemoryMaxKeys int
 
+	MaxDescriptors    int
+	MaxEntries        int
+	MaxKeyBytes       int
+	MaxValueBytes     int
+	MaxHits           uint64
+	GRPCMaxRecvBytes  int
 	Admin             bool
 	ResponseHeaders   bool
 	DetailedMetricMax int
@@ -72,6 +80,12 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 0, "Redis connections per node; 0 means go-redis's default (10 per CPU)")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 10*time.Millisecond, "budget for one decision's Redis calls, well under Envoy's 20ms")
 	fs.IntVar(&c.MemoryMaxKeys, "memory-max-keys", 1_000_000, "memory store: most counters kept; the oldest are evicted beyond it")
+	fs.IntVar(&c.MaxDescriptors, "max-descriptors", service.DefaultLimits.Descriptors, "most descriptors in one request; more is InvalidArgument")
+	fs.IntVar(&c.MaxEntries, "max-entries", service.DefaultLimits.Entries, "most entries in one descriptor; more is InvalidArgument")
+	fs.IntVar(&c.MaxKeyBytes, "max-key-bytes", service.DefaultLimits.KeyBytes, "longest descriptor entry key in bytes; longer is InvalidArgument")
+	fs.IntVar(&c.MaxValueBytes, "max-value-bytes", service.DefaultLimits.ValueBytes, "longest descriptor entry value (and domain) in bytes; longer is InvalidArgument")
+	fs.Uint64Var(&c.MaxHits, "max-hits", service.DefaultLimits.Hits, "largest hits_addend of a request or descriptor (at most 2^53); larger is InvalidArgument")
+	fs.IntVar(&c.GRPCMaxRecvBytes, "grpc-max-recv-bytes", 1<<20, "largest gRPC request message in bytes; larger is ResourceExhausted")
 	fs.BoolVar(&c.Admin, "admin", false, "serve rls.admin.v1.AdminService (Explain, ResetCounters) on the gRPC port; anyone who reaches the port can reset counters")
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-Limit/-Remaining/-Reset (draft-03) to every response and Retry-After to OVER_LIMIT ones")
 	fs.IntVar(&c.DetailedMetricMax, "detailed-metric-max", 100, "most distinct descriptor values counted per detailed_metric rule; the rest are counted as value=\"_other\"")
@@ -166,6 +180,18 @@ func (c *Config) Validate() error {
 	add(oneOf("on-store-error", c.OnStoreError, "fail_open", "fail_closed"))
 	if c.FleetSize < 0 {
 		add(errors.New("--fleet-size (RLS_FLEET_SIZE) is negative"))
+	}
+	for _, b := range []struct {
+		name string
+		v    int
+	}{{"max-descriptors", c.MaxDescriptors}, {"max-entries", c.MaxEntries}, {"max-key-bytes", c.MaxKeyBytes},
+		{"max-value-bytes", c.MaxValueBytes}, {"grpc-max-recv-bytes", c.GRPCMaxRecvBytes}} {
+		if b.v < 1 {
+			add(fmt.Errorf("--%s (%s) must be at least 1", b.name, envName(b.name)))
+		}
+	}
+	if c.MaxHits < 1 || c.MaxHits > service.MaxHitsBound {
+		add(fmt.Errorf("--max-hits (RLS_MAX_HITS) %d is out of range [1, 2^53]", c.MaxHits))
 	}
 	if c.DetailedMetricMax < 1 {
 		add(errors.New("--detailed-metric-max (RLS_DETAILED_METRIC_MAX) must be at least 1"))

@@ -89,8 +89,11 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
 	}
+	svcMetrics := service.NewMetrics(reg, cfg.DetailedMetricMax)
 	srv := grpc.NewServer(
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(cfg.GRPCMaxRecvBytes),
+		grpc.ChainUnaryInterceptor(service.RecoverUnary(svcMetrics, log)),
 	)
 	fleet := newFleet(cfg, st, log)
 	lim := limiter.New(st, limiter.Options{
@@ -104,8 +107,10 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 	svc := service.New(rules, lim, service.Options{
 		FailClosed:      cfg.OnStoreError == "fail_closed",
 		ResponseHeaders: cfg.ResponseHeaders,
-		Metrics:         service.NewMetrics(reg, cfg.DetailedMetricMax),
-		Log:             log,
+		Limits: service.Limits{Descriptors: cfg.MaxDescriptors, Entries: cfg.MaxEntries,
+			KeyBytes: cfg.MaxKeyBytes, ValueBytes: cfg.MaxValueBytes, Hits: cfg.MaxHits},
+		Metrics: svcMetrics,
+		Log:     log,
 	})
 	if cfg.Admin {
 		adminv1.RegisterAdminServiceServer(srv, service.NewAdmin(svc, st, lim))

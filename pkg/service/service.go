@@ -56,10 +56,50 @@ type Options struct {
 	// RateLimit-Reset (draft-03) to every response and Retry-After to
 	// OVER_LIMIT ones, for Envoys that do not make their own.
 	ResponseHeaders bool
+	// Limits bound what one request may ask; zero fields take DefaultLimits'.
+	Limits Limits
 	// Metrics records decisions; nil records nothing.
 	Metrics *Metrics
 	// Log receives the errors mapped to gRPC codes [discard].
 	Log *slog.Logger
+}
+
+// Limits bound one request. A request beyond any of them is InvalidArgument
+// with a message that names the bound and its flag.
+type Limits struct {
+	Descriptors int    // descriptors per request (--max-descriptors)
+	Entries     int    // entries per descriptor (--max-entries)
+	KeyBytes    int    // bytes of one entry key (--max-key-bytes)
+	ValueBytes  int    // bytes of one entry value (--max-value-bytes)
+	Hits        uint64 // hits of one descriptor, however given (--max-hits)
+}
+
+// DefaultLimits are generous for Envoy (which sends a handful of short
+// descriptors) and small enough that no request costs much.
+var DefaultLimits = Limits{Descriptors: 64, Entries: 32, KeyBytes: 256, ValueBytes: 4096, Hits: 1_000_000_000}
+
+// MaxHitsBound is the largest --max-hits: hit counts stay exact in the Lua
+// scripts' doubles and in the memory store's integers below 2^53.
+const MaxHitsBound = 1 << 53
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits
+	if l.Descriptors > 0 {
+		d.Descriptors = l.Descriptors
+	}
+	if l.Entries > 0 {
+		d.Entries = l.Entries
+	}
+	if l.KeyBytes > 0 {
+		d.KeyBytes = l.KeyBytes
+	}
+	if l.ValueBytes > 0 {
+		d.ValueBytes = l.ValueBytes
+	}
+	if l.Hits > 0 {
+		d.Hits = min(l.Hits, MaxHitsBound)
+	}
+	return d
 }
 
 // New returns a Service deciding with cfg through lim.
@@ -67,6 +107,7 @@ func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	opts.Limits = opts.Limits.withDefaults()
 	s := &Service{lim: lim, opts: opts}
 	s.SetConfig(cfg)
 	s.pool.New = func() any { return new(scratch) }
@@ -98,7 +139,7 @@ type scratch struct {
 // InvalidArgument.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
-	if err := validateRequest(req); err != nil {
+	if err := validateRequest(req, &s.opts.Limits); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	snap := s.snap.Load()
@@ -318,23 +359,44 @@ func clampUint32(v uint64) uint32 {
 	return uint32(v)
 }
 
-// validateRequest rejects what Envoy never sends and what cannot be decided,
-// naming the offending field.
-func validateRequest(req *rlsv3.RateLimitRequest) error {
+// validateRequest rejects what Envoy never sends, what cannot be decided and
+// what exceeds the limits, naming the offending field and the bound.
+func validateRequest(req *rlsv3.RateLimitRequest, lim *Limits) error {
 	if req.Domain == "" {
 		return errors.New("domain is empty")
 	}
+	if len(req.Domain) > lim.ValueBytes {
+		return fmt.Errorf("domain is %d bytes, over the limit of %d (--max-value-bytes)", len(req.Domain), lim.ValueBytes)
+	}
 	if len(req.Descriptors) == 0 {
 		return errors.New("descriptors is empty: a request needs at least one descriptor")
+	}
+	if len(req.Descriptors) > lim.Descriptors {
+		return fmt.Errorf("%d descriptors, over the limit of %d per request (--max-descriptors)", len(req.Descriptors), lim.Descriptors)
+	}
+	if uint64(req.HitsAddend) > lim.Hits {
+		return fmt.Errorf("hits_addend %d is over the limit of %d (--max-hits)", req.HitsAddend, lim.Hits)
 	}
 	for i, d := range req.Descriptors {
 		if d == nil || len(d.Entries) == 0 {
 			return fmt.Errorf("descriptors[%d] has no entries", i)
 		}
+		if len(d.Entries) > lim.Entries {
+			return fmt.Errorf("descriptors[%d] has %d entries, over the limit of %d (--max-entries)", i, len(d.Entries), lim.Entries)
+		}
 		for j, e := range d.Entries {
 			if e == nil || e.Key == "" {
 				return fmt.Errorf("descriptors[%d].entries[%d].key is empty", i, j)
 			}
+			if len(e.Key) > lim.KeyBytes {
+				return fmt.Errorf("descriptors[%d].entries[%d].key is %d bytes, over the limit of %d (--max-key-bytes)", i, j, len(e.Key), lim.KeyBytes)
+			}
+			if len(e.Value) > lim.ValueBytes {
+				return fmt.Errorf("descriptors[%d].entries[%d].value is %d bytes, over the limit of %d (--max-value-bytes)", i, j, len(e.Value), lim.ValueBytes)
+			}
+		}
+		if h := d.HitsAddend; h != nil && h.Value > lim.Hits {
+			return fmt.Errorf("descriptors[%d].hits_addend %d is over the limit of %d (--max-hits)", i, h.Value, lim.Hits)
 		}
 		if err := validateOverride(d.Limit); err != nil {
 			return fmt.Errorf("descriptors[%d].limit: %w", i, err)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -497,5 +500,115 @@ func TestMetricsCountOutcomesWithoutRawValues(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(m.detailed); n != 4 {
 		t.Errorf("%d detailed series, want 4 (3 values + _other)", n)
+	}
+}
+
+func TestRequestBounds(t *testing.T) {
+	s, _ := newTestService(t)
+	long := strings.Repeat("x", 5000)
+	many := func(n int) []*rlcommon.RateLimitDescriptor {
+		out := make([]*rlcommon.RateLimitDescriptor, n)
+		for i := range out {
+			out[i] = d("api_key", "a")
+		}
+		return out
+	}
+	wide := &rlcommon.RateLimitDescriptor{}
+	for range 33 {
+		wide.Entries = append(wide.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: "k", Value: "v"})
+	}
+	huge := d("api_key", "a")
+	huge.HitsAddend = wrapperspb.UInt64(math.MaxUint64)
+	cases := map[string]*rlsv3.RateLimitRequest{
+		"65 descriptors, over the limit of 64 per request (--max-descriptors)":                 {Domain: "test", Descriptors: many(65)},
+		"descriptors[0] has 33 entries, over the limit of 32 (--max-entries)":                  {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{wide}},
+		"descriptors[0].entries[0].key is 5000 bytes, over the limit of 256 (--max-key-bytes)": {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d(long, "v")}},
+		"descriptors[0].entries[1].value is 5000 bytes, over the limit of 4096 (--max-value-bytes)": {Domain: "test",
+			Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "a", "route", long)}},
+		"hits_addend 4294967295 is over the limit of 1000000000 (--max-hits)": {Domain: "test", HitsAddend: math.MaxUint32,
+			Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "a")}},
+		"descriptors[0].hits_addend 18446744073709551615 is over the limit of 1000000000 (--max-hits)": {Domain: "test",
+			Descriptors: []*rlcommon.RateLimitDescriptor{huge}},
+		"domain is 5000 bytes": {Domain: long, Descriptors: []*rlcommon.RateLimitDescriptor{d("a", "b")}},
+	}
+	for want, req := range cases {
+		t.Run(want, func(t *testing.T) {
+			_, err := s.ShouldRateLimit(context.Background(), req)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), want) {
+				t.Fatalf("got %v, want InvalidArgument with %q", err, want)
+			}
+		})
+	}
+}
+
+// TestHugeHitsNeverOverflow: with --max-hits raised to its bound, hit counts
+// near 2^32 and 2^53 decide exactly, and refunds never push a count below
+// zero or a bucket above its capacity.
+func TestHugeHitsNeverOverflow(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"t.yaml": []byte(`
+domain: test
+descriptors:
+  - key: big
+    rate_limit: {unit: hour, requests_per_unit: 4294967295}
+  - key: tb
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+  - key: fw
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{t: time.Unix(1_751_540_400, 0)}
+	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{Now: clk.now}), limiter.Options{Now: clk.now}),
+		Options{Limits: Limits{Hits: math.MaxUint64}}) // clamped to MaxHitsBound
+	if got := brief(call(t, s, math.MaxUint32, d("big", "x"))); got != "OK OK/0/" {
+		t.Fatalf("2^32-1 hits on a 2^32-1 limit: %s", got)
+	}
+	if got := brief(call(t, s, 1, d("big", "x"))); got != "OVER_LIMIT OVER_LIMIT/0/" {
+		t.Fatalf("one more: %s", got)
+	}
+	refund := func(key string, n uint64) *rlcommon.RateLimitDescriptor {
+		x := d(key, "x")
+		x.HitsAddend = wrapperspb.UInt64(n)
+		x.IsNegativeHits = true
+		return x
+	}
+	over := func(key string, n uint64) *rlcommon.RateLimitDescriptor {
+		x := d(key, "x")
+		x.HitsAddend = wrapperspb.UInt64(n)
+		return x
+	}
+	for _, key := range []string{"big", "tb", "fw"} {
+		call(t, s, 0, refund(key, MaxHitsBound))
+		r := call(t, s, 0, over(key, 0))
+		if r.Statuses[0].LimitRemaining != r.Statuses[0].CurrentLimit.RequestsPerUnit {
+			t.Errorf("%s: after refunding 2^53 the budget is %d, want the limit %d (never above)", key,
+				r.Statuses[0].LimitRemaining, r.Statuses[0].CurrentLimit.RequestsPerUnit)
+		}
+		if r := call(t, s, 0, over(key, MaxHitsBound)); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("%s: 2^53 hits allowed: %s", key, brief(r))
+		}
+	}
+	if _, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "test",
+		Descriptors: []*rlcommon.RateLimitDescriptor{over("big", MaxHitsBound+1)}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("2^53+1 hits: %v, want InvalidArgument", err)
+	}
+}
+
+func TestRecoverUnary(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, 1)
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	icpt := RecoverUnary(m, log)
+	_, err := icpt(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/x/Y"}, func(context.Context, any) (any, error) {
+		var r *descriptors.Rule
+		return r.Name, nil // nil dereference
+	})
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("got %v, want Internal", err)
+	}
+	if testutil.ToFloat64(m.panics) != 1 || strings.Count(logs.String(), "panic in gRPC handler") != 1 || !strings.Contains(logs.String(), "goroutine") {
+		t.Fatalf("panic not counted or logged once with its stack:\n%s", logs.String())
 	}
 }
