@@ -7,7 +7,7 @@ export CGO_ENABLED ?= 1
 GOBIN    ?= $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: help build run test unit deps lint tidy proto clean
+.PHONY: help build run test unit deps lint tidy proto bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,9 @@ lint: ## gofmt and go vet (and staticcheck when installed)
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	@if command -v staticcheck >/dev/null; then staticcheck ./...; fi
+
+bench: deps ## micro-benchmarks and end-to-end scenarios (memory, Redis, Cluster) into docs/BENCHMARKS.md
+	bash scripts/bench.sh
 
 proto: ## regenerate proto/ Go code with buf and local plugins, and lint it
 	@command -v buf >/dev/null || $(GO) install github.com/bufbuild/buf/cmd/buf@v1.75.0

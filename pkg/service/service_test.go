@@ -316,22 +316,6 @@ func TestStoreErrorsBecomeGRPCCodes(t *testing.T) {
 	}
 }
 
-func BenchmarkShouldRateLimit(b *testing.B) {
-	cfg, err := descriptors.Parse(map[string][]byte{"test.yaml": []byte(strings.ReplaceAll(testConfig, "requests_per_unit: 5}", "requests_per_unit: 1000000000}"))})
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{}), limiter.Options{}), Options{})
-	req := &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "bench")}}
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := s.ShouldRateLimit(ctx, req); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // TestStoreOutageFallsBackPerRule: with the store down, a fail_closed rule
 // is OVER_LIMIT, a fail_open rule is decided on the local share, and a rule
 // that says nothing follows Options.FailClosed.
