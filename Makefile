@@ -29,7 +29,9 @@ deps: ## install what the tests need (redis-server from Debian) when missing
 	  $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4; }
 
 test: deps lint ## everything: vet, gofmt, unit and integration tests with the race detector
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v /integration$$)
+	@# Alone, so its latency bounds are not measured against other packages' load.
+	$(GO) test -race -count=1 -timeout 15m -p 1 ./integration/
 
 unit: ## the unit tests only (no Redis, no binary)
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
@@ -55,3 +57,23 @@ tidy: ## go mod tidy, failing when it changes anything
 
 clean: ## remove build output
 	rm -rf bin
+
+# Fuzzing: `make test` runs every fuzz target's seed corpus (testdata/fuzz/)
+# as ordinary tests; `make fuzz` fuzzes each target for FUZZTIME in turn (go
+# test -fuzz takes one target of one package). Crashers are written to the
+# package's testdata/fuzz/<Target>/: commit them as seeds once fixed.
+FUZZTIME     ?= 5m
+FUZZ_TARGETS ?= ./pkg/descriptors:FuzzParse ./pkg/descriptors:FuzzKeyInjective \
+                ./pkg/service:FuzzShouldRateLimit ./pkg/store/redis:FuzzDifferential
+
+.PHONY: fuzz soak
+
+fuzz: ## fuzz each target for FUZZTIME (5m) in turn (FuzzDifferential needs redis-server)
+	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "== $$name ($$pkg) for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -timeout 0 $$pkg; done
+
+soak: ## not in CI: SOAK_MINUTES (10) of load with Redis restarts and reloads, then 1M hostile keys
+	./scripts/soak.sh
+	RLS_BOUNDS_KEYS=1000000 $(GO) test -race -count=1 -timeout 60m -v \
+	  -run '^TestMemoryBoundedUnderHostileCardinality$$' ./integration/
