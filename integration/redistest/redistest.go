@@ -452,3 +452,38 @@ func (c *Cluster) MasterOf(key string) *Server {
 	}
 	return nil
 }
+
+// WaitReplicasSynced waits until every replica node reports
+// master_link_status:up (its initial sync is done: only then can it be
+// promoted when its master fails) and calls t.Fatal after within. Right
+// after StartCluster a replica may still be waiting for its master's
+// diskless sync (repl-diskless-sync-delay, 5 s by default).
+func (c *Cluster) WaitReplicasSynced(t testing.TB, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		pending := ""
+		for _, s := range c.Nodes {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			rc := s.Client()
+			info, err := rc.Info(ctx, "replication").Result()
+			rc.Close()
+			cancel()
+			if err != nil {
+				pending = fmt.Sprintf("%s: %v", s.Addr, err)
+				break
+			}
+			if strings.Contains(info, "role:slave") && !strings.Contains(info, "master_link_status:up") {
+				pending = s.Addr + ": master_link_status not up"
+				break
+			}
+		}
+		if pending == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: replicas not in sync after %v: %s", within, pending)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
