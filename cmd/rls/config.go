@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/pkg/service"
+	"github.com/rls-project/rls/pkg/tlsconfig"
 )
 
 // Config is everything rls reads from its flags and their RLS_* environment
@@ -27,6 +28,10 @@ type Config struct {
 	ShutdownDrain   time.Duration
 	ShutdownTimeout time.Duration
 
+	GRPCTLSCert     string
+	GRPCTLSKey      string
+	GRPCTLSClientCA string
+
 	RedisURL        string
 	RedisMode       string
 	RedisMasterName string
@@ -34,6 +39,11 @@ type Config struct {
 	RedisPassword   string
 	RedisPoolSize   int
 	RedisTimeout    time.Duration
+
+	RedisTLSCA                 string
+	RedisTLSCert               string
+	RedisTLSKey                string
+	RedisTLSInsecureSkipVerify bool
 
 	MemoryMaxKeys int
 
@@ -65,6 +75,9 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.SetOutput(out)
 	fs.StringVar(&c.ConfigDir, "config-dir", "./config", "directory of descriptor YAML files, one domain per file")
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC listen address (RateLimitService, health, reflection)")
+	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate (chain) for TLS on the gRPC port, with --grpc-tls-key; reloaded when the file changes")
+	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert")
+	fs.StringVar(&c.GRPCTLSClientCA, "grpc-tls-client-ca", "", "PEM CA bundle: require gRPC clients to present a certificate it signed (mutual TLS); reloaded when the file changes")
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":8080", "HTTP listen address (/healthcheck)")
 	fs.StringVar(&c.DebugAddr, "debug-addr", "127.0.0.1:6070", "debug listen address (/debug/pprof); empty disables it")
 	fs.StringVar(&c.Store, "store", "memory", "counter store: memory (embedded, per process) or redis (shared by the fleet)")
@@ -77,6 +90,10 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.RedisMasterName, "redis-master-name", "", "Sentinel master name (--redis-mode sentinel)")
 	fs.StringVar(&c.RedisUsername, "redis-username", "", "Redis ACL user name (overrides the URL's)")
 	fs.StringVar(&c.RedisPassword, "redis-password", "", "Redis password (overrides the URL's); prefer the RLS_REDIS_PASSWORD environment variable")
+	fs.StringVar(&c.RedisTLSCA, "redis-tls-ca", "", "PEM CA bundle to trust for Redis TLS (rediss://) instead of the system roots")
+	fs.StringVar(&c.RedisTLSCert, "redis-tls-cert", "", "PEM client certificate for Redis TLS (tls-auth-clients), with --redis-tls-key")
+	fs.StringVar(&c.RedisTLSKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert")
+	fs.BoolVar(&c.RedisTLSInsecureSkipVerify, "redis-tls-insecure-skip-verify", false, "do not verify Redis's TLS certificate (testing only)")
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 0, "Redis connections per node; 0 means go-redis's default (10 per CPU)")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 10*time.Millisecond, "budget for one decision's Redis calls, well under Envoy's 20ms")
 	fs.IntVar(&c.MemoryMaxKeys, "memory-max-keys", 1_000_000, "memory store: most counters kept; the oldest are evicted beyond it")
@@ -205,8 +222,81 @@ func (c *Config) Validate() error {
 	if c.MemoryMaxKeys < 1 {
 		add(errors.New("--memory-max-keys (RLS_MEMORY_MAX_KEYS) must be at least 1"))
 	}
+	add(c.validateGRPCTLS())
 	if c.Store == "redis" {
 		add(c.redisOptions().Validate())
+		add(c.validateRedisTLS())
 	}
+	return errors.Join(errs...)
+}
+
+// flagRef names a flag and its environment twin for messages.
+func flagRef(name string) string {
+	return fmt.Sprintf("--%s (%s)", name, envName(name))
+}
+
+// validPair checks a certificate flag and its key flag: both or neither,
+// each readable, and together a valid pair.
+func validPair(certFlag, cert, keyFlag, key string) error {
+	if cert == "" && key == "" {
+		return nil
+	}
+	if cert == "" || key == "" {
+		return fmt.Errorf("%s and %s go together: set both or neither", flagRef(certFlag), flagRef(keyFlag))
+	}
+	var errs []error
+	for _, f := range [][2]string{{certFlag, cert}, {keyFlag, key}} {
+		if _, err := os.ReadFile(f[1]); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %v", flagRef(f[0]), err))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if _, err := tlsconfig.LoadPair(cert, key); err != nil {
+		return fmt.Errorf("%s and %s: %v", flagRef(certFlag), flagRef(keyFlag), err)
+	}
+	return nil
+}
+
+// validCA checks a CA bundle flag: empty, or a readable PEM file with at
+// least one certificate.
+func validCA(name, file string) error {
+	if file == "" {
+		return nil
+	}
+	if _, err := tlsconfig.LoadPool(file); err != nil {
+		return fmt.Errorf("%s: %v", flagRef(name), err)
+	}
+	return nil
+}
+
+// validateGRPCTLS checks the --grpc-tls-* flags.
+func (c *Config) validateGRPCTLS() error {
+	errs := []error{validPair("grpc-tls-cert", c.GRPCTLSCert, "grpc-tls-key", c.GRPCTLSKey)}
+	if c.GRPCTLSClientCA != "" && (c.GRPCTLSCert == "" || c.GRPCTLSKey == "") {
+		errs = append(errs, fmt.Errorf("%s needs %s and %s (mutual TLS is TLS first)",
+			flagRef("grpc-tls-client-ca"), flagRef("grpc-tls-cert"), flagRef("grpc-tls-key")))
+	}
+	errs = append(errs, validCA("grpc-tls-client-ca", c.GRPCTLSClientCA))
+	return errors.Join(errs...)
+}
+
+// redisTLSSet reports whether any --redis-tls-* flag is set.
+func (c *Config) redisTLSSet() bool {
+	return c.RedisTLSCA != "" || c.RedisTLSCert != "" || c.RedisTLSKey != "" || c.RedisTLSInsecureSkipVerify
+}
+
+// validateRedisTLS checks the --redis-tls-* flags (redis store only).
+func (c *Config) validateRedisTLS() error {
+	if !c.redisTLSSet() {
+		return nil
+	}
+	var errs []error
+	if !strings.HasPrefix(strings.ToLower(c.RedisURL), "rediss://") {
+		errs = append(errs, fmt.Errorf("the --redis-tls-* flags need a rediss:// %s", flagRef("redis-url")))
+	}
+	errs = append(errs, validCA("redis-tls-ca", c.RedisTLSCA),
+		validPair("redis-tls-cert", c.RedisTLSCert, "redis-tls-key", c.RedisTLSKey))
 	return errors.Join(errs...)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/tlsconfig"
 )
 
 // redisOptions maps the --redis-* flags to the Redis store's options.
@@ -34,6 +35,17 @@ func (c *Config) redisOptions() redisstore.Options {
 func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
 	redis.SetLogger(&redisLogger{log: log})
 	opts := c.redisOptions()
+	if c.redisTLSSet() {
+		tc, err := tlsconfig.Client(tlsconfig.ClientOptions{CA: c.RedisTLSCA, Cert: c.RedisTLSCert, Key: c.RedisTLSKey,
+			InsecureSkipVerify: c.RedisTLSInsecureSkipVerify}, log)
+		if err != nil {
+			return nil, fmt.Errorf("redis TLS: %w", err)
+		}
+		opts.TLSConfig = tc
+		if c.RedisTLSInsecureSkipVerify {
+			log.Warn("--redis-tls-insecure-skip-verify: Redis's TLS certificate is not verified (testing only)")
+		}
+	}
 	opts.OnBreakerChange = func(node string, from, to breaker.State) {
 		log.Warn("redis circuit breaker", "node", node, "from", from.String(), "to", to.String())
 	}

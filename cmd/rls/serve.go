@@ -15,6 +15,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -28,6 +29,7 @@ import (
 	"github.com/rls-project/rls/pkg/service"
 	"github.com/rls-project/rls/pkg/store"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/tlsconfig"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
@@ -90,11 +92,16 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 		return fmt.Errorf("--grpc-addr: %w", err)
 	}
 	svcMetrics := service.NewMetrics(reg, cfg.DetailedMetricMax)
-	srv := grpc.NewServer(
+	creds, err := grpcCreds(cfg, log)
+	if err != nil {
+		grpcLis.Close()
+		return err
+	}
+	srv := grpc.NewServer(append(creds,
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(cfg.GRPCMaxRecvBytes),
 		grpc.ChainUnaryInterceptor(service.RecoverUnary(svcMetrics, log)),
-	)
+	)...)
 	fleet := newFleet(cfg, st, log)
 	lim := limiter.New(st, limiter.Options{
 		FleetSize:    fleet.Size,
@@ -288,6 +295,23 @@ func watchReadiness(ctx context.Context, ready func(context.Context) error, set 
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// grpcCreds returns the gRPC server's TLS option when --grpc-tls-cert is
+// set: certificates (and the client CA of mutual TLS) are re-read from disk
+// when the files change, for new connections. The HTTP ports stay plaintext.
+func grpcCreds(cfg *Config, log *slog.Logger) ([]grpc.ServerOption, error) {
+	if cfg.GRPCTLSCert == "" {
+		return nil, nil
+	}
+	r, err := tlsconfig.NewReloader(tlsconfig.Files{Cert: cfg.GRPCTLSCert, Key: cfg.GRPCTLSKey, ClientCA: cfg.GRPCTLSClientCA}, log)
+	if err != nil {
+		return nil, fmt.Errorf("--grpc-tls-cert: %w", err)
+	}
+	leaf := r.Certificate().Leaf
+	log.Info("grpc TLS on", "mutual", cfg.GRPCTLSClientCA != "", "subject", leaf.Subject.String(),
+		"serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(r.ServerConfig()))}, nil
 }
 
 // openStore builds the configured store and its readiness probe.
