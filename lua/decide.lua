@@ -24,8 +24,12 @@
 -- Hash fields: sliding cur_window, cur_count, prev_count; token bucket
 -- tokens ('%.17g', round-trips the double), last_refill (microseconds);
 -- fixed window, count. A key holds one algorithm's fields: every write
--- replaces the hash (DEL, HSET, PEXPIRE with the algorithm's TTL), and a
--- check of another algorithm starts fresh, as in the memory store.
+-- replaces the hash (HSET, HDEL of the other algorithms' fields, PEXPIRE
+-- with the algorithm's TTL), and a check of another algorithm starts
+-- fresh, as in the memory store. A write never deletes the key, not even
+-- for a moment: in a Redis Cluster slot being migrated (MIGRATING), a
+-- script may only touch keys that exist on the node, so DEL then HSET
+-- would fail half-way with the key deleted and its count lost.
 --
 -- Batch: refunds first, written at once; then the other checks in order
 -- against the tentative state (duplicate keys count twice); if no
@@ -102,8 +106,14 @@ local function load(key, alg, w, limit, burst)
   return s
 end
 
+-- OTHER[alg] lists the fields of the other algorithms, removed on write.
+local OTHER = {
+  [0] = { 'tokens', 'last_refill', 'window', 'count' },
+  [1] = { 'cur_window', 'cur_count', 'prev_count', 'window', 'count' },
+  [2] = { 'cur_window', 'cur_count', 'prev_count', 'tokens', 'last_refill' },
+}
+
 local function write(s)
-  redis.call('DEL', s.key)
   if s.alg == 1 then
     redis.call('HSET', s.key, 'tokens', string.format('%.17g', s.tokens), 'last_refill', fmt_int(s.last))
     local ttl_us = ceil(s.b / s.r) + US
@@ -117,6 +127,7 @@ local function write(s)
       'prev_count', fmt_int(s.prev))
     redis.call('PEXPIRE', s.key, fmt_int(2 * s.w * 1000))
   end
+  redis.call('HDEL', s.key, unpack(OTHER[s.alg] or OTHER[0]))
 end
 
 -- budget returns R, the number of single hits that would pass now.

@@ -102,7 +102,7 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 		grpc.MaxRecvMsgSize(cfg.GRPCMaxRecvBytes),
 		grpc.ChainUnaryInterceptor(service.RecoverUnary(svcMetrics, log)),
 	)...)
-	fleet := newFleet(cfg, st, log)
+	fleet := newFleet(cfg, rawStore, log)
 	lim := limiter.New(st, limiter.Options{
 		FleetSize:    fleet.Size,
 		CacheSize:    cfg.LocalMaxKeys,
