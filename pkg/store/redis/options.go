@@ -54,6 +54,14 @@ type Options struct {
 	// Timeout bounds each Decide and Peek call as a whole; 0 means
 	// DefaultTimeout (--redis-timeout).
 	Timeout time.Duration
+	// MaxInFlight is how many sends (a lone script call or a pipeline of
+	// them) may be in flight to one Redis node at a time; calls that arrive
+	// while all are busy are coalesced into one pipeline sent as soon as one
+	// returns. 0 means DefaultMaxInFlight; at most MaxMaxInFlight.
+	MaxInFlight int
+	// MaxBatch caps the script calls in one pipeline; 0 means
+	// DefaultMaxBatch.
+	MaxBatch int
 	// TLSConfig, when not nil, enables TLS with this configuration (cloned;
 	// ServerName defaults to the URL's host), e.g. for a private CA or client
 	// certificates. rediss:// alone enables TLS with the system roots.
@@ -103,6 +111,9 @@ func (o Options) clientOptions() (parsed, error) {
 	}
 	if o.PoolSize < 0 {
 		return parsed{}, fmt.Errorf("--redis-pool-size %d is invalid; it must be 0 (the default) or more", o.PoolSize)
+	}
+	if o.MaxInFlight < 0 || o.MaxInFlight > MaxMaxInFlight || o.MaxBatch < 0 {
+		return parsed{}, fmt.Errorf("redis pipelining: max in flight %d must be 0 (the default) to %d and max batch %d 0 (the default) or more", o.MaxInFlight, MaxMaxInFlight, o.MaxBatch)
 	}
 	if o.Timeout < 0 {
 		return parsed{}, fmt.Errorf("--redis-timeout %v is invalid; it must be positive (0 means %v)", o.Timeout, DefaultTimeout)

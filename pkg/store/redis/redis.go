@@ -8,6 +8,11 @@
 // its batch is one atomic call. Outside cluster mode every key is on one
 // server and the whole batch is one call.
 //
+// Concurrent script calls to one node are coalesced (see coalesce.go): a
+// call sent while the node has a free send slot (Options.MaxInFlight) goes
+// out at once, alone; calls that arrive while every slot is busy leave
+// together as one pipeline as soon as a send returns.
+//
 // In cluster mode a batch whose keys span several slots is decided per slot,
 // in parallel: each slot group is atomic, but the batch as a whole is not (a
 // denial in one slot does not undo consumption in another). Only requests
@@ -19,8 +24,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,6 +50,13 @@ type Store struct {
 	brOpts   breaker.Options
 	onChange func(node string, from, to breaker.State)
 	breakers sync.Map // node address ("" outside cluster mode) -> *breaker.Breaker
+
+	maxInFlight, maxBatch int
+	coMu                  sync.Mutex
+	coalescers            sync.Map // node address -> *coalescer
+	closed                bool
+	redirects             atomic.Int64 // calls re-sent through the cluster client
+	lastReload            atomic.Int64 // unix nanoseconds of the last cluster state reload
 }
 
 // Option configures a Store built by NewFromClient.
@@ -60,6 +74,20 @@ func WithClock(now func() time.Time) Option {
 // hook (see Options.Breaker and Options.OnBreakerChange).
 func WithBreaker(o breaker.Options, onChange func(node string, from, to breaker.State)) Option {
 	return func(s *Store) { s.brOpts, s.onChange = o, onChange }
+}
+
+// WithPipelining sets how many sends (single calls or pipelines) may be in
+// flight per node and the most script calls one pipeline carries (see
+// Options.MaxInFlight and Options.MaxBatch; 0 keeps a default).
+func WithPipelining(maxInFlight, maxBatch int) Option {
+	return func(s *Store) {
+		if maxInFlight > 0 {
+			s.maxInFlight = maxInFlight
+		}
+		if maxBatch > 0 {
+			s.maxBatch = maxBatch
+		}
+	}
 }
 
 // WithTimeout sets the per-call budget of Decide and Peek (default
@@ -80,7 +108,8 @@ func New(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{owned: true, timeout: opts.timeout(), brOpts: opts.Breaker, onChange: opts.OnBreakerChange}
+	s := &Store{owned: true, timeout: opts.timeout(), brOpts: opts.Breaker, onChange: opts.OnBreakerChange,
+		maxInFlight: opts.MaxInFlight, maxBatch: opts.MaxBatch}
 	switch {
 	case p.cluster != nil:
 		s.client, s.cluster = redis.NewClusterClient(p.cluster), true
@@ -160,8 +189,16 @@ func (s *Store) Ping(ctx context.Context) error {
 	return s.wrap(ctx, "ping", s.client.Ping(ctx).Err())
 }
 
-// Close closes the client if New created it.
+// Close stops the coalescers' flushers (calls still queued fail with
+// ErrUnavailable) and closes the client if New created it.
 func (s *Store) Close() error {
+	s.coMu.Lock()
+	s.closed = true
+	s.coMu.Unlock()
+	s.coalescers.Range(func(_, v any) bool {
+		v.(*coalescer).close()
+		return true
+	})
 	if !s.owned {
 		return nil
 	}
@@ -262,8 +299,12 @@ func (s *Store) groups(checks []store.Check) [][]int {
 	return groups
 }
 
-// eval runs the script once for the checks at idx (nil: all checks) and
-// stores their results.
+// eval runs the script once for the checks at idx (nil: all checks), via
+// the coalescer of the node that owns them, and stores their results.
+//
+// The node's breaker counts round trips (see coalesce.go). While it is open
+// calls fail at once; while it is half-open each call asks it alone and,
+// when let through, is sent alone as a probe, outside the coalescer.
 func (s *Store) eval(ctx context.Context, mode, now string, checks []store.Check, results []store.Result, idx []int) error {
 	n := len(idx)
 	if idx == nil {
@@ -275,44 +316,60 @@ func (s *Store) eval(ctx context.Context, mode, now string, checks []store.Check
 		}
 		return idx[j]
 	}
-	keys := make([]string, n)
-	args := make([]any, 0, lua.HeaderArgs+lua.ArgsPerCheck*n)
+	c := getCall()
+	keys := slices.Grow(c.keys[:0], n)
+	args := slices.Grow(c.args[:0], lua.HeaderArgs+lua.ArgsPerCheck*n)
 	args = append(args, now, mode)
 	for j := 0; j < n; j++ {
-		c := &checks[at(j)]
-		keys[j] = c.Key
+		ch := &checks[at(j)]
+		keys = append(keys, ch.Key)
 		flags := 0
-		if c.Refund {
+		if ch.Refund {
 			flags |= lua.FlagRefund
 		}
-		if c.Shadow {
+		if ch.Shadow {
 			flags |= lua.FlagShadow
 		}
 		args = append(args,
-			strconv.Itoa(int(c.Algorithm)),
-			strconv.FormatUint(c.Limit, 10),
-			strconv.FormatInt(int64(c.Window/time.Second), 10),
-			strconv.FormatUint(c.Burst, 10),
-			strconv.FormatUint(c.Hits, 10),
+			strconv.Itoa(int(ch.Algorithm)),
+			strconv.FormatUint(ch.Limit, 10),
+			strconv.FormatInt(int64(ch.Window/time.Second), 10),
+			strconv.FormatUint(ch.Burst, 10),
+			strconv.FormatUint(ch.Hits, 10),
 			strconv.Itoa(flags),
 		)
 	}
-	node, err := s.node(ctx, keys[0])
+	c.keys, c.args = keys, args
+	co, node, err := s.coalescer(ctx, keys[0])
+	if err != nil {
+		putCall(c)
+		return s.wrap(ctx, modeName(mode), err)
+	}
+	var reply []any
+	if br := co.br; br.State() == breaker.Closed {
+		reply, err = co.do(ctx, c)
+	} else if br.Allow() {
+		reply, err = lua.Decide.Run(ctx, s.client, keys, args...).Slice()
+		br.Done(nodeAnswered(ctx, err))
+	} else {
+		err = errOpen
+	}
+	if errors.Is(err, errOpen) {
+		putCall(c)
+		return fmt.Errorf("redis %s: %w: circuit open for node %q after repeated failures", modeName(mode), store.ErrUnavailable, node)
+	}
+	if s.cluster && redirected(err) && ctx.Err() == nil {
+		// The slot moved or is moving (resharding): the cluster client
+		// follows MOVED and ASK and refreshes its slot map.
+		s.redirects.Add(1)
+		reply, err = lua.Decide.Run(ctx, s.client, keys, args...).Slice()
+	}
+	if c.state.Load() != callAbandoned {
+		putCall(c)
+	}
 	if err != nil {
 		return s.wrap(ctx, modeName(mode), err)
 	}
-	br := s.breaker(node)
-	if !br.Allow() {
-		return fmt.Errorf("redis %s: %w: circuit open for node %q after repeated failures", modeName(mode), store.ErrUnavailable, node)
-	}
-	reply, err := lua.Decide.Run(ctx, s.client, keys, args...).Slice()
-	if err != nil {
-		err = s.wrap(ctx, modeName(mode), err)
-		// A caller that gave up says nothing about the node.
-		br.Done(!errors.Is(err, store.ErrUnavailable))
-		return err
-	}
-	br.Done(true)
 	if len(reply) != lua.ReplyPerCheck*n {
 		return fmt.Errorf("redis %s: script replied %d values for %d checks", modeName(mode), len(reply), n)
 	}
@@ -417,24 +474,98 @@ func (s *Store) wrap(ctx context.Context, op string, err error) error {
 	if errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled) {
 		return fmt.Errorf("redis %s: %w", op, err)
 	}
+	s.reloadClusterState()
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("redis %s: %w: no answer within %v: %w", op, store.ErrUnavailable, s.timeout, err)
 	}
 	return fmt.Errorf("redis %s: %w: %w", op, store.ErrUnavailable, err)
 }
 
-// node returns the address of the node that owns key ("" outside cluster
-// mode), to pick its circuit breaker.
-func (s *Store) node(ctx context.Context, key string) (string, error) {
+// reloadClusterState asks go-redis to reload a Cluster's slot map (in the
+// background, at most twice a second) after a failed call. A dead master
+// only refuses connections and sends no redirect, so without this go-redis
+// would route its slots to it until its periodic refresh, long after a
+// replica took over.
+func (s *Store) reloadClusterState() {
 	cc, ok := s.client.(*redis.ClusterClient)
 	if !ok {
-		return "", nil
+		return
+	}
+	now := time.Now().UnixNano()
+	last := s.lastReload.Load()
+	if now-last < int64(500*time.Millisecond) || !s.lastReload.CompareAndSwap(last, now) {
+		return
+	}
+	cc.ReloadState(context.Background())
+}
+
+// coalescer returns the coalescer of the node that owns key and the node's
+// address ("" outside cluster mode), which also picks its circuit breaker.
+func (s *Store) coalescer(ctx context.Context, key string) (*coalescer, string, error) {
+	cc, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		if co, ok := s.coalescers.Load(""); ok {
+			return co.(*coalescer), "", nil
+		}
+		co, err := s.newCoalescer("", nil)
+		return co, "", err
 	}
 	c, err := cc.MasterForKey(ctx, key)
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
-	return c.Options().Addr, nil
+	addr := c.Options().Addr
+	if v, ok := s.coalescers.Load(addr); ok {
+		co := v.(*coalescer)
+		if co.batch.Load() != c {
+			co.batch.Store(c) // the cluster client replaced the node's client
+		}
+		return co, addr, nil
+	}
+	co, err := s.newCoalescer(addr, c)
+	return co, addr, err
+}
+
+// newCoalescer returns node's coalescer, creating it (and its flushers)
+// unless the store is closed.
+func (s *Store) newCoalescer(node string, c *redis.Client) (*coalescer, error) {
+	s.coMu.Lock()
+	defer s.coMu.Unlock()
+	if v, ok := s.coalescers.Load(node); ok {
+		return v.(*coalescer), nil
+	}
+	if s.closed {
+		return nil, redis.ErrClosed
+	}
+	limit, batch := s.maxInFlight, s.maxBatch
+	if limit <= 0 {
+		limit = DefaultMaxInFlight
+	}
+	limit = min(limit, MaxMaxInFlight)
+	if batch <= 0 {
+		batch = DefaultMaxBatch
+	}
+	co := newCoalescer(s.breaker(node), s.client, s.client, limit, batch)
+	if c != nil {
+		co.batch.Store(c)
+	}
+	s.coalescers.Store(node, co)
+	return co, nil
+}
+
+// coalescerStats sums the counters of every node's coalescer (for tests).
+func (s *Store) coalescerStats() coalescerStats {
+	var t coalescerStats
+	s.coalescers.Range(func(_, v any) bool {
+		st := v.(*coalescer).stats()
+		t.Sends += st.Sends
+		t.Pipelines += st.Pipelines
+		t.Calls += st.Calls
+		t.MaxBatch = max(t.MaxBatch, st.MaxBatch)
+		t.NoScript += st.NoScript
+		return true
+	})
+	return t
 }
 
 // breaker returns node's circuit breaker, creating it closed.

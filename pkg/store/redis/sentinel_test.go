@@ -31,10 +31,12 @@ func TestSentinel(t *testing.T) {
 	if got := master.CommandStats(ctx)["evalsha"]; got != 3 {
 		t.Errorf("master evalsha = %d, want 3", got)
 	}
-	// Wait until the replica has the counter (it is a 1 s window at most).
+	// Wait until the replica has the counter. The first full sync starts
+	// after the master's repl-diskless-sync-delay (5 s by default), so allow
+	// well beyond that.
 	rc := replica.Client()
 	defer rc.Close()
-	waitFor(t, 5*time.Second, func() bool { v, _ := rc.HGet(ctx, check.Key, "count").Result(); return v == "3" })
+	waitFor(t, 20*time.Second, func() bool { v, _ := rc.HGet(ctx, check.Key, "count").Result(); return v == "3" })
 
 	master.Stop()
 	// Sentinel notices after 1 s and promotes the replica; decisions fail

@@ -1,0 +1,487 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// nodeCoalescer returns node's coalescer ("" outside cluster mode).
+func nodeCoalescer(t testing.TB, s *Store, node string) *coalescer {
+	t.Helper()
+	v, ok := s.coalescers.Load(node)
+	if !ok {
+		t.Fatalf("no coalescer for node %q", node)
+	}
+	return v.(*coalescer)
+}
+
+// waitQueue waits until co has n calls queued and inflight sends in flight.
+func waitQueue(t *testing.T, co *coalescer, n, inflight int) {
+	t.Helper()
+	waitFor(t, 5*time.Second, func() bool {
+		co.mu.Lock()
+		defer co.mu.Unlock()
+		return len(co.queue) == n && co.inflight == inflight
+	})
+}
+
+// uniqueCheck is caller i's check: its own key and i+1 hits of a large
+// limit, so Remaining tells which caller a reply was meant for.
+func uniqueCheck(prefix string, i int) store.Check {
+	return store.Check{Key: fmt.Sprintf("rl:{%s}:k%d", prefix, i), Limit: 100_000, Window: time.Hour, Hits: uint64(i + 1)}
+}
+
+// TestCoalescing checks the flush policy on one node: sequential calls go
+// out alone, at once; 100 calls arriving while the node's sends are busy
+// leave as one pipeline, and every caller gets its own result.
+func TestCoalescing(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	defer c.Close()
+	s := NewFromClient(c, WithTimeout(5*time.Second), WithPipelining(2, 128))
+	defer s.Close()
+	ctx := context.Background()
+	decide(t, s, uniqueCheck("warm", 0)) // loads the script
+	co := nodeCoalescer(t, s, "")
+
+	t.Run("low load: each call alone, at once", func(t *testing.T) {
+		before := co.stats()
+		for i := 0; i < 20; i++ {
+			start := time.Now()
+			r := decide(t, s, uniqueCheck("seq", i))[0]
+			if took := time.Since(start); took > 500*time.Millisecond {
+				t.Errorf("call %d took %v", i, took)
+			}
+			if r.Remaining != 100_000-uint64(i+1) {
+				t.Errorf("call %d: %+v", i, r)
+			}
+		}
+		after := co.stats()
+		if d := after.Sends - before.Sends; d != 20 {
+			t.Errorf("20 sequential calls made %d sends, want 20", d)
+		}
+		if d := after.Pipelines - before.Pipelines; d != 0 {
+			t.Errorf("20 sequential calls made %d pipelines, want 0", d)
+		}
+	})
+
+	t.Run("100 concurrent calls", func(t *testing.T) {
+		const n = 100
+		before, statsBefore := co.stats(), srv.CommandStats(ctx)
+		// Hold the node so that two calls are in flight and 98 queue
+		// behind them, then let it answer.
+		srv.Pause()
+		res := make([]store.Result, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := make([]store.Result, 1)
+				errs[i] = s.Decide(ctx, []store.Check{uniqueCheck("conc", i)}, r)
+				res[i] = r[0]
+			}()
+		}
+		waitQueue(t, co, n-2, 2)
+		srv.Resume()
+		wg.Wait()
+		for i := range res {
+			if errs[i] != nil || !res[i].Allowed || res[i].Remaining != 100_000-uint64(i+1) {
+				t.Errorf("caller %d: %+v, %v; want allowed with %d remaining", i, res[i], errs[i], 100_000-(i+1))
+			}
+		}
+		after, statsAfter := co.stats(), srv.CommandStats(ctx)
+		if d := statsAfter["evalsha"] - statsBefore["evalsha"]; d != n {
+			t.Errorf("EVALSHA calls: %d, want %d", d, n)
+		}
+		sends := after.Sends - before.Sends
+		if sends != 3 {
+			t.Errorf("%d calls made %d round trips, want 3 (2 alone, then 1 pipeline of 98)", n, sends)
+		}
+		if d := after.Pipelines - before.Pipelines; d != 1 || after.MaxBatch != n-2 {
+			t.Errorf("pipelines %d (largest %d), want 1 of %d", d, after.MaxBatch, n-2)
+		}
+		t.Logf("%d concurrent calls: %d round trips, %d EVALSHA", n, sends, statsAfter["evalsha"]-statsBefore["evalsha"])
+	})
+
+	t.Run("batch cap", func(t *testing.T) {
+		s := NewFromClient(c, WithTimeout(5*time.Second), WithPipelining(1, 10))
+		defer s.Close()
+		decide(t, s, uniqueCheck("warm", 1))
+		co := nodeCoalescer(t, s, "")
+		srv.Pause()
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for i := 0; i < 31; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := make([]store.Result, 1)
+				if err := s.Decide(ctx, []store.Check{uniqueCheck("cap", i)}, r); err != nil || r[0].Remaining != 100_000-uint64(i+1) {
+					failed.Add(1)
+				}
+			}()
+		}
+		waitQueue(t, co, 30, 1)
+		srv.Resume()
+		wg.Wait()
+		st := co.stats()
+		if failed.Load() != 0 || st.Pipelines != 3 || st.MaxBatch != 10 {
+			t.Errorf("failed %d, stats %+v; want 0 failed and 3 pipelines of 10", failed.Load(), st)
+		}
+	})
+}
+
+// TestCoalescedDeadline checks that a caller whose deadline passes stops
+// waiting, with ErrUnavailable and Undecided, whether its call is still
+// queued or already in a pipeline, and that the others' results are right.
+func TestCoalescedDeadline(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	defer c.Close()
+	s := NewFromClient(c, WithTimeout(10*time.Second), WithPipelining(1, 128))
+	defer s.Close()
+	decide(t, s, uniqueCheck("warm", 0))
+	co := nodeCoalescer(t, s, "")
+
+	type outcome struct {
+		res  store.Result
+		err  error
+		took time.Duration
+	}
+	start := func(i int, timeout time.Duration) chan outcome {
+		ch := make(chan outcome, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			r := make([]store.Result, 1)
+			begin := time.Now()
+			err := s.Decide(ctx, []store.Check{uniqueCheck("dl", i)}, r)
+			ch <- outcome{r[0], err, time.Since(begin)}
+		}()
+		return ch
+	}
+	expectTimeout := func(name string, o outcome, timeout time.Duration) {
+		t.Helper()
+		if !errors.Is(o.err, store.ErrUnavailable) || !o.res.Undecided {
+			t.Errorf("%s: %+v, %v; want Undecided and an ErrUnavailable timeout", name, o.res, o.err)
+		}
+		if o.took > timeout+time.Second {
+			t.Errorf("%s took %v with a %v deadline", name, o.took, timeout)
+		}
+	}
+
+	// A is in flight alone on a hung node; B (long) and C (short) queue.
+	srv.Pause()
+	a := start(0, 400*time.Millisecond)
+	waitQueue(t, co, 0, 1)
+	b := start(1, 10*time.Second)
+	cc := start(2, 900*time.Millisecond)
+	waitQueue(t, co, 2, 1)
+	// A times out; B and C then leave as one pipeline, which hangs too:
+	// C's deadline passes while it is in that pipeline.
+	expectTimeout("A (in flight alone)", <-a, 400*time.Millisecond)
+	waitQueue(t, co, 0, 1)
+	expectTimeout("C (in a pipeline)", <-cc, 900*time.Millisecond)
+	// D queues and gives up before anything returns.
+	d := start(3, 200*time.Millisecond)
+	expectTimeout("D (queued)", <-d, 200*time.Millisecond)
+	srv.Resume()
+	ob := <-b
+	if ob.err != nil || !ob.res.Allowed || ob.res.Remaining != 100_000-2 {
+		t.Errorf("B: %+v, %v; want allowed with %d remaining", ob.res, ob.err, 100_000-2)
+	}
+	if st := co.stats(); st.Pipelines != 1 || st.MaxBatch != 2 {
+		t.Errorf("stats %+v, want one pipeline of B and C", st)
+	}
+	// The store still works, and D (abandoned while queued) was not sent:
+	// its key was never written.
+	decide(t, s, uniqueCheck("after", 0))
+	if n, _ := c.Exists(context.Background(), uniqueCheck("dl", 3).Key).Result(); n != 0 {
+		t.Errorf("D's call was sent after its caller gave up")
+	}
+}
+
+// TestPipelineNoScript checks that a pipeline meeting NOSCRIPT (SCRIPT FLUSH,
+// a new node) re-sends those calls once, loading the script with one EVAL,
+// and that flushing the script cache mid-traffic fails no decision.
+func TestPipelineNoScript(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	defer c.Close()
+	s := NewFromClient(c, WithTimeout(5*time.Second), WithPipelining(1, 128))
+	defer s.Close()
+	ctx := context.Background()
+	decide(t, s, uniqueCheck("warm", 0))
+	co := nodeCoalescer(t, s, "")
+
+	t.Run("one pipeline", func(t *testing.T) {
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		before := srv.CommandStats(ctx)
+		// Drive the pipeline path directly: 20 queued calls, one batch.
+		const n = 20
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		batch := make([]*call, n)
+		for i := range batch {
+			cl := getCall()
+			ch := uniqueCheck("noscript", i)
+			cl.keys = append(cl.keys, ch.Key)
+			cl.args = append(cl.args, "", lua.ModeDecide, "0", "100000", "3600", "0", fmt.Sprint(i+1), "0")
+			cl.ctx = cctx
+			batch[i] = cl
+		}
+		calls := append([]*call(nil), batch...)
+		co.send(batch, nil)
+		for i, cl := range calls {
+			select {
+			case <-cl.done:
+			default:
+				t.Fatalf("call %d not delivered", i)
+			}
+			if cl.err != nil || len(cl.reply) != lua.ReplyPerCheck {
+				t.Fatalf("call %d: %v, %v", i, cl.reply, cl.err)
+			}
+			r, err := decodeResult(cl.reply)
+			if err != nil || !r.Allowed || r.Remaining != 100_000-uint64(i+1) {
+				t.Errorf("call %d: %+v, %v", i, r, err)
+			}
+		}
+		after := srv.CommandStats(ctx)
+		if d := after["eval"] - before["eval"]; d != 1 {
+			t.Errorf("%d EVAL calls, want 1", d)
+		}
+		if st := co.stats(); st.NoScript != 1 {
+			t.Errorf("%d pipelines re-sent after NOSCRIPT, want 1", st.NoScript)
+		}
+	})
+
+	t.Run("SCRIPT FLUSH mid-traffic", func(t *testing.T) {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var decided, failed atomic.Int64
+		for g := 0; g < 50; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := make([]store.Result, 1)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if err := s.Decide(ctx, []store.Check{uniqueCheck(fmt.Sprintf("flush%d", g), 0)}, r); err != nil {
+						failed.Add(1)
+						t.Errorf("goroutine %d call %d: %v", g, i, err)
+						return
+					}
+					decided.Add(1)
+				}
+			}()
+		}
+		before := co.stats()
+		for i := 0; i < 10; i++ {
+			time.Sleep(30 * time.Millisecond)
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(30 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+		after := co.stats()
+		t.Logf("%d decisions, %d failed, %d round trips, %d pipelines, %d re-sent after NOSCRIPT", decided.Load(), failed.Load(),
+			after.Sends-before.Sends, after.Pipelines-before.Pipelines, after.NoScript-before.NoScript)
+		if after.Pipelines == before.Pipelines {
+			t.Errorf("50 callers made no pipeline")
+		}
+	})
+}
+
+// TestCoalescedCluster checks coalescing on a 3-master cluster: concurrent
+// callers of many tenants get their own results from the masters that own
+// their slots, and moving slots between masters under traffic (MIGRATING,
+// ASK, MOVED) fails no decision and loses or doubles no hit.
+func TestCoalescedCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3, 0)
+	ctx := context.Background()
+	clk := newClock(t0)
+	s, err := New(Options{URL: c.Seeds(), Mode: ModeCluster, Timeout: 10 * time.Second, MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.now = clk.Now
+	defer s.Close()
+
+	const tenants = 24
+	check := func(tenant int, hits uint64) store.Check {
+		return store.Check{Key: fmt.Sprintf("rl:{t%d}:x", tenant), Limit: 1_000_000_000, Window: time.Hour, Hits: hits}
+	}
+	var total [tenants]atomic.Int64 // hits decided per tenant
+	run := func(stop <-chan struct{}, callers, calls int) {
+		var wg sync.WaitGroup
+		for g := 0; g < callers; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := make([]store.Result, 2)
+				for i := 0; calls == 0 || i < calls; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					tenant, hits := (g+i)%tenants, uint64(1+(g+i)%5)
+					// Two checks of one tenant: one slot, one call.
+					batch := []store.Check{check(tenant, hits), {Key: fmt.Sprintf("rl:{t%d}:y", tenant), Limit: 1_000_000_000, Window: time.Hour, Hits: 1}}
+					if err := s.Decide(ctx, batch, r); err != nil {
+						t.Errorf("caller %d call %d (tenant %d): %v", g, i, tenant, err)
+						return
+					}
+					total[tenant].Add(int64(hits))
+					if !r[0].Allowed {
+						t.Errorf("tenant %d denied: %+v", tenant, r[0])
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	verify := func() {
+		t.Helper()
+		res := make([]store.Result, 1)
+		for tenant := 0; tenant < tenants; tenant++ {
+			if err := s.Peek(ctx, []store.Check{check(tenant, 0)}, res); err != nil {
+				t.Fatal(err)
+			}
+			if want := uint64(1_000_000_000 - total[tenant].Load()); res[0].Remaining != want {
+				t.Errorf("tenant %d: remaining %d, want %d (hits lost or doubled)", tenant, res[0].Remaining, want)
+			}
+		}
+	}
+
+	t.Run("concurrent tenants", func(t *testing.T) {
+		run(nil, 50, 40)
+		verify()
+		st := s.coalescerStats()
+		t.Logf("coalescer: %+v", st)
+		if st.Sends >= st.Calls {
+			t.Errorf("%d calls took %d round trips; want fewer", st.Calls, st.Sends)
+		}
+	})
+
+	t.Run("resharding", func(t *testing.T) {
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			run(stop, 20, 0)
+		}()
+		// Move every tenant's slot to the next master, one slot at a time.
+		ids := map[*redistest.Server]string{}
+		for _, n := range c.Nodes {
+			rc := n.Client()
+			id, err := rc.ClusterMyID(ctx).Result()
+			rc.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids[n] = id
+		}
+		moved := 0
+		for tenant := 0; tenant < tenants; tenant += 2 {
+			key := check(tenant, 0).Key
+			src := c.MasterOf(key)
+			var dst *redistest.Server
+			for i, n := range c.Nodes {
+				if n == src {
+					dst = c.Nodes[(i+1)%len(c.Nodes)]
+				}
+			}
+			if err := migrateSlot(ctx, c, ids, Slot(key), src, dst); err != nil {
+				t.Errorf("migrate tenant %d: %v", tenant, err)
+				break
+			}
+			moved++
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		close(stop)
+		<-done
+		verify()
+		t.Logf("moved %d slots under traffic; %d calls redirected to the cluster client; coalescer: %+v", moved, s.redirects.Load(), s.coalescerStats())
+		if s.redirects.Load() == 0 {
+			t.Errorf("no call met MOVED or ASK")
+		}
+	})
+}
+
+// migrateSlot moves slot from src to dst as redis-cli --cluster reshard
+// does: IMPORTING/MIGRATING, MIGRATE the keys, then assign the slot.
+func migrateSlot(ctx context.Context, c *redistest.Cluster, ids map[*redistest.Server]string, slot int, src, dst *redistest.Server) error {
+	// Generous socket timeouts: the machine may be loaded.
+	client := func(n *redistest.Server) *redis.Client {
+		return redis.NewClient(&redis.Options{Addr: n.Addr, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
+	}
+	sc, dc := client(src), client(dst)
+	defer sc.Close()
+	defer dc.Close()
+	if err := dc.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[src]).Err(); err != nil {
+		return err
+	}
+	if err := sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst]).Err(); err != nil {
+		return err
+	}
+	time.Sleep(10 * time.Millisecond) // traffic meets the MIGRATING state
+	for {
+		keys, err := sc.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			break
+		}
+		host, port, _ := strings.Cut(dst.Addr, ":")
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		if err := sc.Do(ctx, args...).Err(); err != nil {
+			return fmt.Errorf("MIGRATE: %w", err)
+		}
+	}
+	time.Sleep(10 * time.Millisecond) // traffic meets ASK
+	for _, n := range []*redistest.Server{dst, src} {
+		nc := client(n)
+		err := nc.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst]).Err()
+		nc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	for _, n := range c.Nodes {
+		if n == src || n == dst {
+			continue
+		}
+		nc := client(n)
+		_ = nc.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst]).Err()
+		nc.Close()
+	}
+	return nil
+}
