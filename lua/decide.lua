@@ -117,7 +117,9 @@ local function write(s)
   if s.alg == 1 then
     redis.call('HSET', s.key, 'tokens', string.format('%.17g', s.tokens), 'last_refill', fmt_int(s.last))
     local ttl_us = ceil(s.b / s.r) + US
-    redis.call('PEXPIRE', s.key, fmt_int(ceil(ttl_us / 1000)))
+    -- A bucket refilling over centuries would pass PEXPIRE's range and
+    -- Redis would reject the whole script: 2^53 ms is "never" enough.
+    redis.call('PEXPIRE', s.key, fmt_int(min(ceil(ttl_us / 1000), 9007199254740992)))
   elseif s.alg == 2 then
     redis.call('HSET', s.key, 'window', fmt_int(s.win), 'count', fmt_int(s.count))
     local reset = s.wus - (now - s.start)

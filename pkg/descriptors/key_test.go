@@ -157,14 +157,26 @@ func fuzzEntries(b []byte) []*rlcommon.RateLimitDescriptor_Entry {
 }
 
 // fuzzRule decodes a rule from m: algorithm, unit, override flag and
-// requests_per_unit.
+// requests_per_unit; the bits of requests_per_unit also pick, two per level,
+// the share_threshold patterns of the first four levels (which an override
+// ignores).
 func fuzzRule(m uint32) *Rule {
-	return &Rule{
+	r := &Rule{
 		Algorithm:       store.Algorithm(m % 3),
 		Unit:            Unit(1 + (m>>2)%7),
 		Override:        m>>5&1 == 1,
 		RequestsPerUnit: m >> 6,
 	}
+	patterns := [4]string{"", "a*", "%*", "*}|{"}
+	for i := 0; i < 4; i++ {
+		if p := patterns[m>>(6+2*i)&3]; p != "" {
+			for len(r.share) < i {
+				r.share = append(r.share, "")
+			}
+			r.share = append(r.share, p)
+		}
+	}
+	return r
 }
 
 // FuzzKeyInjective builds the keys of two fuzzed inputs: equal keys must
@@ -172,6 +184,9 @@ func fuzzRule(m uint32) *Rule {
 func FuzzKeyInjective(f *testing.F) {
 	f.Add("api", []byte("\x07api_key\x02k1"), uint32(4), "api", []byte("\x07api_key\x02k1"), uint32(5))
 	f.Add("a|b", []byte("\x01c\x01d"), uint32(0), "a", []byte("\x03b|c\x01d"), uint32(0))
+	// shared (a*) versus the literal value "%*a*"; override ignores sharing
+	f.Add("api", []byte("\x01t\x02ab"), uint32(1<<6), "api", []byte("\x01t\x04%*a*"), uint32(1<<6))
+	f.Add("api", []byte("\x01t\x02ab"), uint32(1<<6), "api", []byte("\x01t\x02ab"), uint32(1<<6|1<<5))
 	f.Fuzz(func(t *testing.T, d1 string, e1 []byte, m1 uint32, d2 string, e2 []byte, m2 uint32) {
 		es1, es2 := fuzzEntries(e1), fuzzEntries(e2)
 		r1, r2 := fuzzRule(m1), fuzzRule(m2)

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 
@@ -117,7 +118,16 @@ func Parse(files map[string][]byte) (*Config, error) {
 		h.Write(data)
 
 		p := &parser{file: name, errs: &errs, budget: maxNodes}
+		before := len(errs)
 		domain, domainNode, root := p.parseFile(data)
+		// The YAML parser can place a node past the end of a file (the
+		// empty document of "---"): name the last line instead.
+		if len(errs) > before {
+			last := lineCount(data)
+			for _, e := range errs[before:] {
+				e.Line = min(e.Line, last)
+			}
+		}
 		if domainNode == nil || domain == "" {
 			continue
 		}
@@ -179,14 +189,14 @@ func (p *parser) parseFile(data []byte) (domain string, domainNode *yaml.Node, r
 			p.errs.add(p.file, 1, "domain", "file is empty: missing domain")
 			return "", nil, nil
 		}
-		p.syntaxError(err)
+		p.syntaxError(data, err)
 		return "", nil, nil
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
 		p.errorf(&extra, "", "more than one YAML document: one domain per file")
 	} else if !errors.Is(err, io.EOF) {
-		p.syntaxError(err)
+		p.syntaxError(data, err)
 	}
 	if len(doc.Content) == 0 {
 		p.errs.add(p.file, 1, "domain", "file is empty: missing domain")
@@ -221,15 +231,58 @@ func (es *Errors) add(file string, line int, fieldName, msg string) {
 	*es = append(*es, &ConfigError{File: file, Line: line, Field: fieldName, Msg: msg})
 }
 
-func (p *parser) syntaxError(err error) {
+func (p *parser) syntaxError(data []byte, err error) {
 	msg := err.Error()
 	line := 0
 	if m := yamlLine.FindStringSubmatch(msg); m != nil {
 		line, _ = strconv.Atoi(m[1])
 	}
+	if line <= 0 {
+		// The YAML reader's errors (control characters, invalid UTF-8)
+		// carry no line: find the offending byte ourselves.
+		line = badCharLine(data)
+	}
 	msg = strings.TrimPrefix(msg, "yaml: ")
 	msg = strings.TrimPrefix(msg, yamlLinePrefix.FindString(msg))
 	p.errs.add(p.file, line, "", "YAML syntax: "+msg)
+}
+
+// badCharLine returns the 1-based line (counting YAML's line breaks) of the
+// first byte of data that YAML does not allow (invalid UTF-8 or a control
+// character other than a tab or a line break), or 1 when there is none.
+func badCharLine(data []byte) int {
+	line := 1
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			return line
+		case r == '\r' && i+1 < len(data) && data[i+1] == '\n': // one break
+		case r == '\n' || r == '\r' || r == 0x85 || r == 0x2028 || r == 0x2029: // YAML's line breaks
+			line++
+		case r == '\t' || r == 0xFEFF:
+		case r < 0x20 || (r >= 0x7f && r < 0xa0) || (r >= 0xd800 && r < 0xe000) || r == 0xfffe || r == 0xffff:
+			return line
+		}
+		i += size
+	}
+	return 1
+}
+
+// lineCount returns the number of lines of data as YAML counts them: line
+// feeds, lone carriage returns, NEL, LS and PS each end a line.
+func lineCount(data []byte) int {
+	n := 1
+	for i := 0; i < len(data); {
+		r, size := utf8.DecodeRune(data[i:])
+		switch {
+		case r == '\r' && i+1 < len(data) && data[i+1] == '\n':
+		case r == '\n' || r == '\r' || r == 0x85 || r == 0x2028 || r == 0x2029:
+			n++
+		}
+		i += size
+	}
+	return n
 }
 
 // resolve follows aliases.

@@ -1,7 +1,9 @@
 package descriptors
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -387,7 +389,18 @@ func TestHash(t *testing.T) {
 	}
 }
 
-// FuzzParse checks that Parse never panics and that a config it accepts
+// yamlLines returns an upper bound of the lines of data as YAML counts them
+// (line feeds, carriage returns, NEL, LS and PS break lines).
+func yamlLines(data []byte) int {
+	n := 1
+	for _, sep := range []string{"\n", "\r", "\u0085", "\u2028", "\u2029"} {
+		n += bytes.Count(data, []byte(sep))
+	}
+	return n
+}
+
+// FuzzParse checks that Parse never panics, that every error it returns
+// names file:line (a line of the input) and that a config it accepts
 // answers Match.
 func FuzzParse(f *testing.F) {
 	for _, dir := range []string{"match", "load"} {
@@ -400,13 +413,33 @@ func FuzzParse(f *testing.F) {
 			f.Add(data)
 		}
 	}
+	invalid, _ := filepath.Glob(filepath.Join("testdata", "invalid", "*", "*.y*ml"))
+	for _, name := range invalid {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
 	f.Add([]byte("domain: x\ndescriptors:\n  - &a {key: k, descriptors: [*a]}\n"))
+	f.Add([]byte("domain: x\x01\n"))    // a control character
+	f.Add([]byte("domain: \xff\xfe\n")) // invalid UTF-8
+	f.Add([]byte("\n\n\t- key\n"))      // a tab in indentation
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse(map[string][]byte{"f.yaml": data})
 		if err != nil {
 			var errs Errors
 			if !errors.As(err, &errs) || len(errs) == 0 {
 				t.Fatalf("error %v is not a non-empty Errors", err)
+			}
+			// Every error names file:line.
+			for _, e := range errs {
+				if e == nil || e.File != "f.yaml" || e.Line <= 0 || !strings.HasPrefix(e.Error(), fmt.Sprintf("f.yaml:%d: ", e.Line)) {
+					t.Fatalf("error %q does not start with f.yaml:<line>: (%+v)\ninput %q", e, e, data)
+				}
+				if lines := yamlLines(data); e.Line > lines {
+					t.Fatalf("error %q names line %d of a %d-line file\ninput %q", e, e.Line, lines, data)
+				}
 			}
 			return
 		}

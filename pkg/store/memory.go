@@ -602,10 +602,10 @@ func (st *state) tokenBucket(c *Check, now, wus int64, h uint64, o op) Result {
 	var retry time.Duration
 	if hf <= b {
 		tokens := st.tokens
-		ra := settle(int64(math.Floor((hf-tokens)/r))+1, func(ra int64) bool {
-			return min(b, tokens+float64(float64(ra)*r)) >= hf
+		ra := settleFloat(math.Floor((hf-tokens)/r)+1, func(ra float64) bool {
+			return min(b, tokens+float64(ra*r)) >= hf
 		})
-		retry = time.Duration(ra) * time.Microsecond
+		retry = floatMicros(ra)
 	} else {
 		retry = usDuration(b / r)
 	}
@@ -627,9 +627,38 @@ func tokenReset(tokens, b, r float64) time.Duration {
 	return 0
 }
 
-// usDuration returns floor(x)+1 microseconds.
+// usDuration returns floor(x)+1 microseconds (see floatMicros).
 func usDuration(x float64) time.Duration {
-	return time.Duration(int64(math.Floor(x))+1) * time.Microsecond
+	return floatMicros(math.Floor(x) + 1)
+}
+
+// settleFloat is settle in float64, as the script computes it: a slow
+// bucket's times can exceed what an int64 of microseconds holds.
+func settleFloat(ra float64, passes func(float64) bool) float64 {
+	ra = max(ra, 1)
+	for range 4 {
+		if passes(ra) {
+			break
+		}
+		ra++
+	}
+	return ra
+}
+
+// floatMicros converts us, a whole number of microseconds, to a Duration as
+// the Redis store decodes the script's reply: at least 0 and at most the
+// largest Duration (a bucket that refills over millennia).
+func floatMicros(us float64) time.Duration {
+	switch {
+	case !(us > 0):
+		return 0
+	case us >= math.MaxUint64:
+		return math.MaxInt64
+	}
+	if u := uint64(us); u <= math.MaxInt64/uint64(time.Microsecond) {
+		return time.Duration(u) * time.Microsecond
+	}
+	return math.MaxInt64
 }
 
 // expiry returns when state written by c at now expires: the package doc's
@@ -646,7 +675,14 @@ func expiry(c *Check, now int64) int64 {
 			b = float64(c.Limit)
 		}
 		r := float64(c.Limit) / float64(wus)
-		ttl := int64(math.Ceil(b/r)) + usPerSecond
+		full := math.Ceil(b / r)
+		if full >= float64(math.MaxInt64-now-2*usPerSecond) {
+			// A bucket that refills slower than int64 microseconds
+			// can count (a large burst of a long window) never
+			// expires; int64(full) would overflow to an expired state.
+			return math.MaxInt64
+		}
+		ttl := int64(full) + usPerSecond
 		return now + ceilDiv(ttl, usPerMilli)*usPerMilli
 	case FixedWindow:
 		rst := wus - (now - floorDiv(now, wus)*wus)

@@ -1,0 +1,247 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// diffReader hands out fuzz bytes; past the end it returns zeros.
+type diffReader struct{ b []byte }
+
+func (r *diffReader) byte() byte {
+	if len(r.b) == 0 {
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+func (r *diffReader) uint(n int) uint64 {
+	var v uint64
+	for i := 0; i < n; i++ {
+		v = v<<8 | uint64(r.byte())
+	}
+	return v
+}
+
+// diffKey is one key of a differential run with its fixed configuration (a
+// changed limit, window or burst is a different key in rls).
+type diffKey struct {
+	key                  string
+	alg                  store.Algorithm
+	limit, burst, window uint64
+}
+
+// diffStep is one batch of a differential run, after advancing the clock.
+type diffStep struct {
+	advance string // what the clock did, for failure messages
+	peek    bool
+	checks  []store.Check
+}
+
+var (
+	diffLimits  = []uint64{0, 1, 2, 3, 5, 10, 100, 7919, 1_000_000_000, 1<<32 - 1}
+	diffWindows = []uint64{1, 1, 2, 3, 60, 3600, 86400, 604800, 2592000, 31536000}
+	diffBursts  = []uint64{0, 0, 1, 4, 50, 1<<32 - 1}
+)
+
+// decodeDiff decodes the fuzz bytes into a start time (microseconds), keys
+// named under one hash tag and at most 64 steps. Each step advances the
+// clock (a jump, to just before or exactly at the next second, or not at
+// all) and holds 1 to 4 checks over the keys: hits 0 to 3, the limit,
+// limit+1, or up to 2^53; refund and shadow flags; rarely another
+// algorithm than the key's; sometimes a Peek instead of a Decide.
+func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []diffStep, advances []func(int64) int64) {
+	r := &diffReader{b: data}
+	start = t0 + int64(r.uint(3))*1000
+	nkeys := 1 + int(r.byte())%4
+	for i := 0; i < nkeys; i++ {
+		c := r.byte()
+		k := diffKey{
+			alg:    store.Algorithm(c % 3),
+			limit:  diffLimits[int(c/3)%len(diffLimits)],
+			window: diffWindows[int(r.byte())%len(diffWindows)],
+		}
+		if c >= 0xF0 { // an unknown algorithm acts as sliding window in both stores
+			k.alg = store.Algorithm(3 + c%2)
+		}
+		if k.alg == store.TokenBucket {
+			k.burst = diffBursts[int(r.byte())%len(diffBursts)]
+		}
+		prefix := "rl"
+		if k.alg == store.TokenBucket {
+			prefix = "tb"
+		}
+		k.key = fmt.Sprintf("%s:{%s}:k%d", prefix, tag, i)
+		keys = append(keys, k)
+	}
+	for len(r.b) > 0 && len(steps) < 64 {
+		a := r.byte()
+		var st diffStep
+		var adv func(int64) int64
+		switch a % 4 {
+		case 0: // a jump of up to ~4.6 hours, possibly past TTLs
+			d := int64(r.uint(2)) * int64(a/4+1) * 4000
+			st.advance = fmt.Sprintf("+%dus", d)
+			adv = func(now int64) int64 { return now + d }
+		case 1: // to just before or exactly at the next second
+			back := int64(a >> 2 & 1)
+			st.advance = fmt.Sprintf("next second -%dus", back)
+			adv = func(now int64) int64 { return (now/1_000_000+1)*1_000_000 - back }
+		case 2: // the same instant
+			st.advance = "+0"
+			adv = func(now int64) int64 { return now }
+		default: // a small step
+			d := int64(r.byte()) * int64(a/4+1) * 37
+			st.advance = fmt.Sprintf("+%dus", d)
+			adv = func(now int64) int64 { return now + d }
+		}
+		b := r.byte()
+		st.peek = b&0x80 != 0
+		n := 1 + int(b)%4
+		for i := 0; i < n; i++ {
+			c := r.byte()
+			k := keys[int(c)%len(keys)]
+			flags := r.byte()
+			ch := store.Check{
+				Key: k.key, Algorithm: k.alg, Limit: k.limit, Burst: k.burst,
+				Window: time.Duration(k.window) * time.Second,
+				Refund: flags&1 != 0,
+				Shadow: flags&2 != 0,
+			}
+			switch h := c >> 2 & 7; h {
+			case 0, 1, 2, 3:
+				ch.Hits = uint64(h)
+			case 4:
+				ch.Hits = k.limit
+			case 5:
+				ch.Hits = k.limit + 1
+			case 6:
+				ch.Hits = uint64(r.byte())
+			default:
+				ch.Hits = r.uint(7) % (1 << 53) // service.MaxHitsBound
+			}
+			if flags&0xF0 == 0xF0 { // a key whose algorithm changed
+				ch.Algorithm = store.Algorithm(flags >> 2 & 3)
+			}
+			st.checks = append(st.checks, ch)
+		}
+		steps = append(steps, st)
+		advances = append(advances, adv)
+	}
+	return start, keys, steps, advances
+}
+
+// diffRun counts iterations, to name each one's keys uniquely.
+var diffRun atomic.Uint64
+
+// FuzzDifferential drives the memory store and the Lua script on a real
+// Redis with the same fuzzed sequences of batches and one fake clock, and
+// requires identical Results: both implement store.go's arithmetic bit for
+// bit. Redis keys are made persistent after every step so that only the
+// fake clock expires state (an expired state must act as absent state: the
+// memory store drops it, Redis keeps it).
+func FuzzDifferential(f *testing.F) {
+	seeds := [][]byte{
+		// one sliding-window key (limit 3, 1s): four single hits at one instant
+		{0, 0, 0, 0, 9, 0, 2, 0, 4, 0, 2, 0, 4, 0, 2, 0, 4, 0, 2, 0, 4, 0},
+		// a token bucket (limit 2/s, burst 4) drained, then refilled by small steps
+		{0, 0, 0, 0, 7, 0, 3, 2, 0, 24, 0, 4, 203, 255, 0, 4, 0, 203, 255, 0, 4, 0, 203, 255, 0, 4, 0},
+		// a fixed window (limit 3): used up just before the second, again exactly at it
+		{0, 0, 0, 0, 11, 0, 5, 0, 16, 0, 1, 0, 16, 0, 2, 0, 4, 0},
+		// two keys in one batch, one denied: no consumption; then a shadow denial
+		{0, 0, 0, 1, 6, 0, 5, 4, 2, 1, 4, 0, 21, 0, 2, 1, 4, 0, 21, 2, 2, 0, 4, 0, 2, 0, 4, 0},
+		// a refund of 3, a huge refund, a check-only peek
+		{0, 0, 0, 0, 9, 0, 2, 0, 12, 0, 2, 0, 12, 1, 2, 0, 28, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0x80, 0, 0},
+		// a 60s window used up, a jump of 4.6 hours past every TTL, a peek, a hit
+		{0, 0, 0, 0, 9, 4, 2, 0, 16, 0, 252, 0xff, 0xff, 0x80, 4, 0, 2, 0, 4, 0},
+		// a bucket with limit 0 (never refills); the key's algorithm changes twice
+		{0, 0, 0, 0, 1, 0, 0, 2, 0, 4, 0, 2, 0, 4, 0xF8, 2, 0, 4, 0xF4},
+		// an unknown algorithm (acts as sliding window), limit 1
+		{0, 0, 0, 0, 0xF3, 0, 2, 0, 4, 0, 2, 0, 4, 0},
+	}
+	for _, s := range seeds {
+		f.Add(s)
+	}
+
+	srv := redistest.StartServer(f)
+	client := srv.Client()
+	f.Cleanup(func() { client.Close() })
+	var nonce [6]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		f.Fatal(err)
+	}
+	prefix := "fz" + hex.EncodeToString(nonce[:])
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ctx := context.Background()
+		tag := fmt.Sprintf("%s-%d", prefix, diffRun.Add(1))
+		start, keys, steps, advances := decodeDiff(data, tag)
+		clk := newClock(start)
+		rs := NewFromClient(client, WithClock(clk.Now), WithTimeout(2*time.Second))
+		ms := store.NewMemory(store.MemoryOptions{Now: clk.Now, MaxKeys: 1000})
+		names := make([]string, len(keys))
+		for i, k := range keys {
+			names[i] = k.key
+		}
+		defer client.Del(ctx, names...)
+
+		var history strings.Builder
+		for i, st := range steps {
+			clk.Set(advances[i](clk.Now().UnixMicro()))
+			got := make([]store.Result, len(st.checks))
+			want := make([]store.Result, len(st.checks))
+			var gerr, werr error
+			if st.peek {
+				gerr, werr = rs.Peek(ctx, st.checks, got), ms.Peek(ctx, st.checks, want)
+			} else {
+				gerr, werr = rs.Decide(ctx, st.checks, got), ms.Decide(ctx, st.checks, want)
+			}
+			fmt.Fprintf(&history, "step %d (%s, now %d, peek %v): %+v\n  -> %+v\n", i, st.advance, clk.Now().UnixMicro(), st.peek, st.checks, want)
+			if gerr != nil || werr != nil {
+				t.Fatalf("step %d: redis err %v, memory err %v\n%s", i, gerr, werr, history.String())
+			}
+			for j := range got {
+				if got[j] != want[j] {
+					t.Fatalf("step %d check %d %+v:\nredis  %+v\nmemory %+v\nkeys %+v\nhistory:\n%s",
+						i, j, st.checks[j], got[j], want[j], keys, history.String())
+				}
+			}
+			pipe := client.Pipeline()
+			for _, k := range names {
+				pipe.Persist(ctx, k)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Fatalf("persist: %v", err)
+			}
+		}
+	})
+}
+
+// TestDecodeDiff pins the decoding the seeds rely on.
+func TestDecodeDiff(t *testing.T) {
+	_, keys, steps, _ := decodeDiff([]byte{0, 0, 0, 1, 6, 0, 5, 4, 2, 1, 4, 0, 21, 2}, "x")
+	want := []diffKey{
+		{key: "rl:{x}:k0", alg: store.SlidingWindow, limit: 2, window: 1},
+		{key: "rl:{x}:k1", alg: store.FixedWindow, limit: 1, window: 60},
+	}
+	if fmt.Sprint(keys) != fmt.Sprint(want) {
+		t.Fatalf("keys %+v, want %+v", keys, want)
+	}
+	if len(steps) != 1 || len(steps[0].checks) != 2 {
+		t.Fatalf("steps %+v", steps)
+	}
+	if c := steps[0].checks[1]; c.Key != want[1].key || c.Hits != 2 || !c.Shadow || c.Refund {
+		t.Fatalf("second check %+v", c)
+	}
+}
