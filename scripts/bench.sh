@@ -113,7 +113,9 @@ for st in $STORES; do
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], round(r["decisions_per_second"]), "dec/s p99", r["latency_us"]["p99"], "us")' "$OUT/$st-$name.json" "$name"
     if command -v ghz >/dev/null && [ -n "$data" ]; then
       ghz --insecure --call envoy.service.ratelimit.v3.RateLimitService.ShouldRateLimit -c 50 --connections 1 \
-        -z "$DUR" -d "$data" --format json "127.0.0.1:$GRPC" > "$OUT/ghz-$st-$name.json" 2>/dev/null || echo "ghz $name failed"
+        -z "$DUR" -d "$data" --format json "127.0.0.1:$GRPC" 2>/dev/null \
+        | python3 -c 'import json,sys; d=json.load(sys.stdin); d.pop("details", None); json.dump(d, sys.stdout, indent=1)' \
+        > "$OUT/ghz-$st-$name.json" || echo "ghz $name failed"
     fi
   done
   stop_pids "$RLS" "${REDIS_PIDS[@]}"
