@@ -101,7 +101,7 @@ func (t *timedStore) Delete(ctx context.Context, keys ...string) error {
 // registerLocal exposes the limiter's and fleet's state, read at scrape time.
 func registerLocal(reg prometheus.Registerer, lim *limiter.Limiter, fleet *limiter.Fleet) {
 	src := func(s limiter.Source) func() float64 {
-		return func() float64 { return float64(lim.Counts()[s]) }
+		return func() float64 { return float64(lim.Count(s)) }
 	}
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{

@@ -282,13 +282,14 @@ func watchReadiness(ctx context.Context, ready func(context.Context) error, set 
 			return
 		}
 		set(err == nil)
-		if err != nil && err.Error() != lastErr {
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		if msg != "" && msg != lastErr {
 			log.Warn("store not ready", "err", err)
 		}
-		lastErr = ""
-		if err != nil {
-			lastErr = err.Error()
-		}
+		lastErr = msg
 		select {
 		case <-ctx.Done():
 			return

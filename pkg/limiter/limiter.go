@@ -346,14 +346,13 @@ func (l *Limiter) Degraded(window time.Duration) bool {
 	return last != 0 && l.opts.Now().UnixNano()-last < int64(window)
 }
 
-// Counts returns how many results came from each Source other than the
-// store, since start.
-func (l *Limiter) Counts() map[Source]uint64 {
-	return map[Source]uint64{
-		FromCache:      l.fallbacks[FromCache].Load(),
-		FromFailOpen:   l.fallbacks[FromFailOpen].Load(),
-		FromFailClosed: l.fallbacks[FromFailClosed].Load(),
+// Count returns how many results came from s since start (the store's own
+// decisions are not counted: Count(FromStore) is 0).
+func (l *Limiter) Count(s Source) uint64 {
+	if s == FromStore || int(s) >= len(l.fallbacks) {
+		return 0
 	}
+	return l.fallbacks[s].Load()
 }
 
 // bucket returns the fail-open bucket of c's key at this replica's share.
@@ -405,7 +404,6 @@ func (b *bucket) result(h float64, allowed bool) store.Result {
 		r.Reset = time.Duration((b.capacity-b.tokens)/b.rate) + 1
 	}
 	if !allowed {
-		r.Remaining = uint64(math.Max(0, math.Floor(b.tokens)))
 		if h > b.capacity {
 			r.RetryAfter = time.Duration(b.capacity/b.rate) + 1
 		} else {

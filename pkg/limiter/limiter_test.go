@@ -183,7 +183,7 @@ func TestFailOpenShare(t *testing.T) {
 	if !l.Degraded(time.Second) {
 		t.Fatal("not degraded while in fallback")
 	}
-	if got := l.Counts()[FromFailOpen]; got != 250 {
+	if got := l.Count(FromFailOpen); got != 250 {
 		t.Fatalf("fail_open count %d, want 250", got)
 	}
 	// The store is back: it decides again (its own count, not the local one).

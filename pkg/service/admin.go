@@ -91,14 +91,7 @@ func (a *Admin) resolve(domain string, ds []*adminv1.Descriptor) ([]explained, e
 			e.note = "unlimited: always OK, not counted"
 		default:
 			r := matched[i]
-			e.check = store.Check{
-				Key:       string(descriptors.AppendKey(nil, domain, entries[i], r)),
-				Algorithm: r.Algorithm,
-				Limit:     uint64(r.RequestsPerUnit),
-				Window:    r.Window(),
-				Burst:     uint64(r.Burst),
-				Shadow:    r.ShadowMode,
-			}
+			e.check = ruleCheck(r, string(descriptors.AppendKey(nil, domain, entries[i], r)))
 		}
 	}
 	return out, nil

@@ -204,16 +204,9 @@ func (s *Service) decide(ctx context.Context, snap *snapshot, req *rlsv3.RateLim
 		}
 		sc.key = descriptors.AppendKey(sc.key[:0], req.Domain, d.Entries, r)
 		sc.slot = append(sc.slot, len(sc.checks))
-		sc.checks = append(sc.checks, store.Check{
-			Key:       string(sc.key),
-			Algorithm: r.Algorithm,
-			Limit:     uint64(r.RequestsPerUnit),
-			Window:    r.Window(),
-			Burst:     uint64(r.Burst),
-			Hits:      hits,
-			Refund:    d.IsNegativeHits,
-			Shadow:    r.ShadowMode,
-		})
+		c := ruleCheck(r, string(sc.key))
+		c.Hits, c.Refund = hits, d.IsNegativeHits
+		sc.checks = append(sc.checks, c)
 		sc.closed = append(sc.closed, r.OnError == descriptors.OnErrorFailClosed ||
 			(r.OnError == descriptors.OnErrorDefault && s.opts.FailClosed))
 	}
@@ -285,6 +278,19 @@ func (s *Service) decide(ctx context.Context, snap *snapshot, req *rlsv3.RateLim
 		addRateLimitHeaders(resp)
 	}
 	return resp, nil
+}
+
+// ruleCheck returns the store check of rule r at key, consuming nothing
+// (the caller sets Hits and Refund).
+func ruleCheck(r *descriptors.Rule, key string) store.Check {
+	return store.Check{
+		Key:       key,
+		Algorithm: r.Algorithm,
+		Limit:     uint64(r.RequestsPerUnit),
+		Window:    r.Window(),
+		Burst:     uint64(r.Burst),
+		Shadow:    r.ShadowMode,
+	}
 }
 
 // nearLimit reports whether 80% or more of the limit is used.
