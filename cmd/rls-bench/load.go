@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -151,6 +152,31 @@ func (l *loader) run(ctx context.Context, p phase) result {
 		slots = p.n
 	}
 
+	// Open loop: one pacer releases slot i at start + i/rate, precisely
+	// (see sleepUntil), into a queue that any free worker takes from; the
+	// time a slot waits for a worker is latency.
+	var due chan uint64
+	if p.rate > 0 {
+		due = make(chan uint64, 1<<16)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(due)
+			runtime.LockOSThread() // sleepUntil may block this thread
+			defer runtime.UnlockOSThread()
+			for i := uint64(0); i < slots; i++ {
+				if !sleepUntil(start.Add(time.Duration(float64(i)*interval)), stop) {
+					return
+				}
+				select {
+				case due <- i:
+				case <-stop:
+					return
+				}
+			}
+		}()
+	}
+
 	for w := range l.workers {
 		wg.Add(1)
 		go func() {
@@ -158,18 +184,29 @@ func (l *loader) run(ctx context.Context, p phase) result {
 			st := &all[w]
 			r := rand.New(rand.NewPCG(l.seed, uint64(w)))
 			resp := new(rlsv3.RateLimitResponse)
-			var sleep *time.Timer
 			for j := 0; ; j++ {
 				if stopped.Load() {
 					return
 				}
-				i := seq.Add(1) - 1
-				if i >= slots {
-					return
+				var i uint64
+				if due == nil {
+					if i = seq.Add(1) - 1; i >= slots {
+						return
+					}
+				} else {
+					var ok bool
+					select {
+					case i, ok = <-due:
+						if !ok {
+							return
+						}
+					case <-stop:
+						return
+					}
 				}
 				req := l.reqs.get(l.picker.Pick(i, r))
 				conn := l.conns[(w+j)%len(l.conns)]
-				if p.rate == 0 {
+				if due == nil {
 					t0 := time.Now()
 					err := l.call(ctx, conn, req, resp)
 					el := time.Since(t0)
@@ -180,24 +217,10 @@ func (l *loader) run(ctx context.Context, p phase) result {
 					st.lat.Record(micros(el))
 					continue
 				}
-				// Open loop: slot i is due at start + i/rate, whenever a
-				// worker gets to it; the wait for a free worker is latency.
-				intended := start.Add(time.Duration(float64(i) * interval))
-				if d := time.Until(intended); d > 0 {
-					if sleep == nil {
-						sleep = time.NewTimer(d)
-					} else {
-						sleep.Reset(d)
-					}
-					select {
-					case <-sleep.C:
-					case <-stop:
-						return
-					}
-				}
 				if stopped.Load() {
 					return // the run ended while this slot waited for a worker
 				}
+				intended := start.Add(time.Duration(float64(i) * interval))
 				t0 := time.Now()
 				err := l.call(ctx, conn, req, resp)
 				done := time.Now()
