@@ -169,6 +169,9 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 
 	var wg sync.WaitGroup
 	errc := make(chan error, 3)
+	gcCtx, stopGC := context.WithCancel(ctx)
+	defer stopGC()
+	go tuneGC(gcCtx, cfg.GCPercent, log)
 	wg.Go(func() {
 		if err := srv.Serve(grpcLis); err != nil {
 			errc <- fmt.Errorf("grpc server: %w", err)
