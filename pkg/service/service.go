@@ -222,14 +222,12 @@ func (s *Service) decide(ctx context.Context, snap *snapshot, req *rlsv3.RateLim
 		}
 	}
 
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, n),
-	}
+	resp, sts, lims, durs := newResponse(n)
 	var body *descriptors.Rule // the first denying rule with a response body
 	for i, d := range req.Descriptors {
 		r := sc.rules[i]
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		st := &sts[i]
+		st.Code = rlsv3.RateLimitResponse_OK
 		resp.Statuses[i] = st
 		switch {
 		case r == nil:
@@ -241,24 +239,24 @@ func (s *Service) decide(ctx context.Context, snap *snapshot, req *rlsv3.RateLim
 			continue
 		}
 		res := &sc.results[sc.slot[i]]
-		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
-			Name:            r.Name,
-			RequestsPerUnit: r.RequestsPerUnit,
-			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit),
-		}
+		lim := &lims[i]
+		lim.Name, lim.RequestsPerUnit = r.Name, r.RequestsPerUnit
+		lim.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit)
+		st.CurrentLimit = lim
 		st.LimitRemaining = clampUint32(res.Remaining)
+		st.DurationUntilReset = &durs[i]
 		outcome := OutcomeOK
 		switch {
 		case res.Allowed:
-			st.DurationUntilReset = durationpb.New(res.Reset)
+			setDuration(&durs[i], res.Reset)
 			if nearLimit(res.Remaining, r.RequestsPerUnit) {
 				outcome = OutcomeNearLimit
 			}
 		case r.ShadowMode: // counted and reported, never denied
-			st.DurationUntilReset = durationpb.New(res.RetryAfter)
+			setDuration(&durs[i], res.RetryAfter)
 			outcome = OutcomeShadowOverLimit
 		default:
-			st.DurationUntilReset = durationpb.New(res.RetryAfter)
+			setDuration(&durs[i], res.RetryAfter)
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			outcome = OutcomeOverLimit
@@ -278,6 +276,38 @@ func (s *Service) decide(ctx context.Context, snap *snapshot, req *rlsv3.RateLim
 		addRateLimitHeaders(resp)
 	}
 	return resp, nil
+}
+
+// oneStatus holds a response to one descriptor, the usual request, in one
+// allocation.
+type oneStatus struct {
+	resp rlsv3.RateLimitResponse
+	ptr  [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	st   [1]rlsv3.RateLimitResponse_DescriptorStatus
+	lim  [1]rlsv3.RateLimitResponse_RateLimit
+	dur  [1]durationpb.Duration
+}
+
+// newResponse returns a response, OverallCode OK, with room for n statuses (Statuses
+// has length n, its entries still nil) and the statuses, limits and
+// durations to point them at: one allocation for one descriptor, five for
+// more, instead of two plus three per descriptor.
+func newResponse(n int) (*rlsv3.RateLimitResponse, []rlsv3.RateLimitResponse_DescriptorStatus, []rlsv3.RateLimitResponse_RateLimit, []durationpb.Duration) {
+	if n == 1 {
+		b := new(oneStatus)
+		b.resp.OverallCode = rlsv3.RateLimitResponse_OK
+		b.resp.Statuses = b.ptr[:]
+		return &b.resp, b.st[:], b.lim[:], b.dur[:]
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	return resp, make([]rlsv3.RateLimitResponse_DescriptorStatus, n),
+		make([]rlsv3.RateLimitResponse_RateLimit, n), make([]durationpb.Duration, n)
+}
+
+// setDuration sets d to x, as durationpb.New does.
+func setDuration(d *durationpb.Duration, x time.Duration) {
+	d.Seconds = int64(x / time.Second)
+	d.Nanos = int32(x % time.Second)
 }
 
 // ruleCheck returns the store check of rule r at key, consuming nothing
