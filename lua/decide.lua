@@ -17,15 +17,19 @@
 --          limit, window seconds, burst (0 = limit), hits,
 --          flags (bit 1 = refund, bit 2 = shadow).
 --
--- Reply: 4 strings per check i, at 4*(i-1)+1: allowed ("1"/"0"), remaining,
--- retry_after_us, reset_us, all decimal integers formatted with '%.0f' so
--- no value is truncated by Redis's Lua-number-to-integer reply conversion.
+-- Reply: 4 values per check i, at 4*(i-1)+1: allowed (1/0), remaining,
+-- retry_after_us, reset_us. Each is an integer reply when it is a whole
+-- number in [0, 2^53), where Redis's Lua-number-to-integer conversion is
+-- exact, else a decimal string formatted with '%.0f' (huge retry times,
+-- and anything not finite), never truncated.
 --
 -- Hash fields: sliding cur_window, cur_count, prev_count; token bucket
--- tokens ('%.17g', round-trips the double), last_refill (microseconds);
--- fixed window, count. A key holds one algorithm's fields: every write
--- replaces the hash (HSET, HDEL of the other algorithms' fields, PEXPIRE
--- with the algorithm's TTL), and a check of another algorithm starts
+-- tokens, last_refill (microseconds); fixed window, count; all decimal
+-- numbers as Redis writes a Lua number ('%.17g' before Redis 7.2, the
+-- shortest round-trip form since), read back with tonumber. A key holds
+-- one algorithm's fields: a write whose key held none of its algorithm's
+-- fields also removes the other algorithms' (HDEL), every write sets the
+-- algorithm's TTL (PEXPIRE), and a check of another algorithm starts
 -- fresh, as in the memory store. A write never deletes the key, not even
 -- for a moment: in a Redis Cluster slot being migrated (MIGRATING), a
 -- script may only touch keys that exist on the node, so DEL then HSET
@@ -57,6 +61,14 @@ local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
 
 local function fmt_int(x) return string.format('%.0f', x) end
 
+-- out returns x for the reply: a number when Redis turns it into the
+-- integer reply exactly, else its decimal string (see Reply above).
+-- string.format is the costliest thing this script does per check.
+local function out(x)
+  if x >= 0 and x < 9007199254740992 and x == floor(x) then return x end
+  return fmt_int(x)
+end
+
 -- Per key: the tentative state of this batch, loaded once. A key holds the
 -- state of one algorithm (every write replaces the whole hash); a check of
 -- another algorithm than the state's starts from a fresh state, as in the
@@ -81,17 +93,20 @@ local function load(key, alg, w, limit, burst)
     s.b = b
     s.r = limit / wus
     local h = hmget('tokens', 'last_refill')
+    s.found = h[1] or h[2] -- HMGET gives false for a missing field
     local tokens, last = tonumber(h[1]), tonumber(h[2])
     if tokens == nil or last == nil then tokens, last = b, now end
     s.tokens = min(b, tokens + (now - last) * s.r)
     s.last = now
   elseif alg == 2 then
     local h = hmget('window', 'count')
+    s.found = h[1] or h[2] -- HMGET gives false for a missing field
     local win, count = tonumber(h[1]), tonumber(h[2]) or 0
     if win ~= cur_win then count = 0 end
     s.win, s.count = cur_win, count
   else
     local h = hmget('cur_window', 'cur_count', 'prev_count')
+    s.found = h[1] or h[2] or h[3] -- HMGET gives false for a missing field
     local win = tonumber(h[1])
     local cur, prev = tonumber(h[2]) or 0, tonumber(h[3]) or 0
     if win == nil then
@@ -106,30 +121,36 @@ local function load(key, alg, w, limit, burst)
   return s
 end
 
--- OTHER[alg] lists the fields of the other algorithms, removed on write.
-local OTHER = {
-  [0] = { 'tokens', 'last_refill', 'window', 'count' },
-  [1] = { 'cur_window', 'cur_count', 'prev_count', 'window', 'count' },
-  [2] = { 'cur_window', 'cur_count', 'prev_count', 'tokens', 'last_refill' },
-}
 
 local function write(s)
   if s.alg == 1 then
-    redis.call('HSET', s.key, 'tokens', string.format('%.17g', s.tokens), 'last_refill', fmt_int(s.last))
+    redis.call('HSET', s.key, 'tokens', s.tokens, 'last_refill', s.last)
     local ttl_us = ceil(s.b / s.r) + US
     -- A bucket refilling over centuries would pass PEXPIRE's range and
     -- Redis would reject the whole script: 2^53 ms is "never" enough.
     redis.call('PEXPIRE', s.key, fmt_int(min(ceil(ttl_us / 1000), 9007199254740992)))
   elseif s.alg == 2 then
-    redis.call('HSET', s.key, 'window', fmt_int(s.win), 'count', fmt_int(s.count))
+    redis.call('HSET', s.key, 'window', s.win, 'count', s.count)
     local reset = s.wus - (now - s.start)
     redis.call('PEXPIRE', s.key, fmt_int(ceil(reset / 1000)))
   else
-    redis.call('HSET', s.key, 'cur_window', fmt_int(s.win), 'cur_count', fmt_int(s.cur),
-      'prev_count', fmt_int(s.prev))
+    redis.call('HSET', s.key, 'cur_window', s.win, 'cur_count', s.cur, 'prev_count', s.prev)
     redis.call('PEXPIRE', s.key, fmt_int(2 * s.w * 1000))
   end
-  redis.call('HDEL', s.key, unpack(OTHER[s.alg] or OTHER[0]))
+  if not s.found then
+    -- The key held no state of this algorithm, so it may hold another's:
+    -- remove those fields. A key that did hold this algorithm's fields
+    -- holds no other's, since every write that changed a key's algorithm
+    -- removed the previous one's.
+    if s.alg == 1 then
+      redis.call('HDEL', s.key, 'cur_window', 'cur_count', 'prev_count', 'window', 'count')
+    elseif s.alg == 2 then
+      redis.call('HDEL', s.key, 'cur_window', 'cur_count', 'prev_count', 'tokens', 'last_refill')
+    else
+      redis.call('HDEL', s.key, 'tokens', 'last_refill', 'window', 'count')
+    end
+    s.found = true
+  end
 end
 
 -- budget returns R, the number of single hits that would pass now.
@@ -255,10 +276,10 @@ end
 local reply = {}
 local function result(i, allowed, remaining, retry, rst)
   local o = 4 * (i - 1)
-  reply[o + 1] = allowed and '1' or '0'
-  reply[o + 2] = fmt_int(remaining)
-  reply[o + 3] = fmt_int(retry)
-  reply[o + 4] = fmt_int(rst)
+  reply[o + 1] = allowed and 1 or 0
+  reply[o + 2] = out(remaining)
+  reply[o + 3] = out(retry)
+  reply[o + 4] = out(rst)
 end
 
 -- A token bucket with limit 0 never refills: it denies everything (RetryAfter

@@ -399,14 +399,15 @@ func validate(c *store.Check) error {
 	return nil
 }
 
-// decodeResult decodes one check's four reply values.
+// decodeResult decodes one check's four reply values (see decide.lua's
+// Reply: integers, or decimal strings beyond 2^53).
 func decodeResult(v []any) (store.Result, error) {
 	var r store.Result
-	allowed, err := replyString(v[0])
+	allowed, err := replyUint(v[0])
 	if err != nil {
 		return r, err
 	}
-	r.Allowed = allowed == "1"
+	r.Allowed = allowed == 1
 	if r.Remaining, err = replyUint(v[1]); err != nil {
 		return r, err
 	}
@@ -422,22 +423,17 @@ func decodeResult(v []any) (store.Result, error) {
 	return r, nil
 }
 
-func replyString(v any) (string, error) {
-	switch v := v.(type) {
-	case string:
-		return v, nil
-	case int64:
-		return strconv.FormatInt(v, 10), nil
-	}
-	return "", fmt.Errorf("unexpected reply value %T", v)
-}
-
-// replyUint parses a non-negative decimal integer; negative values become
-// 0 and values beyond uint64 (or "inf") saturate.
+// replyUint reads a non-negative integer reply or decimal string; negative
+// values become 0 and values beyond uint64 (or "inf") saturate.
 func replyUint(v any) (uint64, error) {
-	s, err := replyString(v)
-	if err != nil {
-		return 0, err
+	var s string
+	switch v := v.(type) {
+	case int64:
+		return uint64(max(v, 0)), nil
+	case string:
+		s = v
+	default:
+		return 0, fmt.Errorf("unexpected reply value %T", v)
 	}
 	if u, err := strconv.ParseUint(s, 10, 64); err == nil {
 		return u, nil
