@@ -152,7 +152,7 @@ func (co *coalescer) do(ctx context.Context, c *call) ([]any, error) {
 		}
 		co.sends.Add(1)
 		co.calls.Add(1)
-		reply, err := lua.Decide.Run(ctx, co.direct, c.keys, c.args...).Slice()
+		reply, err := runDecide(ctx, co.direct, c.keys, c.args)
 		co.br.Done(nodeAnswered(ctx, err))
 		co.release(nil)
 		return reply, err
@@ -273,7 +273,7 @@ func (co *coalescer) send(b []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	}
 	if live == 1 {
 		c := b[0]
-		reply, err := lua.Decide.Run(ctx, cl, c.keys, c.args...).Slice()
+		reply, err := runDecide(ctx, cl, c.keys, c.args)
 		co.br.Done(nodeAnswered(ctx, err))
 		co.deliver(c, reply, err)
 		return cmds
@@ -292,7 +292,7 @@ func (co *coalescer) send(b []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	ok := true
 	retry := 0
 	for i, c := range b {
-		if err := cmds[i].Err(); !redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := cmds[i].Err(); !noScript(err) {
 			ok = ok && nodeAnswered(ctx, err)
 		} else {
 			b[retry], b[i] = c, b[retry]
@@ -405,6 +405,22 @@ func redirected(err error) bool {
 	}
 	return redis.HasErrorPrefix(err, "MOVED ") || redis.HasErrorPrefix(err, "ASK ") ||
 		redis.IsTryAgainError(err) || errors.Is(err, redis.ErrClosed)
+}
+
+// runDecide runs decide.lua by its SHA, sending the source only when the
+// node answers NOSCRIPT, as redis.Script.Run does, without its allocation
+// per call for an error that is nil.
+func runDecide(ctx context.Context, c redis.Scripter, keys []string, args []any) ([]any, error) {
+	reply, err := c.EvalSha(ctx, lua.Decide.Hash(), keys, args...).Slice()
+	if noScript(err) {
+		reply, err = c.Eval(ctx, lua.DecideSource, keys, args...).Slice()
+	}
+	return reply, err
+}
+
+// noScript reports whether err is Redis's NOSCRIPT (script not cached).
+func noScript(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
 // coalescerStats are a coalescer's counters.

@@ -46,6 +46,7 @@ type Store struct {
 	owned   bool // Close closes client
 	timeout time.Duration
 	now     func() time.Time // test clock; nil means Redis TIME
+	args    argCache         // script arguments, formatted and boxed once
 
 	brOpts   breaker.Options
 	onChange func(node string, from, to breaker.State)
@@ -220,16 +221,21 @@ func (s *Store) run(ctx context.Context, mode string, checks []store.Check, resu
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	now := ""
+	now := argNoClock
 	if s.now != nil {
 		now = strconv.FormatInt(s.now().UnixMicro(), 10)
 	}
 
 	groups := s.groups(checks)
-	errs := make([]error, len(groups))
 	if len(groups) == 1 {
-		errs[0] = s.eval(ctx, mode, now, checks, results, groups[0])
-	} else {
+		err := s.eval(ctx, mode, now, checks, results, groups[0])
+		if err != nil && errors.Is(err, store.ErrUnavailable) {
+			forEach(groups[0], len(checks), func(i int) { results[i] = store.Result{Undecided: true} })
+		}
+		return err
+	}
+	errs := make([]error, len(groups))
+	{
 		var wg sync.WaitGroup
 		for g := 1; g < len(groups); g++ {
 			wg.Add(1)
@@ -270,11 +276,14 @@ func forEach(idx []int, n int, f func(int)) {
 	}
 }
 
+// allChecks is the one group of every check; shared, never modified.
+var allChecks = [][]int{nil}
+
 // groups returns the indexes of checks per hash slot, in check order within
 // a group; nil-group means "all checks" (one call).
 func (s *Store) groups(checks []store.Check) [][]int {
 	if !s.cluster {
-		return [][]int{nil}
+		return allChecks
 	}
 	first := Slot(checks[0].Key)
 	same := true
@@ -282,7 +291,7 @@ func (s *Store) groups(checks []store.Check) [][]int {
 		same = Slot(checks[i].Key) == first
 	}
 	if same {
-		return [][]int{nil}
+		return allChecks
 	}
 	var groups [][]int
 	index := make(map[int]int) // slot -> groups index
@@ -305,7 +314,7 @@ func (s *Store) groups(checks []store.Check) [][]int {
 // The node's breaker counts round trips (see coalesce.go). While it is open
 // calls fail at once; while it is half-open each call asks it alone and,
 // when let through, is sent alone as a probe, outside the coalescer.
-func (s *Store) eval(ctx context.Context, mode, now string, checks []store.Check, results []store.Result, idx []int) error {
+func (s *Store) eval(ctx context.Context, mode string, now any, checks []store.Check, results []store.Result, idx []int) error {
 	n := len(idx)
 	if idx == nil {
 		n = len(checks)
@@ -319,11 +328,15 @@ func (s *Store) eval(ctx context.Context, mode, now string, checks []store.Check
 	c := getCall()
 	keys := slices.Grow(c.keys[:0], n)
 	args := slices.Grow(c.args[:0], lua.HeaderArgs+lua.ArgsPerCheck*n)
-	args = append(args, now, mode)
+	modeArg := argModeDecide
+	if mode == lua.ModePeek {
+		modeArg = argModePeek
+	}
+	args = append(args, now, modeArg)
 	for j := 0; j < n; j++ {
 		ch := &checks[at(j)]
 		keys = append(keys, ch.Key)
-		flags := 0
+		var flags uint64
 		if ch.Refund {
 			flags |= lua.FlagRefund
 		}
@@ -331,12 +344,12 @@ func (s *Store) eval(ctx context.Context, mode, now string, checks []store.Check
 			flags |= lua.FlagShadow
 		}
 		args = append(args,
-			strconv.Itoa(int(ch.Algorithm)),
-			strconv.FormatUint(ch.Limit, 10),
-			strconv.FormatInt(int64(ch.Window/time.Second), 10),
-			strconv.FormatUint(ch.Burst, 10),
-			strconv.FormatUint(ch.Hits, 10),
-			strconv.Itoa(flags),
+			s.args.arg(uint64(ch.Algorithm)),
+			s.args.arg(ch.Limit),
+			s.args.arg(uint64(ch.Window/time.Second)),
+			s.args.arg(ch.Burst),
+			s.args.arg(ch.Hits),
+			s.args.arg(flags),
 		)
 	}
 	c.keys, c.args = keys, args
@@ -349,7 +362,7 @@ func (s *Store) eval(ctx context.Context, mode, now string, checks []store.Check
 	if br := co.br; br.State() == breaker.Closed {
 		reply, err = co.do(ctx, c)
 	} else if br.Allow() {
-		reply, err = lua.Decide.Run(ctx, s.client, keys, args...).Slice()
+		reply, err = runDecide(ctx, s.client, keys, args)
 		br.Done(nodeAnswered(ctx, err))
 	} else {
 		err = errOpen
@@ -362,7 +375,7 @@ func (s *Store) eval(ctx context.Context, mode, now string, checks []store.Check
 		// The slot moved or is moving (resharding): the cluster client
 		// follows MOVED and ASK and refreshes its slot map.
 		s.redirects.Add(1)
-		reply, err = lua.Decide.Run(ctx, s.client, keys, args...).Slice()
+		reply, err = runDecide(ctx, s.client, keys, args)
 	}
 	if c.state.Load() != callAbandoned {
 		putCall(c)
