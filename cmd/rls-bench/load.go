@@ -10,7 +10,6 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -55,7 +54,7 @@ func (s *stats) errors() uint64 {
 }
 
 // count tallies one RPC's outcome.
-func (s *stats) count(err error, resp *rlsv3.RateLimitResponse) {
+func (s *stats) count(err error, code rlsv3.RateLimitResponse_Code) {
 	if err != nil {
 		c := status.Code(err)
 		if int(c) >= len(s.errs) {
@@ -64,7 +63,7 @@ func (s *stats) count(err error, resp *rlsv3.RateLimitResponse) {
 		s.errs[c]++
 		return
 	}
-	switch resp.OverallCode {
+	switch code {
 	case rlsv3.RateLimitResponse_OK:
 		s.ok++
 	case rlsv3.RateLimitResponse_OVER_LIMIT:
@@ -84,7 +83,7 @@ func micros(d time.Duration) uint64 {
 // loader drives ShouldRateLimit calls; one loader serves the warm-up and
 // the measured phase.
 type loader struct {
-	conns   []*grpc.ClientConn
+	conns   []caller
 	reqs    *requestSet
 	picker  keyPicker
 	workers int
@@ -107,13 +106,13 @@ type result struct {
 	interrupted bool
 }
 
-func (l *loader) call(ctx context.Context, conn *grpc.ClientConn, req *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse) error {
+func (l *loader) call(ctx context.Context, conn caller, idx int, sc *callScratch) (rlsv3.RateLimitResponse_Code, error) {
 	if l.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, l.timeout)
 		defer cancel()
 	}
-	return conn.Invoke(ctx, method, req, resp)
+	return conn.call(ctx, idx, sc)
 }
 
 // run runs one phase. ctx cancellation (Ctrl-C) ends it early; the result
@@ -183,7 +182,7 @@ func (l *loader) run(ctx context.Context, p phase) result {
 			defer wg.Done()
 			st := &all[w]
 			r := rand.New(rand.NewPCG(l.seed, uint64(w)))
-			resp := new(rlsv3.RateLimitResponse)
+			sc := new(callScratch)
 			for j := 0; ; j++ {
 				if stopped.Load() {
 					return
@@ -204,16 +203,16 @@ func (l *loader) run(ctx context.Context, p phase) result {
 						return
 					}
 				}
-				req := l.reqs.get(l.picker.Pick(i, r))
+				idx := l.picker.Pick(i, r)
 				conn := l.conns[(w+j)%len(l.conns)]
 				if due == nil {
 					t0 := time.Now()
-					err := l.call(ctx, conn, req, resp)
+					code, err := l.call(ctx, conn, idx, sc)
 					el := time.Since(t0)
 					if err != nil && ctx.Err() != nil {
 						return // cut short by Ctrl-C: not a server error
 					}
-					st.count(err, resp)
+					st.count(err, code)
 					st.lat.Record(micros(el))
 					continue
 				}
@@ -222,12 +221,12 @@ func (l *loader) run(ctx context.Context, p phase) result {
 				}
 				intended := start.Add(time.Duration(float64(i) * interval))
 				t0 := time.Now()
-				err := l.call(ctx, conn, req, resp)
+				code, err := l.call(ctx, conn, idx, sc)
 				done := time.Now()
 				if err != nil && ctx.Err() != nil {
 					return
 				}
-				st.count(err, resp)
+				st.count(err, code)
 				st.sent++
 				lag := micros(t0.Sub(intended))
 				st.lagSum += lag
@@ -257,10 +256,6 @@ func (l *loader) run(ctx context.Context, p phase) result {
 		}
 	}
 	return res
-}
-
-func rlsv3Client(cc *grpc.ClientConn) rlsv3.RateLimitServiceClient {
-	return rlsv3.NewRateLimitServiceClient(cc)
 }
 
 func codeName(c int) string { return codes.Code(c).String() }

@@ -25,9 +25,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 func main() {
@@ -61,6 +58,7 @@ type options struct {
 	addr        string
 	workers     int
 	conns       int
+	client      string
 	dur         time.Duration
 	n           uint64
 	rate        float64
@@ -118,6 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8081", "rls gRPC `host:port`; loopback only (127.0.0.0/8, ::1, localhost)")
 	fs.IntVar(&o.workers, "c", 32, "concurrency: worker goroutines, each with one request in flight")
 	fs.IntVar(&o.conns, "connections", 1, "gRPC client connections, used round-robin")
+	fs.StringVar(&o.client, "client", clientH2, "gRPC client: h2 (lean HTTP/2, light on the shared machine, as Envoy's is) or grpc (grpc-go)")
 	fs.DurationVar(&o.dur, "duration", 0, "measure for this long (at most 10m); -duration and/or -n is required")
 	fs.Uint64Var(&o.n, "n", 0, "measure this many requests (whichever of -duration and -n comes first)")
 	fs.Float64Var(&o.rate, "rate", 0, "open loop: send this many `requests/s` on a fixed schedule (0: closed loop)")
@@ -185,6 +184,9 @@ func (o *options) validate(set map[string]bool) error {
 	if o.workers < 1 || o.workers > maxWorkers {
 		bad("-c %d: want 1..%d", o.workers, maxWorkers)
 	}
+	if o.client != clientH2 && o.client != clientGRPC {
+		bad("-client %q: want h2 or grpc", o.client)
+	}
 	if o.conns < 1 || o.conns > maxConns {
 		bad("-connections %d: want 1..%d", o.conns, maxConns)
 	}
@@ -246,32 +248,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		timeout: o.timeout,
 		seed:    o.seed,
 	}
-	for range o.conns {
-		// passthrough: dial the address as given, no resolver; each
-		// ClientConn is its own TCP connection. Static windows, as Envoy
-		// uses (256 MiB by default): no bandwidth-estimation PINGs, which
-		// Envoy never sends and which would cost the server a frame each.
-		cc, err := grpc.NewClient("passthrough:///"+o.addr,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithInitialWindowSize(1<<20), grpc.WithInitialConnWindowSize(16<<20))
+	for i := range o.conns {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		c, err := dialCaller(dctx, o.client, o.addr, l.reqs, o.timeout)
+		cancel()
 		if err != nil {
-			return err
+			return fmt.Errorf("connect to %s (connection %d): %v", o.addr, i, err)
 		}
-		defer cc.Close()
-		l.conns = append(l.conns, cc)
+		defer c.close()
+		l.conns = append(l.conns, c)
 	}
 
 	// Preflight: one call on every connection, so a wrong address, domain
 	// or a server that is down fails here rather than as a run of errors.
-	for i, cc := range l.conns {
+	for i, c := range l.conns {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := rlsv3Client(cc).ShouldRateLimit(pctx, l.reqs.get(0))
+		code, err := c.call(pctx, 0, new(callScratch))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("preflight call to %s (connection %d): %v", o.addr, i, err)
 		}
 		if i == 0 {
-			fmt.Fprintf(stderr, "rls-bench: preflight %s %s -> %s\n", o.domain, l.reqs.describe(0), resp.OverallCode)
+			fmt.Fprintf(stderr, "rls-bench: preflight %s %s -> %s\n", o.domain, l.reqs.describe(0), code)
 		}
 	}
 	if o.pids != nil {
@@ -335,7 +333,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	el := res.elapsed.Seconds()
 	rep := &Report{
 		Mode: mode, Target: o.addr, Domain: o.domain, Request: l.reqs.describe(0),
-		Descriptors: len(tmpls), Keys: keys, Dist: o.dist, Concurrency: o.workers, Connections: o.conns,
+		Descriptors: len(tmpls), Keys: keys, Dist: o.dist, Concurrency: o.workers, Connections: o.conns, GRPCClient: o.client,
 		TargetRate: o.rate, WarmupSec: o.warmup.Seconds(), ElapsedSec: el, Interrupted: res.interrupted,
 		Requests: st.decisions() + st.errors(), Decisions: st.decisions(),
 		OK: st.ok, OverLimit: st.over, Unknown: st.unk,

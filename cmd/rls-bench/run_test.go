@@ -66,11 +66,20 @@ func runJSON(t *testing.T, args ...string) (*Report, string) {
 }
 
 func TestRunClosedLoop(t *testing.T) {
+	for _, client := range []string{clientH2, clientGRPC} {
+		t.Run(client, func(t *testing.T) { testRunClosedLoop(t, client) })
+	}
+}
+
+func testRunClosedLoop(t *testing.T, client string) {
 	addr, f := startFake(t)
 	r, log := runJSON(t, "-addr", addr, "-domain", "bench", "-n", "1000", "-c", "8", "-connections", "3",
-		"-keys", "10", "-dist", "roundrobin", "-warmup", "20ms", "-server-pid", "1")
+		"-keys", "10", "-dist", "roundrobin", "-warmup", "20ms", "-server-pid", "1", "-client", client)
 	if r.Requests != 1000 || r.OverLimit != 100 || r.Errors["Unavailable"] != 100 || r.OK != 800 || r.Decisions != 900 {
 		t.Fatalf("counts: %+v", r)
+	}
+	if r.GRPCClient != client {
+		t.Fatalf("grpc_client %q, want %q", r.GRPCClient, client)
 	}
 	if r.Latency.P50 == 0 && r.Latency.Max == 0 || r.Latency.P99 > r.Latency.Max || r.DecisionsPerSec <= 0 {
 		t.Fatalf("latency: %+v", r.Latency)
@@ -148,6 +157,7 @@ func TestRunRefuses(t *testing.T) {
 		{[]string{"-addr", addr, "-n", "1", "-descriptors", "2", "-d", "a=b"}, "exclude each other"},
 		{[]string{"-addr", addr, "-n", "1", "-d", "a"}, "not key=value"},
 		{[]string{"-addr", addr, "-n", "1", "-c", "0"}, "-c 0"},
+		{[]string{"-addr", addr, "-n", "1", "-client", "curl"}, "-client \"curl\""},
 		{[]string{"-addr", addr, "-n", "1", "-server-pid", "x"}, "bad pid"},
 		{[]string{"-addr", addr, "-n", "1", "extra"}, "unexpected arguments"},
 		{[]string{"-addr", addr, "-n", "1", "-domain", "other"}, "preflight"},
