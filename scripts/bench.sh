@@ -6,13 +6,14 @@
 # stopped by PID. Raw results go to $BENCH_OUT (docs/bench), the summary to
 # docs/BENCHMARKS.md (the part between the BEGIN/END markers).
 #
-#   BENCH_DURATION=15s BENCH_STORES="memory redis cluster" make bench
+#   BENCH_DURATION=15s BENCH_STORES="memory redis cluster" BENCH_GRPC_CLIENT=1 make bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${BENCH_DURATION:-15s}
 STORES=${BENCH_STORES:-memory redis cluster}
 OUT=${BENCH_OUT:-docs/bench}
 MICRO_COUNT=${BENCH_MICRO_COUNT:-5}
+GRPC_ROWS=${BENCH_GRPC_CLIENT:-1}
 GOBIN=$(go env GOPATH)/bin
 export PATH="$GOBIN:$PATH"
 
@@ -111,6 +112,13 @@ for st in $STORES; do
     bin/rls-bench -addr "127.0.0.1:$GRPC" -c 50 -connections 1 -duration "$DUR" -warmup 2s $flags "${extra[@]}" -json \
       > "$OUT/$st-$name.json"
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], round(r["decisions_per_second"]), "dec/s p99", r["latency_us"]["p99"], "us")' "$OUT/$st-$name.json" "$name"
+    if [ "$GRPC_ROWS" = 1 ]; then
+      # The same with grpc-go's client in the generator, which costs the
+      # shared machine several times what the lean h2 client does.
+      # shellcheck disable=SC2086
+      bin/rls-bench -client grpc -addr "127.0.0.1:$GRPC" -c 50 -connections 1 -duration "$DUR" -warmup 2s $flags "${extra[@]}" -json \
+        > "$OUT/grpc-$st-$name.json"
+    fi
     if command -v ghz >/dev/null && [ -n "$data" ]; then
       ghz --insecure --call envoy.service.ratelimit.v3.RateLimitService.ShouldRateLimit -c 50 --connections 1 \
         -z "$DUR" -d "$data" --format json "127.0.0.1:$GRPC" 2>/dev/null \

@@ -32,6 +32,25 @@ def fmt_us(us):
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us} µs"
 
 
+def row(label, r):
+    """One table row of an rls-bench result."""
+    lat = r["latency_us"]
+    srv = r.get("server") or {}
+    red = r.get("redis") or {}
+    cli = r.get("client_cpu") or {}
+    m = r.get("server_metrics") or {}
+    fallback = sum(v for k, v in m.items() if k.startswith("rls_fallback_decisions_total"))
+    errs = sum((r.get("errors") or {}).values())
+    return "| {} | {:,.0f} | {} / {} | {} / {} | {} | {} | {} | {} | {} | {} |".format(
+        label, r["decisions_per_second"], r["ok"], r["over_limit"],
+        fmt_us(lat["p50"]), fmt_us(lat["p99"]),
+        f'{srv.get("cpu_us_per_decision", 0):.1f}' if srv else "–",
+        f'{red.get("cpu_us_per_decision", 0):.1f}' if red else "–",
+        f'{cli.get("cpu_us_per_decision", 0):.1f}' if cli else "–",
+        f'{red.get("evalsha_per_decision", 0):.4f}' if red else "–",
+        f"{fallback:.0f}" if m else "–", errs)
+
+
 lines = []
 cpu = ""
 try:
@@ -51,31 +70,22 @@ for store, title in STORES:
         r = load(os.path.join(out_dir, f"{store}-{key}.json"))
         if not r:
             continue
-        lat = r["latency_us"]
-        srv = r.get("server") or {}
-        red = r.get("redis") or {}
-        m = r.get("server_metrics") or {}
-        fallback = sum(v for k, v in m.items() if k.startswith("rls_fallback_decisions_total"))
-        errs = sum((r.get("errors") or {}).values())
-        rows.append("| {} | {:,.0f} | {} / {} | {} / {} | {} | {} | {} | {} | {} |".format(
-            label, r["decisions_per_second"], r["ok"], r["over_limit"],
-            fmt_us(lat["p50"]), fmt_us(lat["p99"]),
-            f'{srv.get("cpu_us_per_decision", 0):.1f}' if srv else "–",
-            f'{red.get("cpu_us_per_decision", 0):.1f}' if red else "–",
-            f'{red.get("evalsha_per_decision", 0):.4f}' if red else "–",
-            f"{fallback:.0f}" if m else "–", errs))
+        rows.append(row(label, r))
+        gr = load(os.path.join(out_dir, f"grpc-{store}-{key}.json"))
+        if gr:
+            rows.append(row("↳ rls-bench with grpc-go's client", gr))
         g = load(os.path.join(out_dir, f"ghz-{store}-{key}.json"))
         if g:
             lp = {d["percentage"]: d["latency"] for d in g.get("latencyDistribution") or []}
-            rows.append("| ↳ ghz, same scenario | {:,.0f} | – | {} / {} | – | – | – | – | {} |".format(
+            rows.append("| ↳ ghz, same scenario | {:,.0f} | – | {} / {} | – | – | – | – | – | {} |".format(
                 g.get("rps", 0), fmt_us(int(lp.get(50, 0) / 1000)), fmt_us(int(lp.get(99, 0) / 1000)),
                 sum((g.get("statusCodeDistribution") or {}).get(k, 0) for k in (g.get("statusCodeDistribution") or {}) if k != "OK")))
     if not rows:
         continue
     lines.append(f"#### {title}")
     lines.append("")
-    lines.append("| scenario | decisions/s | OK / OVER | p50 / p99 | server CPU µs/decision | Redis CPU µs/decision | EVALSHA/decision | fallback decisions | errors |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("| scenario | decisions/s | OK / OVER | p50 / p99 | server CPU µs/decision | Redis CPU µs/decision | generator CPU µs/decision | EVALSHA/decision | fallback decisions | errors |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     lines.extend(rows)
     lines.append("")
 micro = os.path.join(out_dir, "micro.txt")
