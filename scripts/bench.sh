@@ -31,6 +31,19 @@ cleanup() {
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# A cluster node also listens on its port + 10000 (the cluster bus), so its
+# port must be below 55536 with that one free too.
+free_cluster_port() { python3 -c '
+import random, socket
+for _ in range(1000):
+    p = random.randint(20000, 55000)
+    try:
+        for q in (p, p + 10000):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
+    except OSError:
+        continue
+    print(p); break
+'; }
 wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 not up"; exit 1; }
 
 echo "== micro-benchmarks (count $MICRO_COUNT)"
@@ -66,7 +79,7 @@ start_redis_cluster() {
   local ports=() addrs=() seeds="" p
   REDIS_PIDS=()
   for _ in 1 2 3; do
-    p=$(free_port); mkdir -p "$WORK/c$p"
+    p=$(free_cluster_port); mkdir -p "$WORK/c$p"
     redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK/c$p" \
       --cluster-enabled yes --cluster-config-file "$WORK/c$p/nodes.conf" --logfile "$WORK/c$p/log" &
     PIDS+=($!); REDIS_PIDS+=($!); wait_port "$p"; ports+=("$p"); addrs+=("127.0.0.1:$p")

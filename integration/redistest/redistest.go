@@ -80,9 +80,15 @@ func startServer(t testing.TB, leading []string, args ...string) *Server {
 		t.Fatal(missing)
 	}
 	dir := t.TempDir()
+	// A cluster node also listens on port+10000 (its bus), which must be a
+	// valid port too.
+	maxPort := 65535
+	if slices.Contains(args, "--cluster-enabled") {
+		maxPort -= 10000
+	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort()
+		port, err := freePort(maxPort)
 		if err != nil {
 			t.Fatalf("redistest: pick a free port: %v", err)
 		}
@@ -112,15 +118,22 @@ func startServer(t testing.TB, leading []string, args ...string) *Server {
 	return nil
 }
 
-// freePort asks the kernel for a free TCP port on 127.0.0.1. Another process
-// may take it before redis-server binds it; StartServer retries then.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePort asks the kernel for a free TCP port on 127.0.0.1, at most max.
+// Another process may take it before redis-server binds it; StartServer
+// retries then.
+func freePort(max int) (int, error) {
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if port <= max {
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("no free port at most %d in 100 tries", max)
 }
 
 // start runs the process and waits until it answers PING or exits.
