@@ -6,6 +6,10 @@
 // percentiles and, given -server-pid and -redis-addr, the CPU and Redis work
 // each decision costs.
 //
+// By default it calls through its own lean HTTP/2 gRPC client (h2.go), which
+// leaves most of a shared machine to the server and Redis, as Envoy's client
+// would; -client grpc uses grpc-go's.
+//
 // It only ever targets this machine: -addr and -redis-addr must be loopback.
 //
 //	rls-bench -addr 127.0.0.1:8081 -c 50 -duration 10s -keys 1000 -dist roundrobin -server-pid $(pidof rls)
