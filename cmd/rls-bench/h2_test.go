@@ -25,8 +25,6 @@ import (
 	common "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 )
 
-const h2TestMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-
 // h2TestRLS is a RateLimitService whose behaviour each test supplies.
 type h2TestRLS struct {
 	rlsv3.UnimplementedRateLimitServiceServer
@@ -101,7 +99,7 @@ func (c *h2conn) testCall(tb testing.TB, req *rlsv3.RateLimitRequest, timeout ti
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := c.Invoke(ctx, h2TestMethod, mustMarshal(tb, req), timeout, nil)
+	out, err := c.Invoke(ctx, method, mustMarshal(tb, req), timeout, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +146,7 @@ func TestH2RoundTrip(t *testing.T) {
 	}
 	// dst is reused: the message is appended to dst[:0].
 	dst := make([]byte, 3, 1024)
-	out, err := c.Invoke(context.Background(), h2TestMethod, mustMarshal(t, testReq("dom", "x")), 0, dst)
+	out, err := c.Invoke(context.Background(), method, mustMarshal(t, testReq("dom", "x")), 0, dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +274,7 @@ func TestH2Timeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start = time.Now()
-	_, err = c.Invoke(ctx, h2TestMethod, mustMarshal(t, testReq("sleep", "v")), 100*time.Millisecond, nil)
+	_, err = c.Invoke(ctx, method, mustMarshal(t, testReq("sleep", "v")), 100*time.Millisecond, nil)
 	wantCode(t, err, codes.DeadlineExceeded)
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("client deadline took %v", el)
@@ -308,7 +306,7 @@ func TestH2Cancel(t *testing.T) {
 			cancel()
 		}()
 		start := time.Now()
-		_, err := c.Invoke(ctx, h2TestMethod, mustMarshal(t, testReq("block", "v")), 0, nil)
+		_, err := c.Invoke(ctx, method, mustMarshal(t, testReq("block", "v")), 0, nil)
 		cancel()
 		wantCode(t, err, codes.Canceled)
 		if el := time.Since(start); el > 2*time.Second {
@@ -328,7 +326,7 @@ func TestH2Cancel(t *testing.T) {
 	// An already-ended ctx fails at once.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := c.Invoke(ctx, h2TestMethod, nil, 0, nil)
+	_, err := c.Invoke(ctx, method, nil, 0, nil)
 	wantCode(t, err, codes.Canceled)
 	checkNoPending(t, c)
 }
@@ -352,7 +350,7 @@ func TestH2Concurrent(t *testing.T) {
 				domain, value := fmt.Sprint("d", g), fmt.Sprint(i, strings.Repeat("x", i%50))
 				req, _ := proto.Marshal(testReq(domain, value))
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				out, err := c.Invoke(ctx, h2TestMethod, req, time.Minute, dst)
+				out, err := c.Invoke(ctx, method, req, time.Minute, dst)
 				cancel()
 				if err != nil {
 					errs <- fmt.Errorf("goroutine %d call %d: %w", g, i, err)
@@ -799,7 +797,7 @@ func (s *rawH2Server) serve(nc net.Conn) {
 }
 
 func (s *rawH2Server) checkHeaders(f *http2.MetaHeadersFrame) {
-	want := map[string]string{":method": "POST", ":scheme": "http", ":path": h2TestMethod,
+	want := map[string]string{":method": "POST", ":scheme": "http", ":path": method,
 		":authority": s.addr(), "content-type": "application/grpc", "te": "trailers"}
 	for _, hf := range f.Fields {
 		if hf.Name == "grpc-timeout" {
@@ -972,7 +970,7 @@ func TestH2ProtocolCases(t *testing.T) {
 	invoke := func(req string, timeout time.Duration) ([]byte, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		return c.Invoke(ctx, h2TestMethod, []byte(req), timeout, nil)
+		return c.Invoke(ctx, method, []byte(req), timeout, nil)
 	}
 	for _, tc := range []struct {
 		req  string
@@ -1041,16 +1039,16 @@ func TestH2StreamIDsExhausted(t *testing.T) {
 	c := dialH2T(t, s.addr())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := c.Invoke(ctx, h2TestMethod, []byte("a"), 0, nil); err != nil {
+	if _, err := c.Invoke(ctx, method, []byte("a"), 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	c.mu.Lock()
 	c.nextID = 1<<31 - 1 // the last odd stream id
 	c.mu.Unlock()
-	if out, err := c.Invoke(ctx, h2TestMethod, []byte("b"), 0, nil); err != nil || string(out) != "b" {
+	if out, err := c.Invoke(ctx, method, []byte("b"), 0, nil); err != nil || string(out) != "b" {
 		t.Fatalf("last stream id: %q %v", out, err)
 	}
-	_, err := c.Invoke(ctx, h2TestMethod, []byte("c"), 0, nil)
+	_, err := c.Invoke(ctx, method, []byte("c"), 0, nil)
 	wantCode(t, err, codes.Unavailable)
 	checkNoPending(t, c)
 }
@@ -1065,9 +1063,9 @@ func TestH2ConnErrors(t *testing.T) {
 			c := dialH2T(t, s.addr())
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err := c.Invoke(ctx, h2TestMethod, []byte(req), 0, nil)
+			_, err := c.Invoke(ctx, method, []byte(req), 0, nil)
 			wantCode(t, err, codes.Internal)
-			_, err = c.Invoke(ctx, h2TestMethod, []byte("x"), 0, nil)
+			_, err = c.Invoke(ctx, method, []byte("x"), 0, nil)
 			wantCode(t, err, codes.Unavailable)
 			checkNoPending(t, c)
 		})
@@ -1075,9 +1073,9 @@ func TestH2ConnErrors(t *testing.T) {
 	c := dialH2T(t, s.addr())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := c.Invoke(ctx, h2TestMethod, []byte("stream-win-overflow"), 0, nil)
+	_, err := c.Invoke(ctx, method, []byte("stream-win-overflow"), 0, nil)
 	wantCode(t, err, codes.Internal)
-	if out, err := c.Invoke(ctx, h2TestMethod, []byte("x"), 0, nil); err != nil || string(out) != "x" {
+	if out, err := c.Invoke(ctx, method, []byte("x"), 0, nil); err != nil || string(out) != "x" {
 		t.Fatalf("after a stream error: %q %v", out, err)
 	}
 	checkNoPending(t, c)
@@ -1095,7 +1093,7 @@ func TestH2SmallPeerWindow(t *testing.T) {
 			for i := range 10 {
 				req := fmt.Appendf(nil, "%d-%d-%s", g, i, strings.Repeat("r", 10<<10))
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				out, err := c.Invoke(ctx, h2TestMethod, req, 0, nil)
+				out, err := c.Invoke(ctx, method, req, 0, nil)
 				cancel()
 				if err != nil || !bytes.Equal(out, req) {
 					t.Errorf("call %d-%d: %v, %d bytes back", g, i, err, len(out))
@@ -1112,7 +1110,7 @@ func TestH2SmallPeerWindow(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := c.Invoke(ctx, h2TestMethod, []byte("grow-window"), 0, nil); err != nil {
+	if _, err := c.Invoke(ctx, method, []byte("grow-window"), 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	// The client has applied the new window when it acked it; by the time
@@ -1120,7 +1118,7 @@ func TestH2SmallPeerWindow(t *testing.T) {
 	before := s.streamUpdates.Load()
 	req := bytes.Repeat([]byte("g"), 100<<10)
 	for range 3 {
-		if out, err := c.Invoke(ctx, h2TestMethod, req, 0, nil); err != nil || !bytes.Equal(out, req) {
+		if out, err := c.Invoke(ctx, method, req, 0, nil); err != nil || !bytes.Equal(out, req) {
 			t.Fatalf("after growing the window: %v", err)
 		}
 	}
@@ -1140,7 +1138,7 @@ func TestH2CancelWhileBlocked(t *testing.T) {
 	errc := make(chan error, 1)
 	ctx1, cancel1 := context.WithCancel(context.Background())
 	go func() {
-		_, err := c.Invoke(ctx1, h2TestMethod, big, 0, nil)
+		_, err := c.Invoke(ctx1, method, big, 0, nil)
 		errc <- err
 	}()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
@@ -1155,7 +1153,7 @@ func TestH2CancelWhileBlocked(t *testing.T) {
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel2()
 	start := time.Now()
-	_, err := c.Invoke(ctx2, h2TestMethod, []byte("small"), 0, nil)
+	_, err := c.Invoke(ctx2, method, []byte("small"), 0, nil)
 	wantCode(t, err, codes.DeadlineExceeded)
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("slot wait ended after %v", el)
@@ -1171,7 +1169,7 @@ func TestH2CancelWhileBlocked(t *testing.T) {
 	// The slot is free again and small calls fit the window.
 	ctx3, cancel3 := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel3()
-	if out, err := c.Invoke(ctx3, h2TestMethod, []byte("small"), 0, nil); err != nil || string(out) != "small" {
+	if out, err := c.Invoke(ctx3, method, []byte("small"), 0, nil); err != nil || string(out) != "small" {
 		t.Fatalf("after cancellations: %q %v", out, err)
 	}
 	checkNoPending(t, c)
@@ -1236,7 +1234,7 @@ func benchH2(b *testing.B, addr string) {
 		var dst []byte
 		ctx := context.Background()
 		for pb.Next() {
-			out, err := c.Invoke(ctx, h2TestMethod, req, time.Second, dst)
+			out, err := c.Invoke(ctx, method, req, time.Second, dst)
 			if err != nil {
 				b.Error(err)
 				return
@@ -1262,7 +1260,7 @@ func benchGRPC(b *testing.B, addr string) {
 		resp := &rlsv3.RateLimitResponse{}
 		for pb.Next() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			err := cc.Invoke(ctx, h2TestMethod, req, resp)
+			err := cc.Invoke(ctx, method, req, resp)
 			cancel()
 			if err != nil {
 				b.Error(err)

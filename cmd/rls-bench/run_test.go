@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -40,16 +38,9 @@ func (f *fakeRLS) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest
 
 func startFake(t *testing.T) (string, *fakeRLS) {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
 	f := &fakeRLS{}
-	rlsv3.RegisterRateLimitServiceServer(srv, f)
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	return lis.Addr().String(), f
+	addr, _ := startH2GRPC(t, f.ShouldRateLimit)
+	return addr, f
 }
 
 func runJSON(t *testing.T, args ...string) (*Report, string) {

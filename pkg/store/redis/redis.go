@@ -226,36 +226,33 @@ func (s *Store) run(ctx context.Context, mode string, checks []store.Check, resu
 		now = strconv.FormatInt(s.now().UnixMicro(), 10)
 	}
 
+	// Unavailable groups are Undecided, the others stand (store.Store).
+	// Any other error makes the whole outcome unknown.
+	undecided := func(g []int) {
+		forEach(g, len(checks), func(i int) { results[i] = store.Result{Undecided: true} })
+	}
 	groups := s.groups(checks)
-	if len(groups) == 1 {
+	if len(groups) == 1 { // no goroutine or error slice for the usual call
 		err := s.eval(ctx, mode, now, checks, results, groups[0])
-		if err != nil && errors.Is(err, store.ErrUnavailable) {
-			forEach(groups[0], len(checks), func(i int) { results[i] = store.Result{Undecided: true} })
+		if errors.Is(err, store.ErrUnavailable) {
+			undecided(groups[0])
 		}
 		return err
 	}
 	errs := make([]error, len(groups))
-	{
-		var wg sync.WaitGroup
-		for g := 1; g < len(groups); g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[g] = s.eval(ctx, mode, now, checks, results, groups[g])
-			}()
-		}
-		errs[0] = s.eval(ctx, mode, now, checks, results, groups[0])
-		wg.Wait()
+	var wg sync.WaitGroup
+	for g := 1; g < len(groups); g++ {
+		wg.Go(func() { errs[g] = s.eval(ctx, mode, now, checks, results, groups[g]) })
 	}
-	// Unavailable groups are Undecided, the others stand (store.Store).
-	// Any other error makes the whole outcome unknown.
+	errs[0] = s.eval(ctx, mode, now, checks, results, groups[0])
+	wg.Wait()
 	var unavailable []error
 	for g, err := range errs {
 		switch {
 		case err == nil:
 		case errors.Is(err, store.ErrUnavailable):
 			unavailable = append(unavailable, err)
-			forEach(groups[g], len(checks), func(i int) { results[i] = store.Result{Undecided: true} })
+			undecided(groups[g])
 		default:
 			return err
 		}
