@@ -78,6 +78,15 @@
 // denied request takes no quota). Each Result reports its own check's
 // verdict computed in that pass. Check-only checks never write.
 //
+// A Force check adds its Hits whatever the budget: it is a write-back of hits
+// that a caller admitted while the store could not answer, so the window
+// after an outage counts them. Force checks are applied with the refunds,
+// before the other checks, and always written; each is Allowed and reports
+// the budget after it. Sliding window: cur += h. Fixed window: count += h.
+// Token bucket: tokens = max(0, tokens - h) (a write-back can empty a bucket
+// but never leaves it owing tokens). A check that sets both Force and Refund
+// is a refund.
+//
 // A Shadow check is evaluated like any other, but its denial does not veto
 // the batch: the other checks consume as if it were absent, and the denied
 // shadow check itself writes nothing. An allowed shadow check consumes.
@@ -86,6 +95,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -124,6 +134,7 @@ type Check struct {
 	Hits      uint64        // 0 means check without consuming
 	Refund    bool          // return Hits to the budget (is_negative_hits)
 	Shadow    bool          // shadow mode: a denial does not veto the batch (see the package doc)
+	Force     bool          // add Hits whatever the budget: a write-back (see the package doc)
 }
 
 // Result is the outcome of one Check.
@@ -141,6 +152,9 @@ type Result struct {
 type Store interface {
 	// Decide decides checks atomically (see the package doc) and writes one
 	// Result per Check into results, which has the same length as checks.
+	// It is bounded by ctx's deadline when ctx has one, else by the store's
+	// own timeout: the caller decides how long an answer is worth waiting
+	// for.
 	// Errors caused by an unreachable or slow backend wrap ErrUnavailable;
 	// then the results not marked Undecided are valid decisions (a Redis
 	// Cluster whose other shards answered) and the Undecided ones are for the
@@ -154,3 +168,13 @@ type Store interface {
 // ErrUnavailable marks errors caused by a store backend that cannot answer
 // (connection refused, timeout, cluster down). Callers fall back on it.
 var ErrUnavailable = errors.New("store unavailable")
+
+// ErrCircuitOpen marks a call refused at once because the backend's circuit
+// breaker is open (it has been failing for a while). It wraps ErrUnavailable.
+var ErrCircuitOpen = fmt.Errorf("%w: circuit open", ErrUnavailable)
+
+// ErrProtocol marks an answer the backend gave that rls cannot use: a script
+// error, a reply of the wrong shape or type. It is a bug, not an outage: it
+// does not wrap ErrUnavailable, callers do not fall back on it, and circuit
+// breakers do not count it as a failure.
+var ErrProtocol = errors.New("store protocol error")
