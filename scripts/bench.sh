@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # make bench: Go micro-benchmarks, then issue 7's end-to-end scenarios on the
 # memory store, a single Redis node and a 3-master Redis Cluster, measured
-# with the repository's load generator (rls-bench) and, when installed, ghz.
+# with the repository's load generator (rls-bench, its own module in bench/,
+# calling through grpc-go's client) and, when installed, ghz.
 # Everything runs on 127.0.0.1 and stops by itself; every process started is
 # stopped by PID. Raw results go to $BENCH_OUT (docs/bench), the summary to
-# docs/BENCHMARKS.md (the part between the BEGIN/END markers).
+# $BENCH_DOC (docs/BENCHMARKS.md, the part between the BEGIN/END markers).
 #
-#   BENCH_DURATION=15s BENCH_STORES="memory redis cluster" BENCH_GRPC_CLIENT=1 make bench
+#   BENCH_DURATION=15s BENCH_STORES="memory redis cluster" BENCH_MICRO_COUNT=5 make bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${BENCH_DURATION:-15s}
 STORES=${BENCH_STORES:-memory redis cluster}
 OUT=${BENCH_OUT:-docs/bench}
 MICRO_COUNT=${BENCH_MICRO_COUNT:-5}
-GRPC_ROWS=${BENCH_GRPC_CLIENT:-1}
+DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
 GOBIN=$(go env GOPATH)/bin
 export PATH="$GOBIN:$PATH"
 
 command -v redis-server >/dev/null || { echo "redis-server missing: run make deps"; exit 1; }
 go build -o bin/rls ./cmd/rls
-go build -o bin/rls-bench ./cmd/rls-bench
+(cd bench && go build -o ../bin/rls-bench .)
 mkdir -p "$OUT"
+# grpc-*.json were the rows of grpc-go's client when the generator's default
+# was a hand-written HTTP/2 client; there is one client now, and leftovers
+# would be rendered as rows of this run.
+rm -f "$OUT"/grpc-*.json
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -48,7 +53,7 @@ wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/n
 
 echo "== micro-benchmarks (count $MICRO_COUNT)"
 go test -run '^$' -bench 'BenchmarkMatch|BenchmarkAppendKey' -benchmem -count "$MICRO_COUNT" ./pkg/descriptors/ | tee "$OUT/micro.txt"
-go test -run '^$' -bench 'BenchmarkMemoryDecide$' -benchmem -count "$MICRO_COUNT" ./pkg/store/ | tee -a "$OUT/micro.txt"
+go test -run '^$' -bench 'BenchmarkMemoryDecide$' -benchmem -count "$MICRO_COUNT" ./pkg/store/memory/ | tee -a "$OUT/micro.txt"
 go test -run '^$' -bench 'BenchmarkDecision|BenchmarkHandler' -benchmem -count "$MICRO_COUNT" ./pkg/service/ | tee -a "$OUT/micro.txt"
 go test -run '^$' -bench 'BenchmarkCachedDenial' -benchmem -count "$MICRO_COUNT" ./pkg/limiter/ | tee -a "$OUT/micro.txt"
 
@@ -125,13 +130,6 @@ for st in $STORES; do
     bin/rls-bench -addr "127.0.0.1:$GRPC" -c 50 -connections 1 -duration "$DUR" -warmup 2s $flags "${extra[@]}" -json \
       > "$OUT/$st-$name.json"
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], round(r["decisions_per_second"]), "dec/s p99", r["latency_us"]["p99"], "us")' "$OUT/$st-$name.json" "$name"
-    if [ "$GRPC_ROWS" = 1 ]; then
-      # The same with grpc-go's client in the generator, which costs the
-      # shared machine several times what the lean h2 client does.
-      # shellcheck disable=SC2086
-      bin/rls-bench -client grpc -addr "127.0.0.1:$GRPC" -c 50 -connections 1 -duration "$DUR" -warmup 2s $flags "${extra[@]}" -json \
-        > "$OUT/grpc-$st-$name.json"
-    fi
     if command -v ghz >/dev/null && [ -n "$data" ]; then
       ghz --insecure --call envoy.service.ratelimit.v3.RateLimitService.ShouldRateLimit -c 50 --connections 1 \
         -z "$DUR" -d "$data" --format json "127.0.0.1:$GRPC" 2>/dev/null \
@@ -142,5 +140,5 @@ for st in $STORES; do
   stop_pids "$RLS" "${REDIS_PIDS[@]}"
 done
 
-python3 scripts/bench_report.py "$OUT" docs/BENCHMARKS.md
-echo "== wrote docs/BENCHMARKS.md"
+python3 scripts/bench_report.py "$OUT" "$DOC"
+echo "== wrote $DOC"

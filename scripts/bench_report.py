@@ -71,9 +71,6 @@ for store, title in STORES:
         if not r:
             continue
         rows.append(row(label, r))
-        gr = load(os.path.join(out_dir, f"grpc-{store}-{key}.json"))
-        if gr:
-            rows.append(row("↳ rls-bench with grpc-go's client", gr))
         g = load(os.path.join(out_dir, f"ghz-{store}-{key}.json"))
         if g:
             lp = {d["percentage"]: d["latency"] for d in g.get("latencyDistribution") or []}

@@ -126,7 +126,7 @@ mkdir -p bin "$WORK/config"
 race=()
 [ "${SOAK_RACE:-0}" = 1 ] && race=(-race)
 "$GO" build "${race[@]}" -o bin/rls ./cmd/rls
-"$GO" build -o bin/rls-bench ./cmd/rls-bench
+(cd bench && "$GO" build -o ../bin/rls-bench .)
 
 write_config 0
 start_redis

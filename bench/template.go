@@ -8,7 +8,6 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/proto"
 )
 
 // defaultDescriptors are what -descriptors N selects (the first N) when no
@@ -139,7 +138,6 @@ type requestSet struct {
 	hits     uint32
 	tmpls    []descTemplate
 	prebuilt []*rlsv3.RateLimitRequest
-	wires    [][]byte // prebuilt, marshalled (for the h2 client)
 }
 
 const maxPrebuilt = 1 << 17
@@ -156,10 +154,8 @@ func newRequestSet(domain, prefix string, hits uint32, tmpls []descTemplate, key
 	}
 	if n <= maxPrebuilt {
 		rs.prebuilt = make([]*rlsv3.RateLimitRequest, n)
-		rs.wires = make([][]byte, n)
 		for i := range n {
 			rs.prebuilt[i] = rs.build(i)
-			rs.wires[i], _ = proto.Marshal(rs.prebuilt[i]) // cannot fail: valid UTF-8, no required fields
 		}
 	}
 	return rs
@@ -182,19 +178,6 @@ func (rs *requestSet) get(idx int) *rlsv3.RateLimitRequest {
 		return rs.prebuilt[idx]
 	}
 	return rs.build(idx)
-}
-
-// wire returns the marshalled request of key idx; beyond the prebuilt
-// ones it marshals into *buf.
-func (rs *requestSet) wire(idx int, buf *[]byte) []byte {
-	if rs.wires != nil {
-		if len(rs.wires) == 1 {
-			return rs.wires[0]
-		}
-		return rs.wires[idx]
-	}
-	*buf, _ = proto.MarshalOptions{}.MarshalAppend((*buf)[:0], rs.build(idx))
-	return *buf
 }
 
 // describe renders the request of key idx as text, e.g. for the report.

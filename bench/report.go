@@ -19,7 +19,6 @@ type Report struct {
 	Dist        string  `json:"dist"`
 	Concurrency int     `json:"concurrency"`
 	Connections int     `json:"connections"`
-	GRPCClient  string  `json:"grpc_client"` // "h2" or "grpc" (-client)
 	TargetRate  float64 `json:"target_rate,omitempty"`
 	WarmupSec   float64 `json:"warmup_seconds"`
 	ElapsedSec  float64 `json:"elapsed_seconds"`
@@ -145,7 +144,7 @@ func writeText(w io.Writer, r *Report) error {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("rls-bench: %s loop against %s, domain %q, %d descriptor(s)/request %s\n", r.Mode, r.Target, r.Domain, r.Descriptors, r.Request)
-	p("  keys %d (%s), concurrency %d, connections %d (%s client)", r.Keys, r.Dist, r.Concurrency, r.Connections, r.GRPCClient)
+	p("  keys %d (%s), concurrency %d, connections %d", r.Keys, r.Dist, r.Concurrency, r.Connections)
 	if r.Mode == "open" {
 		p(", target rate %.0f/s", r.TargetRate)
 	}

@@ -6,9 +6,7 @@
 // percentiles and, given -server-pid and -redis-addr, the CPU and Redis work
 // each decision costs.
 //
-// By default it calls through its own lean HTTP/2 gRPC client (h2.go), which
-// leaves most of a shared machine to the server and Redis, as Envoy's client
-// would; -client grpc uses grpc-go's.
+// It calls through grpc-go's client, one ClientConn per -connections.
 //
 // It only ever targets this machine: -addr and -redis-addr must be loopback.
 //
@@ -62,7 +60,6 @@ type options struct {
 	addr        string
 	workers     int
 	conns       int
-	client      string
 	dur         time.Duration
 	n           uint64
 	rate        float64
@@ -120,7 +117,6 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8081", "rls gRPC `host:port`; loopback only (127.0.0.0/8, ::1, localhost)")
 	fs.IntVar(&o.workers, "c", 32, "concurrency: worker goroutines, each with one request in flight")
 	fs.IntVar(&o.conns, "connections", 1, "gRPC client connections, used round-robin")
-	fs.StringVar(&o.client, "client", clientH2, "gRPC client: h2 (lean HTTP/2, light on the shared machine, as Envoy's is) or grpc (grpc-go)")
 	fs.DurationVar(&o.dur, "duration", 0, "measure for this long (at most 10m); -duration and/or -n is required")
 	fs.Uint64Var(&o.n, "n", 0, "measure this many requests (whichever of -duration and -n comes first)")
 	fs.Float64Var(&o.rate, "rate", 0, "open loop: send this many `requests/s` on a fixed schedule (0: closed loop)")
@@ -188,9 +184,6 @@ func (o *options) validate(set map[string]bool) error {
 	if o.workers < 1 || o.workers > maxWorkers {
 		bad("-c %d: want 1..%d", o.workers, maxWorkers)
 	}
-	if o.client != clientH2 && o.client != clientGRPC {
-		bad("-client %q: want h2 or grpc", o.client)
-	}
 	if o.conns < 1 || o.conns > maxConns {
 		bad("-connections %d: want 1..%d", o.conns, maxConns)
 	}
@@ -253,9 +246,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		seed:    o.seed,
 	}
 	for i := range o.conns {
-		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		c, err := dialCaller(dctx, o.client, o.addr, l.reqs, o.timeout)
-		cancel()
+		c, err := dialCaller(o.addr, l.reqs)
 		if err != nil {
 			return fmt.Errorf("connect to %s (connection %d): %v", o.addr, i, err)
 		}
@@ -337,7 +328,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	el := res.elapsed.Seconds()
 	rep := &Report{
 		Mode: mode, Target: o.addr, Domain: o.domain, Request: l.reqs.describe(0),
-		Descriptors: len(tmpls), Keys: keys, Dist: o.dist, Concurrency: o.workers, Connections: o.conns, GRPCClient: o.client,
+		Descriptors: len(tmpls), Keys: keys, Dist: o.dist, Concurrency: o.workers, Connections: o.conns,
 		TargetRate: o.rate, WarmupSec: o.warmup.Seconds(), ElapsedSec: el, Interrupted: res.interrupted,
 		Requests: st.decisions() + st.errors(), Decisions: st.decisions(),
 		OK: st.ok, OverLimit: st.over, Unknown: st.unk,

@@ -83,7 +83,7 @@ func micros(d time.Duration) uint64 {
 // loader drives ShouldRateLimit calls; one loader serves the warm-up and
 // the measured phase.
 type loader struct {
-	conns   []caller
+	conns   []*caller
 	reqs    *requestSet
 	picker  keyPicker
 	workers int
@@ -106,7 +106,7 @@ type result struct {
 	interrupted bool
 }
 
-func (l *loader) call(ctx context.Context, conn caller, idx int, sc *callScratch) (rlsv3.RateLimitResponse_Code, error) {
+func (l *loader) call(ctx context.Context, conn *caller, idx int, sc *callScratch) (rlsv3.RateLimitResponse_Code, error) {
 	if l.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, l.timeout)
