@@ -4,8 +4,6 @@ import (
 	"strconv"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-
-	"github.com/rls-project/rls/pkg/store"
 )
 
 // AppendKey appends to dst the store key of the counter that rule r keeps
@@ -27,12 +25,12 @@ import (
 // sliding-window rule of window 0. AppendKey does not allocate when dst has
 // enough capacity.
 func AppendKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, r *Rule) []byte {
-	var alg store.Algorithm
+	var alg Algorithm
 	var secs int64
 	if r != nil {
 		alg, secs = r.Algorithm, r.Unit.Seconds()
 	}
-	if alg == store.TokenBucket {
+	if alg == TokenBucket {
 		dst = append(dst, "tb:{"...)
 	} else {
 		dst = append(dst, "rl:{"...)
@@ -44,9 +42,9 @@ func AppendKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescripto
 	}
 	dst = append(dst, "}:"...)
 	switch alg {
-	case store.TokenBucket:
+	case TokenBucket:
 		dst = append(dst, 't')
-	case store.FixedWindow:
+	case FixedWindow:
 		dst = append(dst, 'f')
 	default:
 		dst = append(dst, 's')

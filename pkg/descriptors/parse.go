@@ -17,8 +17,6 @@ import (
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
-
-	"github.com/rls-project/rls/pkg/store"
 )
 
 // maxNodes bounds the descriptors one file may expand to (aliases can
@@ -257,16 +255,38 @@ func badCharLine(data []byte) int {
 		switch {
 		case r == utf8.RuneError && size <= 1:
 			return line
-		case r == '\r' && i+1 < len(data) && data[i+1] == '\n': // one break
-		case r == '\n' || r == '\r' || r == 0x85 || r == 0x2028 || r == 0x2029: // YAML's line breaks
+		case lineBreak(data, i, r):
 			line++
-		case r == '\t' || r == 0xFEFF:
-		case r < 0x20 || (r >= 0x7f && r < 0xa0) || (r >= 0xd800 && r < 0xe000) || r == 0xfffe || r == 0xffff:
+		case forbiddenRune(r):
 			return line
 		}
 		i += size
 	}
 	return 1
+}
+
+// lineBreak reports whether r, the rune at data[i], ends a line as YAML
+// counts them: a line feed, a carriage return not followed by a line feed
+// (the pair is one break), NEL, LS or PS.
+func lineBreak(data []byte, i int, r rune) bool {
+	switch r {
+	case '\r':
+		return i+1 >= len(data) || data[i+1] != '\n'
+	case '\n', 0x85, 0x2028, 0x2029:
+		return true
+	}
+	return false
+}
+
+// forbiddenRune reports whether YAML disallows r: a C0 or C1 control
+// character other than a tab or a line break, a surrogate, U+FFFE or U+FFFF.
+// (A byte order mark, U+FEFF, is allowed.)
+func forbiddenRune(r rune) bool {
+	switch r {
+	case '\t', '\n', '\r', 0x85:
+		return false
+	}
+	return r < 0x20 || (r >= 0x7f && r < 0xa0) || (r >= 0xd800 && r < 0xe000) || r == 0xfffe || r == 0xffff
 }
 
 // lineCount returns the number of lines of data as YAML counts them: line
@@ -275,9 +295,7 @@ func lineCount(data []byte) int {
 	n := 1
 	for i := 0; i < len(data); {
 		r, size := utf8.DecodeRune(data[i:])
-		switch {
-		case r == '\r' && i+1 < len(data) && data[i+1] == '\n':
-		case r == '\n' || r == '\r' || r == 0x85 || r == 0x2028 || r == 0x2029:
+		if lineBreak(data, i, r) {
 			n++
 		}
 		i += size
@@ -456,100 +474,141 @@ func (p *parser) descriptors(f field, path string, depth int, share []string) *l
 		if p.spend() {
 			return lv
 		}
-		item = resolve(item)
-		fs := p.mapping(item, "descriptors", descriptorFields)
-		if fs == nil {
-			continue
-		}
-		var key, value string
-		kf, ok := fs["key"]
-		if !ok {
-			p.errorf(item, "key", "missing")
-		} else if key, ok = p.str(kf, "key"); ok && key == "" {
-			p.errorf(kf.val, "key", "must not be empty")
-		}
-		if vf, ok := fs["value"]; ok {
-			value, _ = p.str(vf, "value")
-		}
-		wild := strings.Contains(value, "*")
-		flag := func(name string) bool {
-			if f, ok := fs[name]; ok {
-				return p.boolean(f, name)
-			}
-			return false
-		}
-		shadow, detailed, quota := flag("shadow_mode"), flag("detailed_metric"), flag("quota_mode")
-		flag("value_to_metric")
-		shareThreshold := flag("share_threshold")
-		if shareThreshold && !wild {
-			p.errorf(fs["share_threshold"].key, "share_threshold", "requires a wildcard value (with '*')")
-		}
-
-		seg := key
-		if value != "" {
-			seg += "=" + value
-		}
-		nodePath := seg
-		if path != "" {
-			nodePath = path + "/" + seg
-		}
-		levelShare := make([]string, depth+1)
-		copy(levelShare, share)
-		if shareThreshold && wild {
-			levelShare[depth] = value
-		}
-
-		n := &node{}
-		if rf, ok := fs["rate_limit"]; ok {
-			if r := p.rateLimit(rf); r != nil {
-				r.Path, r.File, r.Line = nodePath, p.file, rf.key.Line
-				r.ShadowMode, r.DetailedMetric, r.QuotaMode = shadow, detailed, quota
-				for _, s := range levelShare {
-					if s != "" {
-						r.share = levelShare
-						break
-					}
-				}
-				n.rule = r
-				p.rules = append(p.rules, r)
-			}
-		}
-		if df, ok := fs["descriptors"]; ok {
-			n.children = p.descriptors(df, nodePath, depth+1, levelShare)
-		}
-
-		if key == "" {
-			continue
-		}
-		id := key + "\x00" + value
-		if first, dup := seen[id]; dup {
-			fieldName, what := "key", "key "+strconv.Quote(key)
-			if value != "" {
-				fieldName, what = "value", what+" with value "+strconv.Quote(value)
-			}
-			p.errorf(item, fieldName, "duplicate descriptor %s at this level (first at line %d)", what, first)
-			continue
-		}
-		seen[id] = item.Line
-		g := lv.byKey[key]
-		if g == nil {
-			g = &group{}
-			lv.byKey[key] = g
-		}
-		switch {
-		case value == "":
-			g.def = n
-		case wild:
-			n.glob = compileGlob(value)
-			g.wild = append(g.wild, n)
-		default:
-			if g.exact == nil {
-				g.exact = make(map[string]*node)
-			}
-			g.exact[value] = n
-		}
+		p.descriptor(resolve(item), lv, seen, path, depth, share)
 	}
 	return lv
+}
+
+// descFlags are a descriptor's boolean fields.
+type descFlags struct {
+	shadow, detailed, quota, share bool
+}
+
+// descriptor parses item, one entry of a descriptors list at depth under
+// path, into lv; seen maps the key "\x00" value of the level's earlier
+// entries to their lines.
+func (p *parser) descriptor(item *yaml.Node, lv *level, seen map[string]int, path string, depth int, share []string) {
+	fs := p.mapping(item, "descriptors", descriptorFields)
+	if fs == nil {
+		return
+	}
+	key, value := p.keyValue(item, fs)
+	wild := strings.Contains(value, "*")
+	fl := p.descFlags(fs, wild)
+
+	seg := key
+	if value != "" {
+		seg += "=" + value
+	}
+	nodePath := seg
+	if path != "" {
+		nodePath = path + "/" + seg
+	}
+	levelShare := make([]string, depth+1)
+	copy(levelShare, share)
+	if fl.share && wild {
+		levelShare[depth] = value
+	}
+
+	n := &node{}
+	if rf, ok := fs["rate_limit"]; ok {
+		n.rule = p.rule(rf, nodePath, fl, levelShare)
+	}
+	if df, ok := fs["descriptors"]; ok {
+		n.children = p.descriptors(df, nodePath, depth+1, levelShare)
+	}
+
+	if key == "" {
+		return
+	}
+	id := key + "\x00" + value
+	if first, dup := seen[id]; dup {
+		fieldName, what := "key", "key "+strconv.Quote(key)
+		if value != "" {
+			fieldName, what = "value", what+" with value "+strconv.Quote(value)
+		}
+		p.errorf(item, fieldName, "duplicate descriptor %s at this level (first at line %d)", what, first)
+		return
+	}
+	seen[id] = item.Line
+	lv.add(key, value, wild, n)
+}
+
+// keyValue returns a descriptor's key and value ("" when absent or
+// invalid), reporting a missing or empty key.
+func (p *parser) keyValue(item *yaml.Node, fs map[string]field) (key, value string) {
+	kf, ok := fs["key"]
+	if !ok {
+		p.errorf(item, "key", "missing")
+	} else if key, ok = p.str(kf, "key"); ok && key == "" {
+		p.errorf(kf.val, "key", "must not be empty")
+	}
+	if vf, ok := fs["value"]; ok {
+		value, _ = p.str(vf, "value")
+	}
+	return key, value
+}
+
+// descFlags returns a descriptor's boolean fields (value_to_metric is
+// checked and ignored), reporting a share_threshold without a wildcard
+// value.
+func (p *parser) descFlags(fs map[string]field, wild bool) descFlags {
+	flag := func(name string) bool {
+		if f, ok := fs[name]; ok {
+			return p.boolean(f, name)
+		}
+		return false
+	}
+	var fl descFlags
+	fl.shadow, fl.detailed, fl.quota = flag("shadow_mode"), flag("detailed_metric"), flag("quota_mode")
+	flag("value_to_metric")
+	fl.share = flag("share_threshold")
+	if fl.share && !wild {
+		p.errorf(fs["share_threshold"].key, "share_threshold", "requires a wildcard value (with '*')")
+	}
+	return fl
+}
+
+// rule parses the rate_limit of the descriptor at nodePath and records it;
+// nil when it is not a mapping. levelShare holds the share_threshold
+// patterns of the descriptor's levels.
+func (p *parser) rule(rf field, nodePath string, fl descFlags, levelShare []string) *Rule {
+	r := p.rateLimit(rf)
+	if r == nil {
+		return nil
+	}
+	r.Path, r.File, r.Line = nodePath, p.file, rf.key.Line
+	r.ShadowMode, r.DetailedMetric, r.QuotaMode = fl.shadow, fl.detailed, fl.quota
+	for _, s := range levelShare {
+		if s != "" {
+			r.share = levelShare
+			break
+		}
+	}
+	p.rules = append(p.rules, r)
+	return r
+}
+
+// add puts n, the descriptor with key and value (a wildcard pattern when
+// wild), into lv.
+func (lv *level) add(key, value string, wild bool, n *node) {
+	g := lv.byKey[key]
+	if g == nil {
+		g = &group{}
+		lv.byKey[key] = g
+	}
+	switch {
+	case value == "":
+		g.def = n
+	case wild:
+		n.glob = compileGlob(value)
+		g.wild = append(g.wild, n)
+	default:
+		if g.exact == nil {
+			g.exact = make(map[string]*node)
+		}
+		g.exact[value] = n
+	}
 }
 
 // rateLimit parses a rate_limit mapping; nil when it is not a mapping.
@@ -565,86 +624,118 @@ func (p *parser) rateLimit(rf field) *Rule {
 	if f, ok := fs["name"]; ok {
 		r.Name, _ = p.str(f, "name")
 	}
+	p.limit(rf, fs, r)
+	if f, ok := fs["replaces"]; ok {
+		r.Replaces = p.replaces(f, r.Name)
+	}
+	p.algorithm(fs, r)
+	p.response(fs, r)
+	if f, ok := fs["on_error"]; ok {
+		r.OnError = p.onError(f)
+	}
+	return r
+}
+
+// limit parses a rate_limit's unit and requests_per_unit into r, which
+// are required unless r is unlimited and forbidden when it is.
+func (p *parser) limit(rf field, fs map[string]field, r *Rule) {
 	uf, hasUnit := fs["unit"]
 	if hasUnit {
-		if s, ok := p.str(uf, "unit"); ok {
-			if u, ok := ParseUnit(s); ok {
-				r.Unit = u
-			} else {
-				p.errorf(uf.val, "unit", "invalid unit %q; choices are second, minute, hour, day, week, month, year", s)
-			}
-		}
+		r.Unit = p.unit(uf)
 	}
 	rpuf, hasRPU := fs["requests_per_unit"]
 	if hasRPU {
 		r.RequestsPerUnit, _ = p.uint32Field(rpuf, "requests_per_unit")
 	}
-	if r.Unlimited {
-		if hasUnit {
-			p.errorf(uf.key, "unit", "must not be set when unlimited is true")
+	if !r.Unlimited {
+		if !hasUnit {
+			p.errorf(rf.key, "unit", "missing; required unless unlimited is true")
 		}
-		if hasRPU {
-			p.errorf(rpuf.key, "requests_per_unit", "must not be set when unlimited is true")
-		}
-	} else if !hasUnit {
-		p.errorf(rf.key, "unit", "missing; required unless unlimited is true")
+		return
 	}
+	if hasUnit {
+		p.errorf(uf.key, "unit", "must not be set when unlimited is true")
+	}
+	if hasRPU {
+		p.errorf(rpuf.key, "requests_per_unit", "must not be set when unlimited is true")
+	}
+}
 
-	if f, ok := fs["replaces"]; ok {
-		r.Replaces = p.replaces(f, r.Name)
+// unit parses a unit field; 0 (invalid) after an error.
+func (p *parser) unit(f field) Unit {
+	s, ok := p.str(f, "unit")
+	if !ok {
+		return 0
 	}
+	u, ok := ParseUnit(s)
+	if !ok {
+		p.errorf(f.val, "unit", "invalid unit %q; choices are second, minute, hour, day, week, month, year", s)
+	}
+	return u
+}
+
+// algorithm parses a rate_limit's algorithm and burst into r.
+func (p *parser) algorithm(fs map[string]field, r *Rule) {
 	if f, ok := fs["algorithm"]; ok {
 		if s, ok := p.str(f, "algorithm"); ok {
-			switch strings.ToLower(s) {
-			case "sliding_window":
-				r.Algorithm = store.SlidingWindow
-			case "token_bucket":
-				r.Algorithm = store.TokenBucket
-			case "fixed_window":
-				r.Algorithm = store.FixedWindow
-			default:
+			if a, ok := ParseAlgorithm(s); ok {
+				r.Algorithm = a
+			} else {
 				p.errorf(f.val, "algorithm", "invalid algorithm %q; choices are sliding_window, token_bucket, fixed_window", s)
 			}
 		}
 	}
-	if f, ok := fs["burst"]; ok {
-		if r.Algorithm != store.TokenBucket {
-			p.errorf(f.key, "burst", "only valid with algorithm: token_bucket")
-		} else if b, ok := p.uint32Field(f, "burst"); ok {
-			if b < 1 {
-				p.errorf(f.val, "burst", "must be at least 1")
-			}
-			r.Burst = b
-		}
+	f, ok := fs["burst"]
+	if !ok {
+		return
 	}
+	if r.Algorithm != TokenBucket {
+		p.errorf(f.key, "burst", "only valid with algorithm: token_bucket")
+	} else if b, ok := p.uint32Field(f, "burst"); ok {
+		if b < 1 {
+			p.errorf(f.val, "burst", "must be at least 1")
+		}
+		r.Burst = b
+	}
+}
+
+// response parses a rate_limit's response_body and content_type into r.
+func (p *parser) response(fs map[string]field, r *Rule) {
 	if f, ok := fs["response_body"]; ok {
 		if s, ok := p.str(f, "response_body"); ok {
 			r.ResponseBody = s
 		}
 	}
-	if f, ok := fs["content_type"]; ok {
-		if s, ok := p.str(f, "content_type"); ok {
-			if _, hasBody := fs["response_body"]; !hasBody {
-				p.errorf(f.key, "content_type", "only valid with response_body")
-			} else if s == "" || strings.ContainsAny(s, "\r\n") {
-				p.errorf(f.val, "content_type", "must be a non-empty single-line media type")
-			}
-			r.ContentType = s
-		}
+	f, ok := fs["content_type"]
+	if !ok {
+		return
 	}
-	if f, ok := fs["on_error"]; ok {
-		if s, ok := p.str(f, "on_error"); ok {
-			switch strings.ToLower(s) {
-			case "fail_open":
-				r.OnError = OnErrorFailOpen
-			case "fail_closed":
-				r.OnError = OnErrorFailClosed
-			default:
-				p.errorf(f.val, "on_error", "invalid value %q; choices are fail_open, fail_closed", s)
-			}
-		}
+	s, ok := p.str(f, "content_type")
+	if !ok {
+		return
 	}
-	return r
+	if _, hasBody := fs["response_body"]; !hasBody {
+		p.errorf(f.key, "content_type", "only valid with response_body")
+	} else if s == "" || strings.ContainsAny(s, "\r\n") {
+		p.errorf(f.val, "content_type", "must be a non-empty single-line media type")
+	}
+	r.ContentType = s
+}
+
+// onError parses an on_error field; OnErrorDefault after an error.
+func (p *parser) onError(f field) OnError {
+	s, ok := p.str(f, "on_error")
+	if !ok {
+		return OnErrorDefault
+	}
+	switch strings.ToLower(s) {
+	case "fail_open":
+		return OnErrorFailOpen
+	case "fail_closed":
+		return OnErrorFailClosed
+	}
+	p.errorf(f.val, "on_error", "invalid value %q; choices are fail_open, fail_closed", s)
+	return OnErrorDefault
 }
 
 // replaces parses a replaces list of {name: X} mappings.

@@ -1,10 +1,6 @@
 package descriptors
 
-import (
-	"time"
-
-	"github.com/rls-project/rls/pkg/store"
-)
+import "time"
 
 // Rule is one configured limit (the rate_limit of a descriptor) or a limit
 // made from a request's override. Rules returned by Config.Match are shared
@@ -14,7 +10,7 @@ type Rule struct {
 	Unit            Unit
 	RequestsPerUnit uint32
 	Unlimited       bool // never limited: answer OK without counting
-	Algorithm       store.Algorithm
+	Algorithm       Algorithm
 	Burst           uint32 // token bucket capacity as configured; 0 means RequestsPerUnit
 	OnError         OnError
 	ShadowMode      bool

@@ -1,7 +1,8 @@
 // Package store decides rate-limit checks against counter state. It defines
 // the Store contract and the algorithms' exact arithmetic; the memory store
-// (this package) and the Redis store (package store/redis via lua/) implement
-// it and must give identical results for identical inputs and clocks.
+// (package store/memory) and the Redis store (package store/redis via lua/)
+// implement it and must give identical results for identical inputs and
+// clocks.
 //
 // # Arithmetic (shared by every implementation, bit for bit)
 //

@@ -67,6 +67,8 @@ func refund(c store.Check) store.Check { c.Refund = true; return c }
 
 func shadow(c store.Check) store.Check { c.Shadow = true; return c }
 
+func force(c store.Check) store.Check { c.Force = true; return c }
+
 // ok is an allowed result.
 func ok(remaining uint64, reset time.Duration) store.Result {
 	return store.Result{Allowed: true, Remaining: remaining, Reset: reset}
@@ -350,6 +352,79 @@ var vectors = []vector{
 		},
 	},
 	{
+		// Forced hits (write-backs) count whatever the budget.
+		name: "force/sliding past the limit, then denied",
+		steps: []step{
+			// A missing key: cur 3; R = 2.
+			one(0, force(sliding("k", 5, s, 3)), ok(2, s)),
+			// cur 7 > L: allowed all the same, budget 0.
+			one(0, force(sliding("k", 5, s, 4)), ok(0, s)),
+			// A = 5-7-1+1 = -2, A2 = 5, cur 7 >= A2:
+			// x = 1e6 + (1 - 5/7)*1e6 = 1285714.28... -> 1285715 µs.
+			one(0, sliding("k", 5, s, 1), deny(0, 1285715*us, s)),
+			one(0, sliding("k", 5, s, 0), deny(0, 1285715*us, s)),
+			// Window 1: the forced 7 are prev; rate = 7*0.5 = 3.5; R = 2.
+			one(1500*ms, sliding("k", 5, s, 1), ok(1, 500*ms)),
+		},
+	},
+	{
+		name: "force/fixed past the limit, then denied",
+		steps: []step{
+			one(10*s, force(fixed("k", 3, time.Minute, 5)), ok(0, 50*s)),
+			one(10*s, fixed("k", 3, time.Minute, 1), deny(0, 50*s, 50*s)),
+			one(10*s, fixed("k", 3, time.Minute, 0), deny(0, 50*s, 50*s)),
+			// count 5 -> 4: still over; 4 -> 2: R = 1.
+			one(10*s, refund(fixed("k", 3, time.Minute, 1)), ok(0, 50*s)),
+			one(10*s, refund(fixed("k", 3, time.Minute, 2)), ok(1, 50*s)),
+			one(time.Minute, fixed("k", 3, time.Minute, 1), ok(2, time.Minute)),
+		},
+	},
+	{
+		// r = 10/1e6 tokens per µs, as in "bucket/starts full".
+		name: "force/bucket empties but never owes",
+		steps: []step{
+			// A missing key starts full: tokens 10 -> 6; Reset floor(4/r)+1.
+			one(0, force(bucket("k", 10, 0, s, 4)), ok(6, 400000*us)),
+			// tokens = max(0, 6-20) = 0; Reset floor(10/r)+1.
+			one(0, force(bucket("k", 10, 0, s, 20)), ok(0, 1000000*us)),
+			one(0, bucket("k", 10, 0, s, 1), deny(0, 100000*us, 1000000*us)),
+			// 150 ms refill 1.5000000000000002 tokens from 0, not from -14.
+			one(150*ms, bucket("k", 10, 0, s, 1), ok(0, 950000*us)),
+			// A bucket with limit 0 neither reads nor writes: allowed, 0, 0.
+			one(0, force(bucket("z", 0, 0, s, 3)), ok(0, 0)),
+			one(0, bucket("z", 0, 0, s, 1), deny(0, s, 0)),
+		},
+	},
+	{
+		name: "force/with refund is a refund",
+		steps: []step{
+			one(0, sliding("s", 5, s, 4), ok(1, s)),
+			one(0, force(refund(sliding("s", 5, s, 3))), ok(4, s)),
+			one(0, fixed("f", 5, s, 4), ok(1, s)),
+			one(0, force(refund(fixed("f", 5, s, 3))), ok(4, s)),
+			// tokens 4: Reset floor(6/r)+1; refund: 7, Reset floor(3/r)+1.
+			one(0, bucket("b", 10, 0, s, 6), ok(4, 600001*us)),
+			one(0, force(refund(bucket("b", 10, 0, s, 3))), ok(7, 300001*us)),
+		},
+	},
+	{
+		name: "force/written when the batch is denied",
+		steps: []step{
+			// The force (listed second) is applied first: cur 2, R 3; a's
+			// hit fits (Remaining 2), b's 3 > L = 2 can never pass (A2 = 0:
+			// RetryAfter = Reset): a's hit is not written, the force is.
+			batch(0, cs(sliding("a", 5, s, 1), force(sliding("a", 5, s, 2)), sliding("b", 2, s, 3)),
+				ok(2, s), ok(3, s), deny(2, s, s)),
+			batch(0, cs(sliding("a", 5, s, 0), sliding("b", 2, s, 0)), ok(3, s), ok(2, s)),
+			// Across algorithms: d vetoes t's consumption; f's and u's
+			// forced hits are written.
+			batch(0, cs(force(fixed("f", 3, s, 2)), bucket("t", 10, 0, s, 4), fixed("d", 1, s, 2), force(bucket("u", 10, 0, s, 4))),
+				ok(1, s), ok(6, 400000*us), deny(1, s, s), ok(6, 400000*us)),
+			batch(0, cs(fixed("f", 3, s, 0), bucket("t", 10, 0, s, 0), fixed("d", 1, s, 0), bucket("u", 10, 0, s, 0)),
+				ok(1, s), ok(10, 0), ok(1, s), ok(6, 400000*us)),
+		},
+	},
+	{
 		name: "expiry/state past its TTL starts fresh",
 		steps: []step{
 			one(500*ms, sliding("sw", 5, s, 5), ok(0, 500*ms)),
@@ -412,6 +487,9 @@ func describe(c store.Check) string {
 	}
 	if c.Shadow {
 		b.WriteString(" shadow")
+	}
+	if c.Force {
+		b.WriteString(" force")
 	}
 	return b.String()
 }

@@ -1,4 +1,4 @@
-package store_test
+package memory_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/store/storetest"
 )
 
@@ -25,26 +26,26 @@ func newFakeClock(t time.Time) *fakeClock {
 func (c *fakeClock) Now() time.Time          { return time.UnixMicro(c.us.Load()) }
 func (c *fakeClock) Advance(d time.Duration) { c.us.Add(int64(d / time.Microsecond)) }
 func (c *fakeClock) Set(t time.Time)         { c.us.Store(t.UnixMicro()) }
-func (c *fakeClock) opts(maxKeys int) store.MemoryOptions {
-	return store.MemoryOptions{Now: c.Now, MaxKeys: maxKeys}
+func (c *fakeClock) opts(maxKeys int) memory.Options {
+	return memory.Options{Now: c.Now, MaxKeys: maxKeys}
 }
 
 func TestMemoryConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, now func() time.Time) store.Store {
-		return store.NewMemory(store.MemoryOptions{Now: now})
+		return memory.New(memory.Options{Now: now})
 	})
 }
 
 func TestMemoryConcurrent(t *testing.T) {
 	clk := newFakeClock(storetest.T0)
-	storetest.RunConcurrent(t, store.NewMemory(clk.opts(0)))
+	storetest.RunConcurrent(t, memory.New(clk.opts(0)))
 }
 
 func sliding(key string, limit, hits uint64) store.Check {
 	return store.Check{Key: key, Limit: limit, Window: time.Second, Hits: hits}
 }
 
-func decide(t *testing.T, m *store.Memory, checks ...store.Check) []store.Result {
+func decide(t *testing.T, m *memory.Store, checks ...store.Check) []store.Result {
 	t.Helper()
 	res := make([]store.Result, len(checks))
 	if err := m.Decide(context.Background(), checks, res); err != nil {
@@ -53,7 +54,7 @@ func decide(t *testing.T, m *store.Memory, checks ...store.Check) []store.Result
 	return res
 }
 
-func peek(t *testing.T, m *store.Memory, checks ...store.Check) []store.Result {
+func peek(t *testing.T, m *memory.Store, checks ...store.Check) []store.Result {
 	t.Helper()
 	res := make([]store.Result, len(checks))
 	if err := m.Peek(context.Background(), checks, res); err != nil {
@@ -75,10 +76,10 @@ func TestMemoryMaxKeys(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clk := newFakeClock(storetest.T0)
-			m := store.NewMemory(clk.opts(tt.maxKeys))
+			m := memory.New(clk.opts(tt.maxKeys))
 			limit := tt.maxKeys
 			if limit == 0 {
-				limit = store.DefaultMaxKeys
+				limit = memory.DefaultMaxKeys
 			}
 			for i := 0; i < tt.keys; i++ {
 				decide(t, m, sliding("k"+strconv.Itoa(i), 10, 1))
@@ -100,7 +101,7 @@ func TestMemoryMaxKeys(t *testing.T) {
 
 func TestMemoryEvictsLeastRecentlyWritten(t *testing.T) {
 	clk := newFakeClock(storetest.T0)
-	m := store.NewMemory(clk.opts(3)) // one shard of 3 keys
+	m := memory.New(clk.opts(3)) // one shard of 3 keys
 	for _, k := range []string{"a", "b", "c"} {
 		decide(t, m, sliding(k, 10, 1))
 	}
@@ -121,7 +122,7 @@ func TestMemoryEvictsLeastRecentlyWritten(t *testing.T) {
 
 func TestMemoryReclaimsExpired(t *testing.T) {
 	clk := newFakeClock(storetest.T0)
-	m := store.NewMemory(clk.opts(0))
+	m := memory.New(clk.opts(0))
 	const stale = 10_000
 	for i := 0; i < stale; i++ {
 		decide(t, m, sliding("stale"+strconv.Itoa(i), 10, 1))
@@ -151,7 +152,7 @@ func TestMemoryReclaimsExpired(t *testing.T) {
 
 func TestMemoryPeekAndDelete(t *testing.T) {
 	clk := newFakeClock(storetest.T0)
-	m := store.NewMemory(clk.opts(0))
+	m := memory.New(clk.opts(0))
 	decide(t, m, sliding("k", 10, 4))
 	tests := []struct {
 		name  string
@@ -186,7 +187,7 @@ func TestMemoryPeekAndDelete(t *testing.T) {
 }
 
 func TestMemoryErrors(t *testing.T) {
-	m := store.NewMemory(store.MemoryOptions{})
+	m := memory.New(memory.Options{})
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
 	tests := []struct {
@@ -220,7 +221,7 @@ func TestMemoryErrors(t *testing.T) {
 // counts must end equal, and lock ordering must not deadlock.
 func TestMemoryCrossShardAtomic(t *testing.T) {
 	clk := newFakeClock(storetest.T0)
-	m := store.NewMemory(clk.opts(0))
+	m := memory.New(clk.opts(0))
 	const pairs, goroutines, perG = 16, 32, 200
 	check := func(key string, limit, hits uint64) store.Check {
 		return store.Check{Key: key, Algorithm: store.FixedWindow, Limit: limit, Window: time.Hour, Hits: hits}
@@ -256,7 +257,7 @@ func TestMemoryCrossShardAtomic(t *testing.T) {
 
 func TestMemoryDecideAllocs(t *testing.T) {
 	clk := newFakeClock(storetest.T0)
-	m := store.NewMemory(clk.opts(0))
+	m := memory.New(clk.opts(0))
 	tests := []struct {
 		name   string
 		checks []store.Check
@@ -301,7 +302,7 @@ func benchChecks() []struct {
 func BenchmarkMemoryDecide(b *testing.B) {
 	for _, bc := range benchChecks() {
 		b.Run(bc.name, func(b *testing.B) {
-			m := store.NewMemory(store.MemoryOptions{})
+			m := memory.New(memory.Options{})
 			checks := []store.Check{bc.check}
 			res := make([]store.Result, 1)
 			ctx := context.Background()
@@ -324,7 +325,7 @@ func BenchmarkMemoryDecideParallel(b *testing.B) {
 			name = "shared"
 		}
 		b.Run(name, func(b *testing.B) {
-			m := store.NewMemory(store.MemoryOptions{})
+			m := memory.New(memory.Options{})
 			var next atomic.Int64
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
@@ -350,7 +351,7 @@ func BenchmarkMemoryDecideParallel(b *testing.B) {
 
 // BenchmarkMemoryDecideBatch measures a batch of four checks spanning shards.
 func BenchmarkMemoryDecideBatch(b *testing.B) {
-	m := store.NewMemory(store.MemoryOptions{})
+	m := memory.New(memory.Options{})
 	checks := make([]store.Check, 4)
 	for i := range checks {
 		checks[i] = store.Check{Key: "rl:{api_key}:route" + strconv.Itoa(i), Limit: 1 << 40, Window: time.Second, Hits: 1}

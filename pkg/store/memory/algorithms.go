@@ -1,0 +1,345 @@
+package memory
+
+import (
+	"math"
+	"time"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// The per-algorithm arithmetic of package store's doc. Every float64
+// product is converted explicitly so that it is rounded on its own and never
+// fused into a multiply-add: the Lua script (doubles) must get the same
+// numbers.
+
+const (
+	usPerSecond = int64(time.Second / time.Microsecond)
+	usPerMilli  = int64(time.Millisecond / time.Microsecond)
+	algNone     = store.Algorithm(255) // state of an absent key
+)
+
+// state is the counter state of one key. Sliding window uses win, cur and
+// prev; fixed window win and cur (the count); token bucket tokens and last.
+type state struct {
+	alg    store.Algorithm
+	win    int64
+	cur    int64
+	prev   int64
+	tokens float64
+	last   int64
+}
+
+// op is how a check acts on the state.
+type op uint8
+
+const (
+	opCheck   op = iota // check-only: never changes the state
+	opConsume           // consume Hits if they fit the budget
+	opRefund            // return Hits to the budget
+	opForce             // add Hits whatever the budget (a write-back)
+)
+
+// apply evaluates c against st at now (Unix microseconds), updating st, and
+// returns c's Result.
+func (st *state) apply(c *store.Check, now int64, o op) store.Result {
+	wus := int64(c.Window / time.Microsecond)
+	h := c.Hits
+	if o == opCheck {
+		h = 0
+	}
+	switch c.Algorithm {
+	case store.TokenBucket:
+		return st.tokenBucket(c, now, wus, h, o)
+	case store.FixedWindow:
+		return st.fixedWindow(c.Limit, now, wus, h, o)
+	default: // SlidingWindow, and unknown values as the default algorithm
+		return st.slidingWindow(c.Limit, now, wus, h, o)
+	}
+}
+
+// allowed reports whether h hits (0: check-only) pass a budget of r.
+func allowed(h, r uint64) bool {
+	if h == 0 {
+		return r >= 1
+	}
+	return h <= r
+}
+
+// addHits returns count + h, saturating instead of wrapping: forced hits
+// are not bounded by a limit.
+func addHits(count int64, h uint64) int64 {
+	if h > uint64(math.MaxInt64-count) {
+		return math.MaxInt64
+	}
+	return count + int64(h)
+}
+
+// fixedWindow applies a fixed-window check of h hits.
+func (st *state) fixedWindow(limit uint64, now, wus int64, h uint64, o op) store.Result {
+	curWin := floorDiv(now, wus)
+	if st.alg != store.FixedWindow || st.win != curWin {
+		*st = state{alg: store.FixedWindow, win: curWin}
+	}
+	rst := time.Duration(wus-(now-curWin*wus)) * time.Microsecond
+	switch o {
+	case opRefund:
+		st.cur = max(0, st.cur-int64(h))
+		return store.Result{Allowed: true, Remaining: fixedBudget(st.cur, limit), Reset: rst}
+	case opForce:
+		st.cur = addHits(st.cur, h)
+		return store.Result{Allowed: true, Remaining: fixedBudget(st.cur, limit), Reset: rst}
+	}
+	r := fixedBudget(st.cur, limit)
+	if allowed(h, r) {
+		st.cur += int64(h)
+		return store.Result{Allowed: true, Remaining: r - h, Reset: rst}
+	}
+	return store.Result{Remaining: r, RetryAfter: rst, Reset: rst}
+}
+
+// fixedBudget returns R = max(0, L - count).
+func fixedBudget(count int64, limit uint64) uint64 {
+	if count >= 0 && uint64(count) < limit {
+		return limit - uint64(count)
+	}
+	return 0
+}
+
+// slidingWindow applies a sliding-window check of h hits.
+func (st *state) slidingWindow(limit uint64, now, wus int64, h uint64, o op) store.Result {
+	curWin := floorDiv(now, wus)
+	into := now - curWin*wus // microseconds into the window
+	switch {
+	case st.alg != store.SlidingWindow:
+		*st = state{alg: store.SlidingWindow, win: curWin}
+	case st.win != curWin:
+		if st.win == curWin-1 {
+			st.prev = st.cur
+		} else {
+			st.prev = 0
+		}
+		st.cur, st.win = 0, curWin
+	}
+	rstUS := wus - into
+	rst := time.Duration(rstUS) * time.Microsecond
+	switch o {
+	case opRefund:
+		st.cur -= int64(h)
+		if st.cur < 0 {
+			st.prev = max(0, st.prev+st.cur)
+			st.cur = 0
+		}
+		return store.Result{Allowed: true, Remaining: st.slidingBudget(limit, into, wus), Reset: rst}
+	case opForce:
+		st.cur = addHits(st.cur, h)
+		return store.Result{Allowed: true, Remaining: st.slidingBudget(limit, into, wus), Reset: rst}
+	}
+	r := st.slidingBudget(limit, into, wus)
+	if allowed(h, r) {
+		st.cur += int64(h)
+		return store.Result{Allowed: true, Remaining: r - h, Reset: rst}
+	}
+	return store.Result{Remaining: r, RetryAfter: st.slidingRetry(limit, max(h, 1), into, wus, rstUS), Reset: rst}
+}
+
+// slidingBudget returns R = ceil(L - rate) when rate < L, else 0.
+func (st *state) slidingBudget(limit uint64, into, wus int64) uint64 {
+	elapsed := float64(into) / float64(wus)
+	rate := float64(float64(st.prev)*(1-elapsed)) + float64(st.cur)
+	if l := float64(limit); rate < l {
+		return uint64(math.Ceil(l - rate))
+	}
+	return 0
+}
+
+// slidingRetry returns the sliding window's RetryAfter for h >= 1 hits.
+func (st *state) slidingRetry(limit, h uint64, into, wus, rst int64) time.Duration {
+	l, hf, fw := float64(limit), float64(h), float64(wus)
+	var x float64
+	if a := l - float64(st.cur) - hf + 1; a > 0 && st.prev > 0 {
+		x = float64((1-a/float64(st.prev))*fw) - float64(into)
+	} else {
+		a2 := l - hf + 1
+		switch {
+		case a2 <= 0:
+			return time.Duration(rst) * time.Microsecond
+		case float64(st.cur) < a2:
+			x = float64(rst - 1)
+		default:
+			x = float64(rst) + float64((1-a2/float64(st.cur))*fw)
+		}
+	}
+	ra := settle(int64(math.Floor(x))+1, func(ra int64) bool { return st.slidingPassesAt(l, hf, into+ra, wus) })
+	return time.Duration(ra) * time.Microsecond
+}
+
+// slidingPassesAt reports whether hf hits would pass at into microseconds
+// past the current window's start (into may reach later windows), with no
+// other traffic.
+func (st *state) slidingPassesAt(l, hf float64, into, wus int64) bool {
+	prev, cur := st.prev, st.cur
+	switch {
+	case into >= 2*wus:
+		prev, cur = 0, 0
+	case into >= wus:
+		prev, cur, into = cur, 0, into-wus
+	}
+	elapsed := float64(into) / float64(wus)
+	rate := float64(float64(prev)*(1-elapsed)) + float64(cur)
+	if rate >= l {
+		return false
+	}
+	return hf <= math.Ceil(l-rate)
+}
+
+// settle corrects a RetryAfter computed in floating point: it is at least
+// one microsecond, and it moves later (a few microseconds at most) while the
+// check would still not pass then, so a client retrying at RetryAfter passes.
+// The sliding window settles in int64 microseconds; the token bucket in
+// float64, as the script computes it, because a slow bucket's times can
+// exceed what an int64 of microseconds holds.
+func settle[T int64 | float64](ra T, passes func(T) bool) T {
+	ra = max(ra, 1)
+	for range 4 {
+		if passes(ra) {
+			break
+		}
+		ra++
+	}
+	return ra
+}
+
+// tokenBucket applies a token bucket check of h hits. A Limit of 0 never
+// refills; the package doc's divisions by the refill rate then have no
+// finite value, so such a bucket denies everything, writes nothing and
+// reports RetryAfter of one window and Reset 0 (a refund or a force is
+// allowed, with Remaining 0).
+func (st *state) tokenBucket(c *store.Check, now, wus int64, h uint64, o op) store.Result {
+	if c.Limit == 0 {
+		if o == opRefund || o == opForce {
+			return store.Result{Allowed: true}
+		}
+		return store.Result{RetryAfter: time.Duration(wus) * time.Microsecond}
+	}
+	b := bucketCapacity(c)
+	r := float64(c.Limit) / float64(wus)
+	if st.alg != store.TokenBucket {
+		*st = state{alg: store.TokenBucket, tokens: b, last: now}
+	}
+	t := st.tokens + float64(float64(now-st.last)*r)
+	if t > b {
+		t = b
+	}
+	st.tokens, st.last = t, now
+
+	switch o {
+	case opRefund:
+		st.tokens = min(b, st.tokens+float64(h))
+		return store.Result{Allowed: true, Remaining: tokenBudget(st.tokens), Reset: tokenReset(st.tokens, b, r)}
+	case opForce:
+		st.tokens = max(0, st.tokens-float64(h))
+		return store.Result{Allowed: true, Remaining: tokenBudget(st.tokens), Reset: tokenReset(st.tokens, b, r)}
+	}
+	budget := tokenBudget(st.tokens)
+	if allowed(h, budget) {
+		st.tokens -= float64(h)
+		return store.Result{Allowed: true, Remaining: budget - h, Reset: tokenReset(st.tokens, b, r)}
+	}
+	return store.Result{Remaining: budget, RetryAfter: tokenRetry(st.tokens, float64(max(h, 1)), b, r), Reset: tokenReset(st.tokens, b, r)}
+}
+
+// bucketCapacity returns B: the check's Burst, or its Limit when Burst is 0.
+func bucketCapacity(c *store.Check) float64 {
+	if c.Burst == 0 {
+		return float64(c.Limit)
+	}
+	return float64(c.Burst)
+}
+
+// tokenRetry returns the token bucket's RetryAfter for hf >= 1 hits with
+// tokens in a bucket of capacity b refilling at r tokens per microsecond.
+func tokenRetry(tokens, hf, b, r float64) time.Duration {
+	if hf > b {
+		return usDuration(b / r)
+	}
+	ra := settle(math.Floor((hf-tokens)/r)+1, func(ra float64) bool {
+		return min(b, tokens+float64(ra*r)) >= hf
+	})
+	return floatMicros(ra)
+}
+
+// tokenBudget returns R = floor(tokens), 0 below one token.
+func tokenBudget(tokens float64) uint64 {
+	if tokens < 1 {
+		return 0
+	}
+	return uint64(math.Floor(tokens))
+}
+
+// tokenReset returns the time until the bucket is full.
+func tokenReset(tokens, b, r float64) time.Duration {
+	if tokens < b {
+		return usDuration((b - tokens) / r)
+	}
+	return 0
+}
+
+// usDuration returns floor(x)+1 microseconds (see floatMicros).
+func usDuration(x float64) time.Duration {
+	return floatMicros(math.Floor(x) + 1)
+}
+
+// floatMicros converts us, a whole number of microseconds, to a Duration as
+// the Redis store decodes the script's reply: at least 0 and at most the
+// largest Duration (a bucket that refills over millennia).
+func floatMicros(us float64) time.Duration {
+	switch {
+	case !(us > 0):
+		return 0
+	case us >= math.MaxUint64:
+		return math.MaxInt64
+	}
+	if u := uint64(us); u <= math.MaxInt64/uint64(time.Microsecond) {
+		return time.Duration(u) * time.Microsecond
+	}
+	return math.MaxInt64
+}
+
+// expiry returns when state written by c at now expires: the package doc's
+// TTL added to now.
+func expiry(c *store.Check, now int64) int64 {
+	wus := int64(c.Window / time.Microsecond)
+	switch c.Algorithm {
+	case store.TokenBucket:
+		if c.Limit == 0 {
+			return now
+		}
+		r := float64(c.Limit) / float64(wus)
+		full := math.Ceil(bucketCapacity(c) / r)
+		if full >= float64(math.MaxInt64-now-2*usPerSecond) {
+			// A bucket that refills slower than int64 microseconds
+			// can count (a large burst of a long window) never
+			// expires; int64(full) would overflow to an expired state.
+			return math.MaxInt64
+		}
+		ttl := int64(full) + usPerSecond
+		return now + ceilDiv(ttl, usPerMilli)*usPerMilli
+	case store.FixedWindow:
+		rst := wus - (now - floorDiv(now, wus)*wus)
+		return now + ceilDiv(rst, usPerMilli)*usPerMilli
+	default:
+		return now + 2*wus
+	}
+}
+
+// floorDiv returns a/b rounded towards negative infinity.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// ceilDiv returns a/b rounded towards positive infinity.
+func ceilDiv(a, b int64) int64 { return -floorDiv(-a, b) }

@@ -1,0 +1,244 @@
+// Package memory is the in-process store.Store: the arithmetic of package
+// store's doc over counter state kept in a sharded, bounded table, for a
+// single rls instance, tests and fallback. See Store.
+package memory
+
+// This file is the storage: the sharded table, eviction, expiry and the
+// Store's methods. batch.go decides a batch over it; algorithms.go is the
+// per-algorithm arithmetic.
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// DefaultMaxKeys is the key capacity of a Store whose Options.MaxKeys is 0.
+const DefaultMaxKeys = 1_000_000
+
+const (
+	maxShards     = 64 // at most 64, so a batch's shards fit in one uint64 mask
+	minShardKeys  = 16 // fewer shards than maxShards when MaxKeys is small
+	sweepPerShard = 2  // entries examined for expiry per locked shard per call
+	maxFree       = 64 // removed entries kept per shard for reuse
+)
+
+// Options configures New. The zero value is usable.
+type Options struct {
+	// Now returns the current time; nil means time.Now. The store takes all
+	// its time from it, at microsecond precision.
+	Now func() time.Time
+	// MaxKeys bounds the number of keys holding state; 0 means
+	// DefaultMaxKeys. Negative values are treated as 0.
+	MaxKeys int
+}
+
+// Store is an in-process store.Store: the package doc's arithmetic over
+// state kept in a sharded map, for a single rls instance, tests and
+// fallback. It is safe for concurrent use; a batch is atomic even when its
+// keys span shards (the shards are locked in ascending order).
+//
+// Time never runs backwards for a key: the clock is read before the shards
+// are locked, so a batch may reach a key after another batch that read a
+// later time; a key is then decided at the time of its last write (never
+// rewinding its window or bucket), as it is when the clock itself steps
+// back.
+//
+// Store is bounded. State whose TTL has passed is treated as absent and is
+// reclaimed lazily when its key is accessed and by an incremental sweep: each
+// Decide examines a few entries of the shards it locks and of one other
+// shard (no background goroutine).
+// At the cap, keys are spread over up to 64 shards, each holding at most
+// MaxKeys/shards keys; writing a new key into a full shard first evicts that
+// shard's least recently written key, live or not, so Len never exceeds
+// MaxKeys and an evicted key starts fresh on its next check (which, for a
+// limit, errs towards allowing). Reads (check-only, Peek) do not count as
+// writes for this order.
+type Store struct {
+	now    func() time.Time
+	seed   maphash.Seed
+	mask   uint64 // number of shards - 1
+	shards []shard
+}
+
+var _ store.Store = (*Store)(nil)
+
+// shard is one lock and map of keys, with the keys in a doubly linked list
+// from the most recently written (head) to the least (tail).
+type shard struct {
+	mu     sync.Mutex
+	keys   map[string]*entry
+	head   *entry
+	tail   *entry
+	cursor *entry // next entry the sweep examines, walking tail to head
+	free   *entry // entries to reuse, linked by older
+	nfree  int
+	cap    int
+	_      [64]byte // keep hot shards on separate cache lines
+}
+
+// entry is the state of one key.
+type entry struct {
+	key     string
+	st      state
+	expires int64 // Unix microseconds; the state is absent from then on
+	seen    int64 // Unix microseconds of the last write: the key's time never goes below it
+	newer   *entry
+	older   *entry
+}
+
+// New returns an empty Store configured by opts.
+func New(opts Options) *Store {
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	maxKeys := opts.MaxKeys
+	if maxKeys <= 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	n := maxShards
+	for n > 1 && maxKeys/n < minShardKeys {
+		n /= 2
+	}
+	m := &Store{
+		now:    now,
+		seed:   maphash.MakeSeed(),
+		mask:   uint64(n - 1),
+		shards: make([]shard, n),
+	}
+	for i := range m.shards {
+		m.shards[i].keys = make(map[string]*entry)
+		m.shards[i].cap = maxKeys / n
+	}
+	return m
+}
+
+// Decide decides checks atomically as package store's doc specifies and
+// writes one Result per Check into results. It returns an error, and writes
+// no state, if the lengths differ, ctx is done, or a check's Window is not a
+// whole number of seconds of at least one second.
+func (m *Store) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
+	return m.decide(ctx, checks, results, false)
+}
+
+// Peek reports what Decide would report if every check were check-only
+// (Hits 0, no refund, no force), and writes nothing: no state, no expiry
+// reclaim. Its errors are Decide's.
+func (m *Store) Peek(ctx context.Context, checks []store.Check, results []store.Result) error {
+	return m.decide(ctx, checks, results, true)
+}
+
+// Delete removes the state of keys, which then start fresh. It never fails.
+func (m *Store) Delete(_ context.Context, keys ...string) error {
+	for _, key := range keys {
+		sh := &m.shards[maphash.String(m.seed, key)&m.mask]
+		sh.mu.Lock()
+		if e := sh.keys[key]; e != nil {
+			sh.remove(e)
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+// Len returns the number of keys holding state, including state whose TTL
+// has passed but that has not been reclaimed yet. It never exceeds MaxKeys.
+func (m *Store) Len() int {
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n += len(sh.keys)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Close releases nothing (a Store holds no goroutines or connections) and
+// returns nil. The store remains usable.
+func (m *Store) Close() error { return nil }
+
+// write stores st under key (in e if it is non-nil, else in a new entry,
+// evicting the least recently written keys to stay within the cap), with
+// expiry exp and write time seen, and makes the key the most recently
+// written. The shard must be locked.
+func (sh *shard) write(e *entry, key string, st state, exp, seen int64) {
+	if e == nil {
+		for len(sh.keys) >= sh.cap && sh.tail != nil {
+			sh.remove(sh.tail)
+		}
+		e = sh.free
+		if e != nil {
+			sh.free, sh.nfree = e.older, sh.nfree-1
+			e.older = nil
+		} else {
+			e = new(entry)
+		}
+		e.key = key
+		sh.keys[key] = e
+	} else if e == sh.head {
+		e.st, e.expires, e.seen = st, exp, seen
+		return
+	} else {
+		sh.unlink(e)
+	}
+	e.st, e.expires, e.seen = st, exp, seen
+	e.older = sh.head
+	if sh.head != nil {
+		sh.head.newer = e
+	}
+	sh.head = e
+	if sh.tail == nil {
+		sh.tail = e
+	}
+}
+
+// unlink takes e out of the list, moving the sweep cursor past it.
+func (sh *shard) unlink(e *entry) {
+	if sh.cursor == e {
+		sh.cursor = e.newer
+	}
+	if e.newer != nil {
+		e.newer.older = e.older
+	} else {
+		sh.head = e.older
+	}
+	if e.older != nil {
+		e.older.newer = e.newer
+	} else {
+		sh.tail = e.newer
+	}
+	e.newer, e.older = nil, nil
+}
+
+// remove deletes e's key and keeps e for reuse unless enough are kept.
+func (sh *shard) remove(e *entry) {
+	sh.unlink(e)
+	delete(sh.keys, e.key)
+	if sh.nfree < maxFree {
+		*e = entry{older: sh.free}
+		sh.free, sh.nfree = e, sh.nfree+1
+	}
+}
+
+// sweep examines the next few entries from the cursor (which walks from the
+// least recently written entry towards the most, and wraps around) and
+// removes those whose TTL has passed.
+func (sh *shard) sweep(now int64) {
+	for i := 0; i < sweepPerShard; i++ {
+		e := sh.cursor
+		if e == nil {
+			if e = sh.tail; e == nil {
+				return
+			}
+		}
+		sh.cursor = e.newer
+		if e.expires <= now {
+			sh.remove(e)
+		}
+	}
+}
