@@ -4,18 +4,23 @@
 -- is an IEEE-754 double operation in the order written there, so this script
 -- and the Go memory store give identical results for identical inputs and
 -- clocks. Integers stay exact while limits, hits and bursts are at most
--- 2^53 (now in microseconds is about 2^51).
+-- 2^53, and so is the sum of a window's hits, which forced write-backs
+-- (below) can carry past the limit (now in microseconds is about 2^51).
+--
+-- The numbers below are named once, in the `local` lines after this
+-- header, and those names and values are lua/lua.go's constants (lua_test.go
+-- checks that they and this header agree).
 --
 -- KEYS[i]  the store key of check i (all keys in one Redis Cluster hash slot).
 -- ARGV[1]  now in integer microseconds, or "" to take it from redis TIME.
---          Only the Go store's test-only clock option (redisstore.WithClock)
+--          Only the Go store's test-only clock (redisstore.Options.Clock)
 --          sets it; nothing in a request can.
 -- ARGV[2]  mode: "0" decide; "1" peek (every check is check-only, nothing
 --          is written).
 -- then 6 values per check i, starting at ARGV[3 + 6*(i-1)]:
 --          algorithm (0 sliding window, 1 token bucket, 2 fixed window),
 --          limit, window seconds, burst (0 = limit), hits,
---          flags (bit 1 = refund, bit 2 = shadow).
+--          flags (the sum of 1 = refund, 2 = shadow, 4 = force).
 --
 -- Reply: 4 values per check i, at 4*(i-1)+1: allowed (1/0), remaining,
 -- retry_after_us, reset_us. Each is an integer reply when it is a whole
@@ -35,17 +40,23 @@
 -- script may only touch keys that exist on the node, so DEL then HSET
 -- would fail half-way with the key deleted and its count lost.
 --
--- Batch: refunds first, written at once; then the other checks in order
+-- Batch: refunds and forced write-backs first, in order, written at once
+-- (a check with both flags is a refund); then the other checks in order
 -- against the tentative state (duplicate keys count twice); if no
--- consuming, non-shadow check was denied, every consumed (and refunded)
--- key is written, else nothing more. Check-only checks never write.
+-- consuming, non-shadow check was denied, every consumed (and refunded or
+-- forced) key is written, else nothing more. Check-only checks never write.
+-- A forced check adds its hits whatever the budget (a token bucket goes
+-- down to 0 tokens, never below) and is allowed with the budget after it.
 --
 -- Needs Redis >= 4 (multi-field HSET); TIME before writes needs effects
 -- replication, the default since Redis 5 and requested below for 3.2-4.
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
-local HEADER, PER = 2, 6
+local HEADER, PER, REPLY = 2, 6, 4
+local MODE_DECIDE, MODE_PEEK = '0', '1'
+local ALG_SLIDING, ALG_TOKEN_BUCKET, ALG_FIXED = 0, 1, 2
+local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE = 1, 2, 4
 local US = 1000000
 
 local now
@@ -55,7 +66,7 @@ else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * US + tonumber(t[2])
 end
-local peek = ARGV[2] == '1'
+local peek = ARGV[2] == MODE_PEEK
 
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
 
@@ -87,7 +98,7 @@ local function load(key, alg, w, limit, burst)
   local wus = w * US
   local cur_win = floor(now / wus)
   s = { key = key, alg = alg, w = w, wus = wus, start = cur_win * wus }
-  if alg == 1 then
+  if alg == ALG_TOKEN_BUCKET then
     local b = burst
     if b == 0 then b = limit end
     s.b = b
@@ -98,7 +109,7 @@ local function load(key, alg, w, limit, burst)
     if tokens == nil or last == nil then tokens, last = b, now end
     s.tokens = min(b, tokens + (now - last) * s.r)
     s.last = now
-  elseif alg == 2 then
+  elseif alg == ALG_FIXED then
     local h = hmget('window', 'count')
     s.found = h[1] or h[2] -- HMGET gives false for a missing field
     local win, count = tonumber(h[1]), tonumber(h[2]) or 0
@@ -123,13 +134,13 @@ end
 
 
 local function write(s)
-  if s.alg == 1 then
+  if s.alg == ALG_TOKEN_BUCKET then
     redis.call('HSET', s.key, 'tokens', s.tokens, 'last_refill', s.last)
     local ttl_us = ceil(s.b / s.r) + US
     -- A bucket refilling over centuries would pass PEXPIRE's range and
     -- Redis would reject the whole script: 2^53 ms is "never" enough.
     redis.call('PEXPIRE', s.key, fmt_int(min(ceil(ttl_us / 1000), 9007199254740992)))
-  elseif s.alg == 2 then
+  elseif s.alg == ALG_FIXED then
     redis.call('HSET', s.key, 'window', s.win, 'count', s.count)
     local reset = s.wus - (now - s.start)
     redis.call('PEXPIRE', s.key, fmt_int(ceil(reset / 1000)))
@@ -142,9 +153,9 @@ local function write(s)
     -- remove those fields. A key that did hold this algorithm's fields
     -- holds no other's, since every write that changed a key's algorithm
     -- removed the previous one's.
-    if s.alg == 1 then
+    if s.alg == ALG_TOKEN_BUCKET then
       redis.call('HDEL', s.key, 'cur_window', 'cur_count', 'prev_count', 'window', 'count')
-    elseif s.alg == 2 then
+    elseif s.alg == ALG_FIXED then
       redis.call('HDEL', s.key, 'cur_window', 'cur_count', 'prev_count', 'tokens', 'last_refill')
     else
       redis.call('HDEL', s.key, 'tokens', 'last_refill', 'window', 'count')
@@ -155,9 +166,9 @@ end
 
 -- budget returns R, the number of single hits that would pass now.
 local function budget(s, limit)
-  if s.alg == 1 then
+  if s.alg == ALG_TOKEN_BUCKET then
     return max(0, floor(s.tokens))
-  elseif s.alg == 2 then
+  elseif s.alg == ALG_FIXED then
     return max(0, limit - s.count)
   end
   local elapsed = (now - s.start) / s.wus
@@ -169,7 +180,7 @@ end
 -- reset returns the microseconds until the window ends (token bucket: until
 -- the bucket is full).
 local function reset(s)
-  if s.alg == 1 then
+  if s.alg == ALG_TOKEN_BUCKET then
     if s.tokens < s.b then return floor((s.b - s.tokens) / s.r) + 1 end
     return 0
   end
@@ -179,7 +190,7 @@ end
 -- passes_at reports whether h hits would pass ra microseconds from now with
 -- no other traffic (sliding window and token bucket).
 local function passes_at(s, limit, h, ra)
-  if s.alg == 1 then return min(s.b, s.tokens + ra * s.r) >= h end
+  if s.alg == ALG_TOKEN_BUCKET then return min(s.b, s.tokens + ra * s.r) >= h end
   local into = now - s.start + ra
   local prev, cur = s.prev, s.cur
   if into >= 2 * s.wus then
@@ -206,10 +217,10 @@ end
 -- retry_after returns the microseconds until h hits would pass with no other
 -- traffic (h >= 1).
 local function retry_after(s, limit, h)
-  if s.alg == 1 then
+  if s.alg == ALG_TOKEN_BUCKET then
     if h <= s.b then return settle(s, limit, h, floor((h - s.tokens) / s.r) + 1) end
     return floor(s.b / s.r) + 1
-  elseif s.alg == 2 then
+  elseif s.alg == ALG_FIXED then
     return reset(s)
   end
   local into = now - s.start
@@ -231,9 +242,9 @@ local function retry_after(s, limit, h)
 end
 
 local function refund(s, h)
-  if s.alg == 1 then
+  if s.alg == ALG_TOKEN_BUCKET then
     s.tokens = min(s.b, s.tokens + h)
-  elseif s.alg == 2 then
+  elseif s.alg == ALG_FIXED then
     s.count = max(0, s.count - h)
   else
     s.cur = s.cur - h
@@ -245,14 +256,26 @@ local function refund(s, h)
 end
 
 local function consume(s, h)
-  if s.alg == 1 then
+  if s.alg == ALG_TOKEN_BUCKET then
     s.tokens = s.tokens - h
-  elseif s.alg == 2 then
+  elseif s.alg == ALG_FIXED then
     s.count = s.count + h
   else
     s.cur = s.cur + h
   end
 end
+
+-- force adds h hits whatever the budget; a bucket stops at 0 tokens.
+local function force(s, h)
+  if s.alg == ALG_TOKEN_BUCKET then
+    s.tokens = max(0, s.tokens - h)
+  else
+    consume(s, h)
+  end
+end
+
+-- has reports whether flags holds bit.
+local function has(flags, bit) return floor(flags / bit) % 2 == 1 end
 
 local n = #KEYS
 local checks = {}
@@ -265,17 +288,19 @@ for i = 1, n do
     w = tonumber(ARGV[base + 3]),
     burst = tonumber(ARGV[base + 4]),
     hits = tonumber(ARGV[base + 5]),
-    refund = flags % 2 == 1,
-    shadow = floor(flags / 2) % 2 == 1,
+    refund = has(flags, FLAG_REFUND),
+    shadow = has(flags, FLAG_SHADOW),
   }
-  if c.alg ~= 1 and c.alg ~= 2 then c.alg = 0 end
-  if peek then c.hits, c.refund = 0, false end
+  c.force = not c.refund and has(flags, FLAG_FORCE)
+  if c.alg ~= ALG_TOKEN_BUCKET and c.alg ~= ALG_FIXED then c.alg = ALG_SLIDING end
+  if peek then c.hits, c.refund, c.force = 0, false, false end
+  c.early = c.refund or c.force -- applied and written before the others
   checks[i] = c
 end
 
 local reply = {}
 local function result(i, allowed, remaining, retry, rst)
-  local o = 4 * (i - 1)
+  local o = REPLY * (i - 1)
   reply[o + 1] = allowed and 1 or 0
   reply[o + 2] = out(remaining)
   reply[o + 3] = out(retry)
@@ -285,7 +310,7 @@ end
 -- A token bucket with limit 0 never refills: it denies everything (RetryAfter
 -- one window, Reset 0), a refund of it is allowed with Remaining 0, and
 -- neither reads nor writes state.
-local function dead(c) return c.alg == 1 and c.limit == 0 end
+local function dead(c) return c.alg == ALG_TOKEN_BUCKET and c.limit == 0 end
 
 -- Keys to write, in first-touch order: refunded or consumed.
 local dirty, dirty_keys = {}, {}
@@ -296,14 +321,14 @@ local function touch(key)
   end
 end
 
--- Refunds first; always written.
+-- Refunds and forced write-backs first; always written.
 for i = 1, n do
   local c = checks[i]
-  if c.refund and dead(c) then
+  if c.early and dead(c) then
     result(i, true, 0, 0, 0)
-  elseif c.refund then
+  elseif c.early then
     local s = load(KEYS[i], c.alg, c.w, c.limit, c.burst)
-    refund(s, c.hits)
+    if c.refund then refund(s, c.hits) else force(s, c.hits) end
     touch(KEYS[i])
     result(i, true, budget(s, c.limit), 0, reset(s))
   end
@@ -314,10 +339,10 @@ for _, key in ipairs(dirty_keys) do write(states[key]) end
 local veto = false
 for i = 1, n do
   local c = checks[i]
-  if not c.refund and dead(c) then
+  if not c.early and dead(c) then
     if c.hits > 0 and not c.shadow then veto = true end
     result(i, false, 0, c.w * US, 0)
-  elseif not c.refund then
+  elseif not c.early then
     local s = load(KEYS[i], c.alg, c.w, c.limit, c.burst)
     local r = budget(s, c.limit)
     local h = c.hits
@@ -338,7 +363,8 @@ for i = 1, n do
   end
 end
 
--- All consumption or none; refunded keys are rewritten with their final state.
+-- All consumption or none; refunded and forced keys are rewritten with their
+-- final state.
 if not veto and not peek then
   for _, key in ipairs(dirty_keys) do write(states[key]) end
 end

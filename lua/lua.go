@@ -14,32 +14,47 @@ import (
 //go:embed decide.lua
 var DecideSource string
 
-// Decide decides one hash slot's batch of checks atomically: refunds first,
-// then every other check in order against the batch's tentative state, all
-// consumption written or none. Call it with Run (EVALSHA, then EVAL on
+// Decide decides one hash slot's batch of checks atomically: refunds and
+// forced write-backs first, then every other check in order against the
+// batch's tentative state, all consumption written or none. Call it with Run (EVALSHA, then EVAL on
 // NOSCRIPT). A *redis.Script is safe for concurrent use.
 var Decide = redis.NewScript(DecideSource)
 
-// Decide's ARGV header and per-check layout (see decide.lua).
+// Decide's ARGV header, per-check layout, codes and flag bits: the one list
+// shared by Go and decide.lua, which names each value in a `local` line
+// that lua_test.go checks against these.
 const (
 	// HeaderArgs is the number of ARGV values before the first check: the
-	// test clock ("" = redis TIME) and the mode.
+	// test clock ("" = redis TIME) and the mode (HEADER in decide.lua).
 	HeaderArgs = 2
 	// ArgsPerCheck is the number of ARGV values per check: algorithm, limit,
-	// window seconds, burst, hits, flags.
+	// window seconds, burst, hits, flags (PER).
 	ArgsPerCheck = 6
 	// ReplyPerCheck is the number of reply values per check: allowed,
-	// remaining, retry_after_us, reset_us.
+	// remaining, retry_after_us, reset_us (REPLY).
 	ReplyPerCheck = 4
 
-	// ModeDecide decides and writes; ModePeek treats every check as
-	// check-only (Hits 0, no refund) and writes nothing.
+	// ModeDecide is the mode that decides and writes (MODE_DECIDE).
 	ModeDecide = "0"
-	ModePeek   = "1"
+	// ModePeek is the mode that treats every check as check-only (Hits 0,
+	// no refund, no force) and writes nothing (MODE_PEEK).
+	ModePeek = "1"
 
-	// FlagRefund and FlagShadow are the bits of a check's flags value.
+	// AlgSliding is the algorithm value of a sliding-window check
+	// (ALG_SLIDING); the script treats unknown values as AlgSliding.
+	AlgSliding = 0
+	// AlgTokenBucket is the algorithm value of a token bucket check
+	// (ALG_TOKEN_BUCKET).
+	AlgTokenBucket = 1
+	// AlgFixed is the algorithm value of a fixed-window check (ALG_FIXED).
+	AlgFixed = 2
+
+	// FlagRefund is the flags bit of store.Check.Refund (FLAG_REFUND).
 	FlagRefund = 1
+	// FlagShadow is the flags bit of store.Check.Shadow (FLAG_SHADOW).
 	FlagShadow = 2
+	// FlagForce is the flags bit of store.Check.Force (FLAG_FORCE).
+	FlagForce = 4
 )
 
 // FleetSource is the text of fleet.lua.

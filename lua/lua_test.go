@@ -3,6 +3,9 @@ package lua
 import (
 	"crypto/sha1"
 	"encoding/hex"
+	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -14,5 +17,68 @@ func TestDecideEmbedded(t *testing.T) {
 	sum := sha1.Sum([]byte(DecideSource))
 	if got := Decide.Hash(); got != hex.EncodeToString(sum[:]) {
 		t.Errorf("Decide.Hash() = %s, want the SHA1 of decide.lua", got)
+	}
+}
+
+// luaLocals returns the values of decide.lua's top-level constant lines,
+// `local A, B = 1, 'x'`, by name (strings without their quotes).
+func luaLocals(t *testing.T, src string) map[string]string {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^local ([A-Z_]+(?:, [A-Z_]+)*) = (.+)$`)
+	m := map[string]string{}
+	for _, line := range re.FindAllStringSubmatch(src, -1) {
+		names, values := strings.Split(line[1], ", "), strings.Split(line[2], ", ")
+		if len(names) != len(values) {
+			t.Fatalf("decide.lua: %q names %d values for %d names", line[0], len(values), len(names))
+		}
+		for i, n := range names {
+			m[n] = strings.Trim(values[i], "'")
+		}
+	}
+	return m
+}
+
+// TestDecideConstants checks that decide.lua names the layout, modes,
+// algorithm codes and flag bits with lua.go's values, in its code and in
+// its header comment.
+func TestDecideConstants(t *testing.T) {
+	locals := luaLocals(t, DecideSource)
+	for name, want := range map[string]string{
+		"HEADER":           strconv.Itoa(HeaderArgs),
+		"PER":              strconv.Itoa(ArgsPerCheck),
+		"REPLY":            strconv.Itoa(ReplyPerCheck),
+		"MODE_DECIDE":      ModeDecide,
+		"MODE_PEEK":        ModePeek,
+		"ALG_SLIDING":      strconv.Itoa(AlgSliding),
+		"ALG_TOKEN_BUCKET": strconv.Itoa(AlgTokenBucket),
+		"ALG_FIXED":        strconv.Itoa(AlgFixed),
+		"FLAG_REFUND":      strconv.Itoa(FlagRefund),
+		"FLAG_SHADOW":      strconv.Itoa(FlagShadow),
+		"FLAG_FORCE":       strconv.Itoa(FlagForce),
+	} {
+		got, ok := locals[name]
+		if !ok {
+			t.Errorf("decide.lua has no `local %s = ...` line", name)
+		} else if got != want {
+			t.Errorf("decide.lua: %s = %s, lua.go says %s", name, got, want)
+		}
+	}
+
+	header := DecideSource[:strings.Index(DecideSource, "\nif ")]
+	for _, want := range []string{
+		fmt.Sprintf(`ARGV[2] mode: "%s" decide; "%s" peek`, ModeDecide, ModePeek),
+		fmt.Sprintf("then %d values per check i, starting at ARGV[%d + %d*(i-1)]", ArgsPerCheck, HeaderArgs+1, ArgsPerCheck),
+		fmt.Sprintf("algorithm (%d sliding window, %d token bucket, %d fixed window)", AlgSliding, AlgTokenBucket, AlgFixed),
+		fmt.Sprintf("flags (the sum of %d = refund, %d = shadow, %d = force)", FlagRefund, FlagShadow, FlagForce),
+		fmt.Sprintf("Reply: %d values per check i, at %d*(i-1)+1", ReplyPerCheck, ReplyPerCheck),
+	} {
+		if !strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(header, "--", "")), " "), want) {
+			t.Errorf("decide.lua's header does not say %q", want)
+		}
+	}
+
+	// The code uses the names, not the numbers.
+	if m := regexp.MustCompile(`alg [~=]= [0-9]|flags / [0-9]|flags % [0-9]`).FindString(DecideSource); m != "" {
+		t.Errorf("decide.lua compares with a bare number (%q) instead of a named constant", m)
 	}
 }

@@ -141,6 +141,7 @@ func TestEveryWriteHasTTL(t *testing.T) {
 		{Key: "tb:{ttl}:bucket", Algorithm: store.TokenBucket, Limit: 10, Burst: 20, Window: time.Second, Hits: 1},
 		{Key: "rl:{ttl}:fixed", Algorithm: store.FixedWindow, Limit: 10, Window: time.Second, Hits: 1},
 		{Key: "rl:{ttl}:refunded", Limit: 10, Window: time.Second, Hits: 1, Refund: true},
+		{Key: "rl:{ttl}:forced", Algorithm: store.FixedWindow, Limit: 1, Window: 2 * time.Second, Hits: 5, Force: true},
 	}
 	decide(t, s, checks...)
 	want := map[string]time.Duration{
@@ -148,6 +149,7 @@ func TestEveryWriteHasTTL(t *testing.T) {
 		checks[1].Key: 3 * time.Second,        // ceil(20/(10/1e6)) µs + 1 s
 		checks[2].Key: 700 * time.Millisecond, // ceil(699.5 ms)
 		checks[3].Key: 2 * time.Second,
+		checks[4].Key: 1700 * time.Millisecond, // ceil(1699.5 ms)
 	}
 	keys, err := rc.Keys(ctx, "*").Result()
 	if err != nil || len(keys) != len(want) {
@@ -162,6 +164,10 @@ func TestEveryWriteHasTTL(t *testing.T) {
 	other := store.Check{Key: "rl:{ttl}:readonly", Limit: 10, Window: time.Second}
 	decide(t, s, other) // check-only
 	other.Hits, other.Refund = 3, true
+	if err := s.Peek(ctx, []store.Check{other}, make([]store.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	other.Refund, other.Force = false, true
 	if err := s.Peek(ctx, []store.Check{other}, make([]store.Result, 1)); err != nil {
 		t.Fatal(err)
 	}
@@ -251,9 +257,13 @@ func TestUnavailable(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Close()
-			s.timeout = time.Second // warm the pool and script cache
-			decide(t, s, check...)
-			s.timeout = timeout
+			// Warm the pool and script cache: a caller's deadline longer
+			// than the store's timeout is used as it is.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := s.Decide(ctx, check, make([]store.Result, 1)); err != nil {
+				t.Fatal(err)
+			}
 			tc.fault(srv)
 			for i := 0; i < 3; i++ {
 				expectUnavailable(t, s, check, timeout)

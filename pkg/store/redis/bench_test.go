@@ -24,15 +24,14 @@ import (
 //	go test -run '^$' -bench DecideConcurrent -benchmem ./pkg/store/redis/
 func BenchmarkDecideConcurrent(b *testing.B) {
 	srv := redistest.StartServer(b)
-	c := srv.Client()
-	defer c.Close()
 	for _, tc := range []struct {
 		name     string
 		inFlight int
 	}{{"alone", MaxMaxInFlight}, {"coalesced", DefaultMaxInFlight}, {"coalesced4", 4}} {
 		b.Run(tc.name, func(b *testing.B) {
-			s := NewFromClient(c, WithTimeout(time.Second), WithPipelining(tc.inFlight, DefaultMaxBatch))
-			defer s.Close()
+			c, sent := counted(srv.Addr)
+			defer c.Close()
+			s := mustNew(b, Options{Client: c, Timeout: time.Second, MaxInFlight: tc.inFlight})
 			warm := []store.Check{{Key: "rl:{warm}:x", Limit: 1 << 40, Window: time.Second, Hits: 1}}
 			if err := s.Decide(context.Background(), warm, make([]store.Result, 1)); err != nil {
 				b.Fatal(err)
@@ -61,8 +60,8 @@ func BenchmarkDecideConcurrent(b *testing.B) {
 				mu.Unlock()
 			})
 			b.StopTimer()
-			st := nodeCoalescer(b, s, "").stats()
-			b.ReportMetric(float64(st.Sends)/float64(st.Calls), "roundtrips/call")
+			st := sent.stats()
+			b.ReportMetric(float64(st.Sends())/float64(st.Calls), "roundtrips/call")
 			if len(lat) > 0 {
 				slices.Sort(lat)
 				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")

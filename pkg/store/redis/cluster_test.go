@@ -118,13 +118,13 @@ func TestCluster(t *testing.T) {
 
 	t.Run("one master hung", func(t *testing.T) {
 		const timeout = 100 * time.Millisecond
-		s.timeout = timeout
-		defer func() { s.timeout = time.Second }()
 		batch := []store.Check{sliding(keyA("h"), 10, 1), sliding(keyB("h"), 10, 1)}
 		mb.Pause()
 		start := time.Now()
 		res := make([]store.Result, 2)
-		err := s.Decide(ctx, batch, res)
+		dctx, cancel := context.WithTimeout(ctx, timeout)
+		err := s.Decide(dctx, batch, res)
+		cancel()
 		took := time.Since(start)
 		mb.Resume()
 		if !errors.Is(err, store.ErrUnavailable) {

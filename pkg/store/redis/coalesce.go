@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/breaker"
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // Coalescing (issue #7). Every slot group's script call goes through the
@@ -28,20 +30,26 @@ import (
 //
 // Breaker accounting: the node's circuit breaker counts round trips, not
 // callers. Each send (a lone call or a pipeline) asks the breaker once
-// (Allow) before it writes and reports once (Done) when it returns: a
-// failure when the round trip failed (network error, no reply before the
-// last of its callers' deadlines, an error reply other than NOSCRIPT or a
-// cluster redirect), else a success, even if some of its callers had
-// already given up. So one slow or lost round trip carrying 40 calls is one
-// failure, not 40, and a CPU hiccup does not open the breaker at once; a
-// node that stays down still opens it after Threshold failed round trips.
-// While the breaker is not closed, callers bypass the coalescer and each
-// call is its own probe (see Store.eval).
+// (Allow) before it writes and reports once (Done) when it returns (see
+// outcome in errors.go): a failure when the node gave no answer to it (a
+// network error, no reply within the send's own deadline, which for a
+// pipeline is the last of its callers' deadlines, or an outage reply such
+// as LOADING), else a success, even if some of its callers had already
+// given up, and even if the answer was a script or protocol error (the
+// node answered; the bug is ours). So one slow or lost round trip carrying
+// 40 calls is one failure, not 40. Waiting in the queue is never a send:
+// a call whose caller's deadline passes while it is queued fails (with
+// store.ErrUnavailable and context.DeadlineExceeded, so its caller falls
+// back) without the breaker hearing of it. While the breaker is not
+// closed, callers bypass the coalescer and each call is its own probe (see
+// Store.send).
 
 // Defaults of Options.MaxInFlight and Options.MaxBatch.
 const (
+	// DefaultMaxInFlight is the default of Options.MaxInFlight.
 	DefaultMaxInFlight = 2
-	DefaultMaxBatch    = 128
+	// DefaultMaxBatch is the default of Options.MaxBatch.
+	DefaultMaxBatch = 128
 	// MaxMaxInFlight bounds Options.MaxInFlight (each send slot has a
 	// flusher goroutine per node).
 	MaxMaxInFlight = 64
@@ -55,12 +63,16 @@ const (
 	callAbandoned
 )
 
-// call is one slot group's script call. Calls are pooled: a caller that got
-// its result puts the call back; an abandoned call is left to the GC since
-// the flusher may still hold it.
+// call is one slot group's script call: the group's checks, where their
+// results go, and the script's keys and arguments, one of each per check
+// (checks[j], results[j], keys[j]). Calls are pooled: a caller that got its
+// result puts the call back; an abandoned call is left to the GC since the
+// flusher may still hold it.
 type call struct {
-	keys []string
-	args []any
+	checks  []*store.Check  // in batch order
+	results []*store.Result // results[j] receives checks[j]'s result
+	keys    []string
+	args    []any
 
 	// Set while queued.
 	ctx   context.Context
@@ -78,9 +90,11 @@ func getCall() *call { return callPool.Get().(*call) }
 // putCall recycles c; only a caller that owns c (never queued, or
 // delivered) may call it.
 func putCall(c *call) {
+	clear(c.checks)
+	clear(c.results)
 	clear(c.keys)
 	clear(c.args)
-	c.keys, c.args = c.keys[:0], c.args[:0]
+	c.checks, c.results, c.keys, c.args = c.checks[:0], c.results[:0], c.keys[:0], c.args[:0]
 	c.ctx, c.reply, c.err = nil, nil, nil
 	c.state.Store(callPending)
 	callPool.Put(c)
@@ -106,13 +120,6 @@ type coalescer struct {
 	work chan []*call
 	quit chan struct{}
 	wg   sync.WaitGroup
-
-	// Counters for tests and benchmarks.
-	sends     atomic.Int64 // round trips: direct sends plus pipelines
-	pipelines atomic.Int64 // pipelines of more than one call
-	calls     atomic.Int64 // script calls sent
-	maxBatch  atomic.Int64 // largest pipeline sent
-	noscript  atomic.Int64 // pipelines re-sent after NOSCRIPT
 }
 
 func newCoalescer(br *breaker.Breaker, direct redis.Scripter, single redis.UniversalClient, limit, batch int) *coalescer {
@@ -133,7 +140,7 @@ func newCoalescer(br *breaker.Breaker, direct redis.Scripter, single redis.Unive
 }
 
 // do runs c's script call and returns its reply. It returns when the reply
-// arrives or ctx ends, whichever is first; the error is then ctx's.
+// arrives or ctx ends, whichever is first; the error then wraps ctx's.
 func (co *coalescer) do(ctx context.Context, c *call) ([]any, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -146,14 +153,13 @@ func (co *coalescer) do(ctx context.Context, c *call) ([]any, error) {
 	if co.inflight < co.limit {
 		co.inflight++
 		co.mu.Unlock()
-		if !co.br.Allow() {
+		tk, ok := co.br.Allow()
+		if !ok {
 			co.release(nil)
 			return nil, errOpen
 		}
-		co.sends.Add(1)
-		co.calls.Add(1)
 		reply, err := runDecide(ctx, co.direct, c.keys, c.args)
-		co.br.Done(nodeAnswered(ctx, err))
+		co.br.Done(tk, outcome(ctx, err))
 		co.release(nil)
 		return reply, err
 	}
@@ -166,7 +172,7 @@ func (co *coalescer) do(ctx context.Context, c *call) ([]any, error) {
 		return c.reply, c.err
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(callPending, callAbandoned) {
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("still queued behind the node's %d sends in flight: %w", co.limit, ctx.Err())
 		}
 		<-c.done // delivered just now: use it
 		return c.reply, c.err
@@ -232,7 +238,44 @@ func (co *coalescer) flusher() {
 // send runs a batch as one pipeline (a batch of one as a plain call) and
 // delivers every call's reply. Calls whose caller is gone are not sent.
 func (co *coalescer) send(b []*call, cmds []*redis.Cmd) []*redis.Cmd {
-	live := 0
+	b, deadline := co.live(b)
+	if len(b) == 0 {
+		return cmds
+	}
+	tk, ok := co.br.Allow()
+	if !ok {
+		for _, c := range b {
+			co.deliver(c, nil, errOpen)
+		}
+		return cmds
+	}
+	// The pipeline serves callers with different deadlines: it runs until
+	// the last of them, its own deadline.
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	var cl redis.Scripter = co.single
+	if p := co.batch.Load(); p != nil {
+		cl = p
+	}
+	if len(b) == 1 {
+		c := b[0]
+		reply, err := runDecide(ctx, cl, c.keys, c.args)
+		co.br.Done(tk, outcome(ctx, err))
+		co.deliver(c, reply, err)
+		return cmds
+	}
+	var o breaker.Outcome
+	cmds, o = co.sendPipeline(ctx, b, cmds)
+	co.br.Done(tk, o)
+	clear(cmds)
+	return cmds[:0]
+}
+
+// live drops from b (in place) the calls whose caller is gone, failing
+// those whose ctx ended, and returns the rest with the latest of their
+// deadlines.
+func (co *coalescer) live(b []*call) ([]*call, time.Time) {
+	n := 0
 	var deadline time.Time
 	for _, c := range b {
 		if c.state.Load() != callPending {
@@ -242,81 +285,61 @@ func (co *coalescer) send(b []*call, cmds []*redis.Cmd) []*redis.Cmd {
 			co.deliver(c, nil, err)
 			continue
 		}
-		b[live] = c
-		live++
+		b[n] = c
+		n++
 		if d, ok := c.ctx.Deadline(); !ok {
 			deadline = time.Now().Add(time.Minute)
 		} else if d.After(deadline) {
 			deadline = d
 		}
 	}
-	clear(b[live:])
-	b = b[:live]
-	if live == 0 {
-		return cmds
-	}
-	// The pipeline serves callers with different deadlines: it runs until
-	// the last of them.
-	if !co.br.Allow() {
-		for _, c := range b {
-			co.deliver(c, nil, errOpen)
-		}
-		return cmds
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	co.sends.Add(1)
-	co.calls.Add(int64(live))
-	var cl redis.Scripter = co.single
-	if p := co.batch.Load(); p != nil {
-		cl = p
-	}
-	if live == 1 {
-		c := b[0]
-		reply, err := runDecide(ctx, cl, c.keys, c.args)
-		co.br.Done(nodeAnswered(ctx, err))
-		co.deliver(c, reply, err)
-		return cmds
-	}
-	co.pipelines.Add(1)
-	for {
-		if m := co.maxBatch.Load(); int64(live) <= m || co.maxBatch.CompareAndSwap(m, int64(live)) {
-			break
-		}
-	}
+	clear(b[n:])
+	return b[:n], deadline
+}
 
+// sendPipeline sends b (two calls or more) as one pipeline, re-sends once
+// the calls that met NOSCRIPT (the script cache was flushed or the node is
+// new: the first as EVAL, which caches the script, and the rest as EVALSHA
+// behind it in the same pipeline), delivers every reply and returns the
+// round trip's outcome for the breaker.
+func (co *coalescer) sendPipeline(ctx context.Context, b []*call, cmds []*redis.Cmd) ([]*redis.Cmd, breaker.Outcome) {
+	o := breaker.Success
 	cmds = co.pipeline(ctx, b, cmds, false)
-	// NOSCRIPT (the script cache was flushed or the node is new): re-send
-	// those calls once, the first as EVAL (which caches the script) and the
-	// rest as EVALSHA behind it in the same pipeline.
-	ok := true
 	retry := 0
 	for i, c := range b {
 		if err := cmds[i].Err(); !noScript(err) {
-			ok = ok && nodeAnswered(ctx, err)
+			o = worse(o, outcome(ctx, err))
 		} else {
 			b[retry], b[i] = c, b[retry]
 			cmds[retry], cmds[i] = cmds[i], cmds[retry]
 			retry++
 		}
 	}
-	for i := retry; i < live; i++ {
-		reply, err := cmds[i].Slice()
+	for i := retry; i < len(b); i++ {
+		reply, err := scriptReply(cmds[i])
 		co.deliver(b[i], reply, err)
 	}
 	if retry > 0 {
-		co.sends.Add(1)
-		co.noscript.Add(1)
 		cmds = co.pipeline(ctx, b[:retry], cmds, true)
 		for i := 0; i < retry; i++ {
-			reply, err := cmds[i].Slice()
-			ok = ok && nodeAnswered(ctx, err)
+			reply, err := scriptReply(cmds[i])
+			o = worse(o, outcome(ctx, err))
 			co.deliver(b[i], reply, err)
 		}
 	}
-	co.br.Done(ok)
-	clear(cmds)
-	return cmds[:0]
+	return cmds, o
+}
+
+// worse returns the outcome of a round trip made of two: a failure if
+// either failed, else unknown if either is, else a success.
+func worse(a, b breaker.Outcome) breaker.Outcome {
+	switch {
+	case a == breaker.Failure || b == breaker.Failure:
+		return breaker.Failure
+	case a == breaker.Unknown || b == breaker.Unknown:
+		return breaker.Unknown
+	}
+	return breaker.Success
 }
 
 // pipeline sends b's script calls in one pipeline (the first as EVAL when
@@ -377,21 +400,9 @@ func (co *coalescer) close() {
 	}
 }
 
-// errOpen is delivered to calls whose send the node's breaker refused.
+// errOpen is delivered to calls whose send the node's breaker refused;
+// Store.send turns it into store.ErrCircuitOpen naming the node.
 var errOpen = errors.New("circuit open")
-
-// nodeAnswered reports whether a round trip's outcome shows a working node,
-// for its breaker: a reply, a cluster redirect, or a caller's own
-// cancellation (which says nothing about the node).
-func nodeAnswered(ctx context.Context, err error) bool {
-	switch {
-	case err == nil, redirected(err):
-		return true
-	case errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled):
-		return true
-	}
-	return false
-}
 
 // redirected reports whether a cluster node's error means the slot is
 // elsewhere or moving (MOVED, ASK, TRYAGAIN) or the node's client went away
@@ -411,23 +422,28 @@ func redirected(err error) bool {
 // node answers NOSCRIPT, as redis.Script.Run does, without its allocation
 // per call for an error that is nil.
 func runDecide(ctx context.Context, c redis.Scripter, keys []string, args []any) ([]any, error) {
-	reply, err := c.EvalSha(ctx, lua.Decide.Hash(), keys, args...).Slice()
-	if noScript(err) {
-		reply, err = c.Eval(ctx, lua.DecideSource, keys, args...).Slice()
+	cmd := c.EvalSha(ctx, lua.Decide.Hash(), keys, args...)
+	if noScript(cmd.Err()) {
+		cmd = c.Eval(ctx, lua.DecideSource, keys, args...)
 	}
-	return reply, err
+	return scriptReply(cmd)
+}
+
+// scriptReply returns a script call's reply, which must be an array; any
+// other reply is a protocol error.
+func scriptReply(cmd *redis.Cmd) ([]any, error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return nil, err
+	}
+	reply, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: the script replied %T, not an array", store.ErrProtocol, v)
+	}
+	return reply, nil
 }
 
 // noScript reports whether err is Redis's NOSCRIPT (script not cached).
 func noScript(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
-}
-
-// coalescerStats are a coalescer's counters.
-type coalescerStats struct {
-	Sends, Pipelines, Calls, MaxBatch, NoScript int64
-}
-
-func (co *coalescer) stats() coalescerStats {
-	return coalescerStats{co.sends.Load(), co.pipelines.Load(), co.calls.Load(), co.maxBatch.Load(), co.noscript.Load()}
 }

@@ -48,16 +48,15 @@ func uniqueCheck(prefix string, i int) store.Check {
 // leave as one pipeline, and every caller gets its own result.
 func TestCoalescing(t *testing.T) {
 	srv := redistest.StartServer(t)
-	c := srv.Client()
+	c, sent := counted(srv.Addr)
 	defer c.Close()
-	s := NewFromClient(c, WithTimeout(5*time.Second), WithPipelining(2, 128))
-	defer s.Close()
+	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 2, MaxBatch: 128})
 	ctx := context.Background()
 	decide(t, s, uniqueCheck("warm", 0)) // loads the script
 	co := nodeCoalescer(t, s, "")
 
 	t.Run("low load: each call alone, at once", func(t *testing.T) {
-		before := co.stats()
+		before := sent.stats()
 		for i := 0; i < 20; i++ {
 			start := time.Now()
 			r := decide(t, s, uniqueCheck("seq", i))[0]
@@ -68,8 +67,8 @@ func TestCoalescing(t *testing.T) {
 				t.Errorf("call %d: %+v", i, r)
 			}
 		}
-		after := co.stats()
-		if d := after.Sends - before.Sends; d != 20 {
+		after := sent.stats()
+		if d := after.Sends() - before.Sends(); d != 20 {
 			t.Errorf("20 sequential calls made %d sends, want 20", d)
 		}
 		if d := after.Pipelines - before.Pipelines; d != 0 {
@@ -79,7 +78,7 @@ func TestCoalescing(t *testing.T) {
 
 	t.Run("100 concurrent calls", func(t *testing.T) {
 		const n = 100
-		before, statsBefore := co.stats(), srv.CommandStats(ctx)
+		before, statsBefore := sent.stats(), srv.CommandStats(ctx)
 		// Hold the node so that two calls are in flight and 98 queue
 		// behind them, then let it answer.
 		srv.Pause()
@@ -103,11 +102,11 @@ func TestCoalescing(t *testing.T) {
 				t.Errorf("caller %d: %+v, %v; want allowed with %d remaining", i, res[i], errs[i], 100_000-(i+1))
 			}
 		}
-		after, statsAfter := co.stats(), srv.CommandStats(ctx)
+		after, statsAfter := sent.stats(), srv.CommandStats(ctx)
 		if d := statsAfter["evalsha"] - statsBefore["evalsha"]; d != n {
 			t.Errorf("EVALSHA calls: %d, want %d", d, n)
 		}
-		sends := after.Sends - before.Sends
+		sends := after.Sends() - before.Sends()
 		if sends != 3 {
 			t.Errorf("%d calls made %d round trips, want 3 (2 alone, then 1 pipeline of 98)", n, sends)
 		}
@@ -118,8 +117,9 @@ func TestCoalescing(t *testing.T) {
 	})
 
 	t.Run("batch cap", func(t *testing.T) {
-		s := NewFromClient(c, WithTimeout(5*time.Second), WithPipelining(1, 10))
-		defer s.Close()
+		c, sent := counted(srv.Addr)
+		defer c.Close()
+		s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 10})
 		decide(t, s, uniqueCheck("warm", 1))
 		co := nodeCoalescer(t, s, "")
 		srv.Pause()
@@ -138,7 +138,7 @@ func TestCoalescing(t *testing.T) {
 		waitQueue(t, co, 30, 1)
 		srv.Resume()
 		wg.Wait()
-		st := co.stats()
+		st := sent.stats()
 		if failed.Load() != 0 || st.Pipelines != 3 || st.MaxBatch != 10 {
 			t.Errorf("failed %d, stats %+v; want 0 failed and 3 pipelines of 10", failed.Load(), st)
 		}
@@ -150,10 +150,9 @@ func TestCoalescing(t *testing.T) {
 // queued or already in a pipeline, and that the others' results are right.
 func TestCoalescedDeadline(t *testing.T) {
 	srv := redistest.StartServer(t)
-	c := srv.Client()
+	c, sent := counted(srv.Addr)
 	defer c.Close()
-	s := NewFromClient(c, WithTimeout(10*time.Second), WithPipelining(1, 128))
-	defer s.Close()
+	s := mustNew(t, Options{Client: c, Timeout: 10 * time.Second, MaxInFlight: 1, MaxBatch: 128})
 	decide(t, s, uniqueCheck("warm", 0))
 	co := nodeCoalescer(t, s, "")
 
@@ -176,8 +175,11 @@ func TestCoalescedDeadline(t *testing.T) {
 	}
 	expectTimeout := func(name string, o outcome, timeout time.Duration) {
 		t.Helper()
-		if !errors.Is(o.err, store.ErrUnavailable) || !o.res.Undecided {
-			t.Errorf("%s: %+v, %v; want Undecided and an ErrUnavailable timeout", name, o.res, o.err)
+		if !errors.Is(o.err, store.ErrUnavailable) || !errors.Is(o.err, context.DeadlineExceeded) || !o.res.Undecided {
+			t.Errorf("%s: %+v, %v; want Undecided and an ErrUnavailable, DeadlineExceeded timeout", name, o.res, o.err)
+		}
+		if !strings.Contains(fmt.Sprint(o.err), "the caller's deadline") {
+			t.Errorf("%s: %v; want it to say the caller's deadline ran out", name, o.err)
 		}
 		if o.took > timeout+time.Second {
 			t.Errorf("%s took %v with a %v deadline", name, o.took, timeout)
@@ -204,7 +206,7 @@ func TestCoalescedDeadline(t *testing.T) {
 	if ob.err != nil || !ob.res.Allowed || ob.res.Remaining != 100_000-2 {
 		t.Errorf("B: %+v, %v; want allowed with %d remaining", ob.res, ob.err, 100_000-2)
 	}
-	if st := co.stats(); st.Pipelines != 1 || st.MaxBatch != 2 {
+	if st := sent.stats(); st.Pipelines != 1 || st.MaxBatch != 2 {
 		t.Errorf("stats %+v, want one pipeline of B and C", st)
 	}
 	// The store still works, and D (abandoned while queued) was not sent:
@@ -220,10 +222,9 @@ func TestCoalescedDeadline(t *testing.T) {
 // and that flushing the script cache mid-traffic fails no decision.
 func TestPipelineNoScript(t *testing.T) {
 	srv := redistest.StartServer(t)
-	c := srv.Client()
+	c, sent := counted(srv.Addr)
 	defer c.Close()
-	s := NewFromClient(c, WithTimeout(5*time.Second), WithPipelining(1, 128))
-	defer s.Close()
+	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 128})
 	ctx := context.Background()
 	decide(t, s, uniqueCheck("warm", 0))
 	co := nodeCoalescer(t, s, "")
@@ -266,7 +267,7 @@ func TestPipelineNoScript(t *testing.T) {
 		if d := after["eval"] - before["eval"]; d != 1 {
 			t.Errorf("%d EVAL calls, want 1", d)
 		}
-		if st := co.stats(); st.NoScript != 1 {
+		if st := sent.stats(); st.NoScript != 1 {
 			t.Errorf("%d pipelines re-sent after NOSCRIPT, want 1", st.NoScript)
 		}
 	})
@@ -295,19 +296,24 @@ func TestPipelineNoScript(t *testing.T) {
 				}
 			}()
 		}
-		before := co.stats()
-		for i := 0; i < 10; i++ {
-			time.Sleep(30 * time.Millisecond)
+		halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
+		defer halt()
+		before := sent.stats()
+		// Flush the script cache ten times, each time once the callers
+		// have made 100 more decisions, then let them make 100 more.
+		for i := 0; i <= 10; i++ {
+			waitProgress(t, &decided, 100)
+			if i == 10 {
+				break
+			}
 			if err := c.ScriptFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(30 * time.Millisecond)
-		close(stop)
-		wg.Wait()
-		after := co.stats()
+		halt()
+		after := sent.stats()
 		t.Logf("%d decisions, %d failed, %d round trips, %d pipelines, %d re-sent after NOSCRIPT", decided.Load(), failed.Load(),
-			after.Sends-before.Sends, after.Pipelines-before.Pipelines, after.NoScript-before.NoScript)
+			after.Sends()-before.Sends(), after.Pipelines-before.Pipelines, after.NoScript-before.NoScript)
 		if after.Pipelines == before.Pipelines {
 			t.Errorf("50 callers made no pipeline")
 		}
@@ -322,18 +328,20 @@ func TestCoalescedCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
 	clk := newClock(t0)
-	s, err := New(Options{URL: c.Seeds(), Mode: ModeCluster, Timeout: 10 * time.Second, MaxInFlight: 1})
-	if err != nil {
-		t.Fatal(err)
+	var addrs []string
+	for _, n := range c.Nodes {
+		addrs = append(addrs, n.Addr)
 	}
-	s.now = clk.Now
-	defer s.Close()
+	cc, sent := countedCluster(addrs)
+	defer cc.Close()
+	s := mustNew(t, Options{Client: cc, Clock: clk.Now, Timeout: 10 * time.Second, MaxInFlight: 1})
 
 	const tenants = 24
 	check := func(tenant int, hits uint64) store.Check {
 		return store.Check{Key: fmt.Sprintf("rl:{t%d}:x", tenant), Limit: 1_000_000_000, Window: time.Hour, Hits: hits}
 	}
 	var total [tenants]atomic.Int64 // hits decided per tenant
+	var decided atomic.Int64        // calls decided
 	run := func(stop <-chan struct{}, callers, calls int) {
 		var wg sync.WaitGroup
 		for g := 0; g < callers; g++ {
@@ -355,6 +363,7 @@ func TestCoalescedCluster(t *testing.T) {
 						return
 					}
 					total[tenant].Add(int64(hits))
+					decided.Add(1)
 					if !r[0].Allowed {
 						t.Errorf("tenant %d denied: %+v", tenant, r[0])
 					}
@@ -379,10 +388,10 @@ func TestCoalescedCluster(t *testing.T) {
 	t.Run("concurrent tenants", func(t *testing.T) {
 		run(nil, 50, 40)
 		verify()
-		st := s.coalescerStats()
-		t.Logf("coalescer: %+v", st)
-		if st.Sends >= st.Calls {
-			t.Errorf("%d calls took %d round trips; want fewer", st.Calls, st.Sends)
+		st := sent.stats()
+		t.Logf("sent: %+v", st)
+		if st.Sends() >= st.Calls {
+			t.Errorf("%d calls took %d round trips; want fewer", st.Calls, st.Sends())
 		}
 	})
 
@@ -393,6 +402,9 @@ func TestCoalescedCluster(t *testing.T) {
 			defer close(done)
 			run(stop, 20, 0)
 		}()
+		halt := sync.OnceFunc(func() { close(stop); <-done })
+		defer halt()
+		progressed := func() { waitProgress(t, &decided, 20) }
 		// Move every tenant's slot to the next master, one slot at a time.
 		ids := map[*redistest.Server]string{}
 		for _, n := range c.Nodes {
@@ -414,27 +426,29 @@ func TestCoalescedCluster(t *testing.T) {
 					dst = c.Nodes[(i+1)%len(c.Nodes)]
 				}
 			}
-			if err := migrateSlot(ctx, c, ids, Slot(key), src, dst); err != nil {
+			if err := migrateSlot(ctx, c, ids, Slot(key), src, dst, progressed); err != nil {
 				t.Errorf("migrate tenant %d: %v", tenant, err)
 				break
 			}
 			moved++
-			time.Sleep(20 * time.Millisecond)
+			progressed()
 		}
-		time.Sleep(100 * time.Millisecond)
-		close(stop)
-		<-done
+		waitProgress(t, &decided, 100)
+		halt()
 		verify()
-		t.Logf("moved %d slots under traffic; %d calls redirected to the cluster client; coalescer: %+v", moved, s.redirects.Load(), s.coalescerStats())
-		if s.redirects.Load() == 0 {
+		st := sent.stats()
+		t.Logf("moved %d slots under traffic; %d script calls met MOVED or ASK; sent: %+v", moved, st.Redirects, st)
+		if st.Redirects == 0 {
 			t.Errorf("no call met MOVED or ASK")
 		}
 	})
 }
 
 // migrateSlot moves slot from src to dst as redis-cli --cluster reshard
-// does: IMPORTING/MIGRATING, MIGRATE the keys, then assign the slot.
-func migrateSlot(ctx context.Context, c *redistest.Cluster, ids map[*redistest.Server]string, slot int, src, dst *redistest.Server) error {
+// does: IMPORTING/MIGRATING, MIGRATE the keys, then assign the slot. It
+// calls progressed, which waits until traffic made progress, while the
+// slot is MIGRATING and while its keys are on dst but the slot is not.
+func migrateSlot(ctx context.Context, c *redistest.Cluster, ids map[*redistest.Server]string, slot int, src, dst *redistest.Server, progressed func()) error {
 	// Generous socket timeouts: the machine may be loaded.
 	client := func(n *redistest.Server) *redis.Client {
 		return redis.NewClient(&redis.Options{Addr: n.Addr, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
@@ -448,7 +462,7 @@ func migrateSlot(ctx context.Context, c *redistest.Cluster, ids map[*redistest.S
 	if err := sc.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst]).Err(); err != nil {
 		return err
 	}
-	time.Sleep(10 * time.Millisecond) // traffic meets the MIGRATING state
+	progressed() // traffic meets the MIGRATING state
 	for {
 		keys, err := sc.ClusterGetKeysInSlot(ctx, slot, 100).Result()
 		if err != nil {
@@ -466,7 +480,7 @@ func migrateSlot(ctx context.Context, c *redistest.Cluster, ids map[*redistest.S
 			return fmt.Errorf("MIGRATE: %w", err)
 		}
 	}
-	time.Sleep(10 * time.Millisecond) // traffic meets ASK
+	progressed() // traffic meets ASK
 	for _, n := range []*redistest.Server{dst, src} {
 		nc := client(n)
 		err := nc.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst]).Err()

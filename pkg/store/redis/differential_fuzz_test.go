@@ -12,6 +12,7 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
 )
 
 // diffReader hands out fuzz bytes; past the end it returns zeros.
@@ -59,7 +60,7 @@ var (
 // named under one hash tag and at most 64 steps. Each step advances the
 // clock (a jump, to just before or exactly at the next second, or not at
 // all) and holds 1 to 4 checks over the keys: hits 0 to 3, the limit,
-// limit+1, or up to 2^53; refund and shadow flags; rarely another
+// limit+1, or up to 2^53; refund, shadow and force flags; rarely another
 // algorithm than the key's; sometimes a Peek instead of a Decide.
 func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []diffStep, advances []func(int64) int64) {
 	r := &diffReader{b: data}
@@ -133,6 +134,12 @@ func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []d
 			}
 			if flags&0xF0 == 0xF0 { // a key whose algorithm changed
 				ch.Algorithm = store.Algorithm(flags >> 2 & 3)
+			} else if flags&0x4C == 0x0C { // a write-back (with Refund: a refund)
+				ch.Force = true
+				// Forced hits add up whatever the limit; keep a key's sum
+				// below 2^53, where Lua's doubles count exactly (64 steps
+				// of 4 checks of less than 2^40 each).
+				ch.Hits %= 1 << 40
 			}
 			st.checks = append(st.checks, ch)
 		}
@@ -169,6 +176,13 @@ func FuzzDifferential(f *testing.F) {
 		{0, 0, 0, 0, 1, 0, 0, 2, 0, 4, 0, 2, 0, 4, 0xF8, 2, 0, 4, 0xF4},
 		// an unknown algorithm (acts as sliding window), limit 1
 		{0, 0, 0, 0, 0xF3, 0, 2, 0, 4, 0, 2, 0, 4, 0},
+		// forced write-backs past the limit of a sliding window (limit 3),
+		// a fixed window (limit 3) and a bucket (limit 2/s, burst 4), each
+		// then denied; a forced refund; a peek
+		{0, 0, 0, 2, 9, 0, 11, 0, 7, 0, 3,
+			2, 0, 21, 0x0C, 2, 0, 22, 0x0C, 2, 0, 20, 0x0C,
+			2, 2, 4, 0, 5, 0, 6, 0,
+			2, 0, 12, 0x0D, 2, 0x80, 0, 0},
 	}
 	for _, s := range seeds {
 		f.Add(s)
@@ -188,8 +202,8 @@ func FuzzDifferential(f *testing.F) {
 		tag := fmt.Sprintf("%s-%d", prefix, diffRun.Add(1))
 		start, keys, steps, advances := decodeDiff(data, tag)
 		clk := newClock(start)
-		rs := NewFromClient(client, WithClock(clk.Now), WithTimeout(2*time.Second))
-		ms := store.NewMemory(store.MemoryOptions{Now: clk.Now, MaxKeys: 1000})
+		rs := mustNew(t, Options{Client: client, Clock: clk.Now, Timeout: 2 * time.Second})
+		ms := memory.New(memory.Options{Now: clk.Now, MaxKeys: 1000})
 		names := make([]string, len(keys))
 		for i, k := range keys {
 			names[i] = k.key
@@ -241,7 +255,20 @@ func TestDecodeDiff(t *testing.T) {
 	if len(steps) != 1 || len(steps[0].checks) != 2 {
 		t.Fatalf("steps %+v", steps)
 	}
-	if c := steps[0].checks[1]; c.Key != want[1].key || c.Hits != 2 || !c.Shadow || c.Refund {
+	if c := steps[0].checks[1]; c.Key != want[1].key || c.Hits != 2 || !c.Shadow || c.Refund || c.Force {
 		t.Fatalf("second check %+v", c)
+	}
+	// Flags 0x0C force; 0x4C and an algorithm change (0xF?) do not.
+	_, _, steps, _ = decodeDiff([]byte{0, 0, 0, 0, 9, 0, 2, 3, 0x0c, 0x0C, 0x04, 0x4C, 0x04, 0xFC, 0x1c, 0x0D, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, "x")
+	if len(steps) != 1 || len(steps[0].checks) != 4 {
+		t.Fatalf("steps %+v", steps)
+	}
+	for i, want := range []bool{true, false, false, true} {
+		if c := steps[0].checks[i]; c.Force != want {
+			t.Errorf("check %d %+v: Force %v, want %v", i, c, c.Force, want)
+		}
+	}
+	if c := steps[0].checks[3]; !c.Refund || c.Hits >= 1<<40 || c.Hits == 0 {
+		t.Errorf("forced refund %+v: want Refund and fewer than 2^40 hits", c)
 	}
 }

@@ -1,8 +1,6 @@
 package redisstore
 
 import (
-	"github.com/rls-project/rls/pkg/breaker"
-
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -13,26 +11,33 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/pkg/breaker"
 )
 
 // Modes are the values of Options.Mode.
 const (
-	ModeSingle   = "single"
-	ModeCluster  = "cluster"
+	// ModeSingle is one Redis server (the default).
+	ModeSingle = "single"
+	// ModeCluster is a Redis Cluster.
+	ModeCluster = "cluster"
+	// ModeSentinel is a master found through Redis Sentinel.
 	ModeSentinel = "sentinel"
 )
 
 var modes = []string{ModeSingle, ModeCluster, ModeSentinel}
 
-// DefaultTimeout is the budget of one Decide or Peek call when
-// Options.Timeout is zero: every shard's script call, including connecting,
-// retries and the NOSCRIPT fallback, must finish within it. It is half of
-// Envoy's default 20 ms rate-limit timeout, leaving the rest for the gRPC
-// hop and the fallback decision.
-const DefaultTimeout = 10 * time.Millisecond
+// DefaultTimeout is the budget of one Decide, Peek or Delete call whose
+// context has no deadline, when Options.Timeout is zero: every shard's
+// script call, including connecting, queueing in the coalescer and the
+// NOSCRIPT fallback, must finish within it. A healthy Redis under a burst
+// meets it. Calls that carry a deadline (the limiter derives one from its
+// gRPC caller's) are bounded by that deadline instead.
+const DefaultTimeout = time.Second
 
-// Options configures a Redis store. The zero value is not usable: URL is
-// required.
+// Options configures a Redis store. The zero value is not usable: URL (or
+// Client) is required. Zero fields take the defaults their comments name;
+// New applies them, in one place (withDefaults).
 type Options struct {
 	// URL locates Redis (--redis-url). Mode single: redis[s]://[user:pass@]host:port[/db][?opts]
 	// as redis.ParseURL reads it. Mode cluster: redis[s]://h1:p1?addr=h2:p2&addr=h3:p3
@@ -51,8 +56,8 @@ type Options struct {
 	// PoolSize is the connection pool size per node; 0 keeps go-redis's
 	// default of 10 per GOMAXPROCS (--redis-pool-size).
 	PoolSize int
-	// Timeout bounds each Decide and Peek call as a whole; 0 means
-	// DefaultTimeout (--redis-timeout).
+	// Timeout bounds each Decide, Peek and Delete call as a whole when its
+	// context has no deadline; 0 means DefaultTimeout (--redis-timeout).
 	Timeout time.Duration
 	// MaxInFlight is how many sends (a lone script call or a pipeline of
 	// them) may be in flight to one Redis node at a time; calls that arrive
@@ -67,27 +72,74 @@ type Options struct {
 	// certificates. rediss:// alone enables TLS with the system roots.
 	TLSConfig *tls.Config
 	// Breaker configures the circuit breaker kept per Redis node (zero
-	// fields take breaker's defaults; Now and OnChange are set by the store).
+	// fields take the breaker package's defaults; OnChange is set by the
+	// store from OnBreakerChange).
 	Breaker breaker.Options
 	// OnBreakerChange, when set, is called after a node's breaker changes
 	// state (for logs and metrics). node is the node's address ("" outside
 	// cluster mode).
 	OnBreakerChange func(node string, from, to breaker.State)
+
+	// Client, when set, is the go-redis client the store uses instead of
+	// making one from URL; the store does not close it. A
+	// *redis.ClusterClient selects cluster mode (checks grouped by hash
+	// slot). URL, Mode, MasterName, Username, Password, PoolSize and
+	// TLSConfig must then be empty: they configure a client. It exists for
+	// tests, which bring clients of their own (with hooks, say).
+	Client redis.UniversalClient
+	// Clock, when set, makes every script evaluation use Clock() instead of
+	// Redis's TIME. It exists for tests (a deterministic clock shared with
+	// the memory store's conformance suite); production stores take time
+	// from Redis so every rls replica agrees on window boundaries. No flag
+	// and nothing in a request can set it.
+	Clock func() time.Time
 }
 
 // Validate reports the first invalid option. Its messages name the flag and
 // never contain a password.
 func (o Options) Validate() error {
+	o = o.withDefaults()
+	if err := o.validate(); err != nil {
+		return err
+	}
+	if o.Client != nil {
+		return nil
+	}
 	_, err := o.clientOptions()
 	return err
 }
 
-// timeout returns the effective per-call budget.
-func (o Options) timeout() time.Duration {
-	if o.Timeout == 0 {
-		return DefaultTimeout
+// withDefaults returns o with its zero fields set to their defaults: the one
+// place where the store's defaults are applied.
+func (o Options) withDefaults() Options {
+	if o.Mode == "" && o.Client == nil {
+		o.Mode = ModeSingle
 	}
-	return o.Timeout
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	return o
+}
+
+// validate checks the options that do not configure the client.
+func (o Options) validate() error {
+	if o.MaxInFlight < 0 || o.MaxInFlight > MaxMaxInFlight || o.MaxBatch < 0 {
+		return fmt.Errorf("redis pipelining: max in flight %d must be 0 (the default) to %d and max batch %d 0 (the default) or more", o.MaxInFlight, MaxMaxInFlight, o.MaxBatch)
+	}
+	if o.Timeout < 0 {
+		return fmt.Errorf("--redis-timeout %v is invalid; it must be positive (0 means %v)", o.Timeout, DefaultTimeout)
+	}
+	if o.Client != nil && (o.URL != "" || o.Mode != "" || o.MasterName != "" || o.Username != "" ||
+		o.Password != "" || o.PoolSize != 0 || o.TLSConfig != nil) {
+		return errors.New("redis options: Client excludes URL, Mode, MasterName, Username, Password, PoolSize and TLSConfig")
+	}
+	return nil
 }
 
 // parsed holds the go-redis options built from Options; exactly one is set.
@@ -97,64 +149,47 @@ type parsed struct {
 	failover *redis.FailoverOptions
 }
 
-// clientOptions validates o and builds the go-redis options for its mode.
+// newClient makes the client p describes.
+func (p parsed) newClient() redis.UniversalClient {
+	switch {
+	case p.cluster != nil:
+		return redis.NewClusterClient(p.cluster)
+	case p.failover != nil:
+		return redis.NewFailoverClient(p.failover)
+	}
+	return redis.NewClient(p.single)
+}
+
+// clientOptions validates o's client options (o has its defaults) and
+// builds the go-redis options for its mode.
 func (o Options) clientOptions() (parsed, error) {
-	mode := o.Mode
-	if mode == "" {
-		mode = ModeSingle
-	}
-	if !slices.Contains(modes, mode) {
-		return parsed{}, fmt.Errorf("--redis-mode %q is invalid; choices are %v", o.Mode, modes)
-	}
-	if o.URL == "" {
-		return parsed{}, errors.New("--redis-url is required for the redis store")
-	}
-	if o.PoolSize < 0 {
-		return parsed{}, fmt.Errorf("--redis-pool-size %d is invalid; it must be 0 (the default) or more", o.PoolSize)
-	}
-	if o.MaxInFlight < 0 || o.MaxInFlight > MaxMaxInFlight || o.MaxBatch < 0 {
-		return parsed{}, fmt.Errorf("redis pipelining: max in flight %d must be 0 (the default) to %d and max batch %d 0 (the default) or more", o.MaxInFlight, MaxMaxInFlight, o.MaxBatch)
-	}
-	if o.Timeout < 0 {
-		return parsed{}, fmt.Errorf("--redis-timeout %v is invalid; it must be positive (0 means %v)", o.Timeout, DefaultTimeout)
-	}
-	u, err := url.Parse(o.URL)
+	u, err := o.checkURL()
 	if err != nil {
-		return parsed{}, fmt.Errorf("--redis-url %s is invalid: it is not a URL", redactedURL(o.URL))
+		return parsed{}, err
 	}
-	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return parsed{}, fmt.Errorf("--redis-url %s is invalid: the scheme must be redis or rediss", redactedURL(o.URL))
-	}
-	if u.Host == "" {
-		return parsed{}, fmt.Errorf("--redis-url %s is invalid: it has no host:port", redactedURL(o.URL))
+	if o.Mode != ModeSentinel && o.MasterName != "" {
+		return parsed{}, fmt.Errorf("--redis-master-name is only valid with --redis-mode sentinel, not %s", o.Mode)
 	}
 	bad := func(err error) error {
-		return fmt.Errorf("--redis-url %s is invalid for --redis-mode %s: %s", redactedURL(o.URL), mode, redact(err.Error(), o))
+		return fmt.Errorf("--redis-url %s is invalid for --redis-mode %s: %s", redactedURL(o.URL), o.Mode, redact(err.Error(), o))
 	}
 	var p parsed
-	timeout := o.timeout()
-	switch mode {
+	switch o.Mode {
 	case ModeSingle:
 		c, err := redis.ParseURL(o.URL)
 		if err != nil {
 			return parsed{}, bad(err)
 		}
-		c.Username, c.Password = override(c.Username, o.Username), override(c.Password, o.Password)
-		c.PoolSize = overrideInt(c.PoolSize, o.PoolSize)
-		c.TLSConfig = o.tls(c.TLSConfig, u)
-		c.ContextTimeoutEnabled = true
-		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = socketTimeouts(c.DialTimeout, c.ReadTimeout, c.WriteTimeout, timeout)
+		o.apply(u, connFields{&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled,
+			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries})
 		p.single = c
 	case ModeCluster:
 		c, err := redis.ParseClusterURL(o.URL)
 		if err != nil {
 			return parsed{}, bad(err)
 		}
-		c.Username, c.Password = override(c.Username, o.Username), override(c.Password, o.Password)
-		c.PoolSize = overrideInt(c.PoolSize, o.PoolSize)
-		c.TLSConfig = o.tls(c.TLSConfig, u)
-		c.ContextTimeoutEnabled = true
-		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = socketTimeouts(c.DialTimeout, c.ReadTimeout, c.WriteTimeout, timeout)
+		o.apply(u, connFields{&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled,
+			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries})
 		p.cluster = c
 	case ModeSentinel:
 		c, err := redis.ParseFailoverURL(o.URL)
@@ -165,25 +200,71 @@ func (o Options) clientOptions() (parsed, error) {
 		if c.MasterName == "" {
 			return parsed{}, errors.New("--redis-master-name is required when --redis-mode is sentinel (or set master_name in --redis-url)")
 		}
-		c.Username, c.Password = override(c.Username, o.Username), override(c.Password, o.Password)
-		c.PoolSize = overrideInt(c.PoolSize, o.PoolSize)
-		c.TLSConfig = o.tls(c.TLSConfig, u)
-		c.ContextTimeoutEnabled = true
-		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = socketTimeouts(c.DialTimeout, c.ReadTimeout, c.WriteTimeout, timeout)
+		o.apply(u, connFields{&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled,
+			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries})
 		p.failover = c
-	}
-	if mode != ModeSentinel && o.MasterName != "" {
-		return parsed{}, fmt.Errorf("--redis-master-name is only valid with --redis-mode sentinel, not %s", mode)
 	}
 	return p, nil
 }
 
+// checkURL checks the mode, the URL's presence, scheme and host, and the
+// pool size, and returns the parsed URL.
+func (o Options) checkURL() (*url.URL, error) {
+	if !slices.Contains(modes, o.Mode) {
+		return nil, fmt.Errorf("--redis-mode %q is invalid; choices are %v", o.Mode, modes)
+	}
+	if o.URL == "" {
+		return nil, errors.New("--redis-url is required for the redis store")
+	}
+	if o.PoolSize < 0 {
+		return nil, fmt.Errorf("--redis-pool-size %d is invalid; it must be 0 (the default) or more", o.PoolSize)
+	}
+	u, err := url.Parse(o.URL)
+	if err != nil {
+		return nil, fmt.Errorf("--redis-url %s is invalid: it is not a URL", redactedURL(o.URL))
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return nil, fmt.Errorf("--redis-url %s is invalid: the scheme must be redis or rediss", redactedURL(o.URL))
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("--redis-url %s is invalid: it has no host:port", redactedURL(o.URL))
+	}
+	return u, nil
+}
+
+// connFields points at the connection fields that go-redis's options for
+// every mode have.
+type connFields struct {
+	username, password        *string
+	poolSize                  *int
+	tls                       **tls.Config
+	contextTimeout            *bool
+	dial, readTime, writeTime *time.Duration
+	dialAttempts              *int
+}
+
+// apply sets f from o: credentials and pool size override the URL's, TLS
+// (see tls), context deadlines honoured, socket timeouts (socketTimeouts),
+// and one dial attempt per connection unless the URL says otherwise
+// (dialer_retries): go-redis's default of five, 100 ms apart, would spend
+// most of a long caller deadline re-dialing a node that refuses
+// connections, where failing at once lets the breaker see the outage.
+func (o Options) apply(u *url.URL, f connFields) {
+	*f.username, *f.password = override(*f.username, o.Username), override(*f.password, o.Password)
+	*f.poolSize = overrideInt(*f.poolSize, o.PoolSize)
+	*f.tls = o.tls(*f.tls, u)
+	*f.contextTimeout = true
+	*f.dial, *f.readTime, *f.writeTime = socketTimeouts(*f.dial, *f.readTime, *f.writeTime, o.Timeout)
+	*f.dialAttempts = overrideInt(1, *f.dialAttempts)
+}
+
 // socketTimeouts keeps timeouts the URL set and otherwise bounds dialing and
-// socket I/O by a small multiple of the call budget: the call's context
-// deadline governs every Decide, these only bound background work such as
-// cluster topology reloads and sentinel discovery.
+// socket I/O by twice the store's timeout: the call's context deadline
+// governs every Decide, these bound background work such as cluster
+// topology reloads and sentinel discovery (and a Decide whose caller's
+// deadline is further away than that).
 func socketTimeouts(dial, read, write, budget time.Duration) (time.Duration, time.Duration, time.Duration) {
-	d := max(20*budget, 250*time.Millisecond)
+	d := max(2*budget, 250*time.Millisecond)
 	if dial == 0 {
 		dial = d
 	}

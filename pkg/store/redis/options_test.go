@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/store"
 )
@@ -32,6 +34,10 @@ func TestOptionsValidate(t *testing.T) {
 		{"master outside sentinel", Options{URL: "redis://s:1", MasterName: "m"}, "only valid with --redis-mode sentinel"},
 		{"negative pool", Options{URL: "redis://h:1", PoolSize: -1}, "--redis-pool-size"},
 		{"negative timeout", Options{URL: "redis://h:1", Timeout: -time.Second}, "--redis-timeout"},
+		{"too many in flight", Options{URL: "redis://h:1", MaxInFlight: MaxMaxInFlight + 1}, "max in flight"},
+		{"client", Options{Client: redis.NewClient(&redis.Options{Addr: "h:1"})}, ""},
+		{"client and url", Options{Client: redis.NewClient(&redis.Options{Addr: "h:1"}), URL: "redis://h:1"}, "Client excludes URL"},
+		{"client and pool", Options{Client: redis.NewClient(&redis.Options{Addr: "h:1"}), PoolSize: 3}, "Client excludes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.opts.Validate()
@@ -55,9 +61,47 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
+// TestNewDefaults: New applies every default in one place, and a client
+// passed in Options.Client is used and left open.
+func TestNewDefaults(t *testing.T) {
+	s := mustNew(t, Options{URL: "redis://localhost:1"})
+	if s.timeout != DefaultTimeout || DefaultTimeout != time.Second || s.maxInFlight != DefaultMaxInFlight || s.maxBatch != DefaultMaxBatch || s.cluster || !s.owned {
+		t.Errorf("store %+v; want timeout %v, in flight %d, batch %d, owned single-node client", s, DefaultTimeout, DefaultMaxInFlight, DefaultMaxBatch)
+	}
+	p, err := Options{URL: "redis://localhost:1"}.withDefaults().clientOptions()
+	if err != nil || p.single.ReadTimeout != 2*time.Second || p.single.DialTimeout != 2*time.Second || !p.single.ContextTimeoutEnabled || p.single.DialerRetries != 1 {
+		t.Errorf("client options %+v, %v; want socket timeouts of twice the store timeout, context deadlines honoured, one dial attempt", p.single, err)
+	}
+	p, err = Options{URL: "redis://localhost:1?dialer_retries=3", Mode: ModeCluster}.withDefaults().clientOptions()
+	if err != nil || p.cluster.DialerRetries != 3 {
+		t.Errorf("cluster client options %+v, %v; want the URL's dialer_retries", p.cluster, err)
+	}
+
+	srv := redistest.StartServer(t)
+	c := srv.Client()
+	defer c.Close()
+	s = mustNew(t, Options{Client: c, MaxInFlight: 3, MaxBatch: 7, Timeout: 5 * time.Second})
+	if s.client != c || s.owned || s.cluster || s.maxInFlight != 3 || s.maxBatch != 7 || s.timeout != 5*time.Second {
+		t.Errorf("store %+v; want the given client, not owned, with the given limits", s)
+	}
+	decide(t, s, store.Check{Key: "k", Limit: 1, Window: time.Second, Hits: 1})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Errorf("Close closed the client it was given: %v", err)
+	}
+
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"localhost:1"}})
+	defer cc.Close()
+	if s := mustNew(t, Options{Client: cc}); !s.cluster {
+		t.Error("a cluster client did not select cluster mode")
+	}
+}
+
 func TestTLSConfig(t *testing.T) {
 	base := &tls.Config{MinVersion: tls.VersionTLS13}
-	p, err := Options{URL: "redis://cache.internal:6380", TLSConfig: base}.clientOptions()
+	p, err := Options{URL: "redis://cache.internal:6380", TLSConfig: base}.withDefaults().clientOptions()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +112,7 @@ func TestTLSConfig(t *testing.T) {
 	if base.ServerName != "" {
 		t.Error("the caller's TLSConfig was modified")
 	}
-	p, err = Options{URL: "rediss://cache.internal:6380", Mode: ModeCluster}.clientOptions()
+	p, err = Options{URL: "rediss://cache.internal:6380", Mode: ModeCluster}.withDefaults().clientOptions()
 	if err != nil || p.cluster.TLSConfig == nil {
 		t.Errorf("rediss:// in cluster mode: TLS %v, %v", p.cluster.TLSConfig, err)
 	}

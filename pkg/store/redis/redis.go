@@ -17,6 +17,16 @@
 // in parallel: each slot group is atomic, but the batch as a whole is not (a
 // denial in one slot does not undo consumption in another). Only requests
 // that mix tenants can span slots.
+//
+// A call is bounded by its context's deadline when it has one (the limiter
+// sets it from its gRPC caller's), else by Options.Timeout. Each node has a
+// circuit breaker (package breaker) that counts round trips and opens only
+// when the node has answered nothing for a while. Errors say what went
+// wrong (see errors.go): a node that cannot answer gives errors wrapping
+// store.ErrUnavailable (store.ErrCircuitOpen while its breaker is open), on
+// which callers fall back; an answer rls cannot use (a script error, a
+// reply of the wrong shape) gives errors wrapping store.ErrProtocol, which
+// is a bug, not an outage.
 package redisstore
 
 import (
@@ -56,112 +66,63 @@ type Store struct {
 	coMu                  sync.Mutex
 	coalescers            sync.Map // node address -> *coalescer
 	closed                bool
-	redirects             atomic.Int64 // calls re-sent through the cluster client
 	lastReload            atomic.Int64 // unix nanoseconds of the last cluster state reload
 }
 
-// Option configures a Store built by NewFromClient.
-type Option func(*Store)
-
-// WithClock makes every script evaluation use now() instead of Redis's TIME.
-// It exists for tests (a deterministic clock shared with the memory store's
-// conformance suite); production stores take time from Redis so every rls
-// replica agrees on window boundaries. Nothing in a request can set it.
-func WithClock(now func() time.Time) Option {
-	return func(s *Store) { s.now = now }
-}
-
-// WithBreaker sets the per-node circuit breakers' options and state-change
-// hook (see Options.Breaker and Options.OnBreakerChange).
-func WithBreaker(o breaker.Options, onChange func(node string, from, to breaker.State)) Option {
-	return func(s *Store) { s.brOpts, s.onChange = o, onChange }
-}
-
-// WithPipelining sets how many sends (single calls or pipelines) may be in
-// flight per node and the most script calls one pipeline carries (see
-// Options.MaxInFlight and Options.MaxBatch; 0 keeps a default).
-func WithPipelining(maxInFlight, maxBatch int) Option {
-	return func(s *Store) {
-		if maxInFlight > 0 {
-			s.maxInFlight = maxInFlight
-		}
-		if maxBatch > 0 {
-			s.maxBatch = maxBatch
-		}
-	}
-}
-
-// WithTimeout sets the per-call budget of Decide and Peek (default
-// DefaultTimeout).
-func WithTimeout(d time.Duration) Option {
-	return func(s *Store) {
-		if d > 0 {
-			s.timeout = d
-		}
-	}
-}
-
-// New validates opts and returns a Store with its own go-redis client. It
-// does not connect: a Redis that is down makes calls fail, never New, which
-// fails only on invalid options (see Options.Validate).
+// New validates opts and returns a Store: on opts.Client when it is set,
+// else on a go-redis client of its own made from opts. It does not
+// connect: a Redis that is down makes calls fail, never New, which fails
+// only on invalid options (see Options.Validate).
 func New(opts Options) (*Store, error) {
-	p, err := opts.clientOptions()
-	if err != nil {
+	o := opts.withDefaults()
+	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{owned: true, timeout: opts.timeout(), brOpts: opts.Breaker, onChange: opts.OnBreakerChange,
-		maxInFlight: opts.MaxInFlight, maxBatch: opts.MaxBatch}
-	switch {
-	case p.cluster != nil:
-		s.client, s.cluster = redis.NewClusterClient(p.cluster), true
-	case p.failover != nil:
-		s.client = redis.NewFailoverClient(p.failover)
-	default:
-		s.client = redis.NewClient(p.single)
+	s := &Store{client: o.Client, timeout: o.Timeout, now: o.Clock, brOpts: o.Breaker, onChange: o.OnBreakerChange,
+		maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch}
+	if s.client == nil {
+		p, err := o.clientOptions()
+		if err != nil {
+			return nil, err
+		}
+		s.client, s.owned = p.newClient(), true
 	}
+	_, s.cluster = s.client.(*redis.ClusterClient)
 	return s, nil
 }
 
-// NewFromClient returns a Store using c, which it does not close (Close is a
-// no-op for the client). A *redis.ClusterClient selects cluster mode (checks
-// grouped by hash slot); any other client sends each batch in one call.
-func NewFromClient(c redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{client: c, timeout: DefaultTimeout}
-	_, s.cluster = c.(*redis.ClusterClient)
-	for _, o := range opts {
-		o(s)
-	}
-	return s
-}
-
 // Decide decides checks and writes one Result per Check into results (see
-// store.Store). The call as a whole is bounded by the store's timeout.
-// Errors from Redis (unreachable, slow, cluster down, loading, failing over)
-// wrap store.ErrUnavailable, and the results of the slot groups that failed
-// are marked Undecided (all of them outside cluster mode); the other groups'
-// results are valid decisions. Invalid checks and a cancelled ctx give an
-// error that does not wrap store.ErrUnavailable, and no valid result.
+// store.Store). The call as a whole is bounded by ctx's deadline when it has
+// one, else by the store's timeout. Errors from a Redis that cannot answer
+// (unreachable, slow, cluster down, loading, failing over, its circuit
+// breaker open) wrap store.ErrUnavailable, and the results of the slot
+// groups that failed are marked Undecided (all of them outside cluster
+// mode); the other groups' results are valid decisions. An answer rls
+// cannot use (a script error, a reply of the wrong shape) gives an error
+// wrapping store.ErrProtocol. Invalid checks, a protocol error and a
+// cancelled ctx give an error that does not wrap store.ErrUnavailable, and
+// no valid result.
 func (s *Store) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
 	return s.run(ctx, lua.ModeDecide, checks, results)
 }
 
 // Peek reports what Decide would answer for check-only versions of checks
-// (Hits 0, no refund) and writes nothing. Errors as for Decide.
+// (Hits 0, no refund, no force) and writes nothing. Errors as for Decide.
 func (s *Store) Peek(ctx context.Context, checks []store.Check, results []store.Result) error {
 	return s.run(ctx, lua.ModePeek, checks, results)
 }
 
 // Delete removes the counters at keys (a missing key is not an error), one
-// DEL per hash slot, bounded by the store's timeout. Errors from Redis wrap
-// store.ErrUnavailable.
+// DEL per hash slot, bounded by ctx's deadline when it has one, else by the
+// store's timeout. Errors from Redis wrap store.ErrUnavailable.
 func (s *Store) Delete(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel, b := s.bound(ctx)
 	defer cancel()
 	if !s.cluster {
-		return s.wrap(ctx, "delete", s.client.Del(ctx, keys...).Err())
+		return s.fail(ctx, "delete", b, s.client.Del(ctx, keys...).Err())
 	}
 	groups := make(map[int][]string)
 	for _, k := range keys {
@@ -174,7 +135,7 @@ func (s *Store) Delete(ctx context.Context, keys ...string) error {
 		}
 		return nil
 	})
-	return s.wrap(ctx, "delete", err)
+	return s.fail(ctx, "delete", b, err)
 }
 
 // Ping checks that Redis answers (every master in cluster mode), for
@@ -191,7 +152,7 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // Close stops the coalescers' flushers (calls still queued fail with
-// ErrUnavailable) and closes the client if New created it.
+// ErrUnavailable) and closes the client unless it came in Options.Client.
 func (s *Store) Close() error {
 	s.coMu.Lock()
 	s.closed = true
@@ -219,40 +180,35 @@ func (s *Store) run(ctx context.Context, mode string, checks []store.Check, resu
 			return fmt.Errorf("redis %s: check %d (key %q): %w", modeName(mode), i, checks[i].Key, err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel, b := s.bound(ctx)
 	defer cancel()
 	now := argNoClock
 	if s.now != nil {
 		now = strconv.FormatInt(s.now().UnixMicro(), 10)
 	}
-
+	if !s.cluster || sameSlot(checks) { // one call: the usual case
+		c := getCall()
+		for i := range checks {
+			c.add(&checks[i], &results[i])
+		}
+		return s.eval(ctx, b, mode, now, c)
+	}
+	calls := slotGroups(checks, results)
+	errs := make([]error, len(calls))
+	var wg sync.WaitGroup
+	for g := 1; g < len(calls); g++ {
+		wg.Go(func() { errs[g] = s.eval(ctx, b, mode, now, calls[g]) })
+	}
+	errs[0] = s.eval(ctx, b, mode, now, calls[0])
+	wg.Wait()
 	// Unavailable groups are Undecided, the others stand (store.Store).
 	// Any other error makes the whole outcome unknown.
-	undecided := func(g []int) {
-		forEach(g, len(checks), func(i int) { results[i] = store.Result{Undecided: true} })
-	}
-	groups := s.groups(checks)
-	if len(groups) == 1 { // no goroutine or error slice for the usual call
-		err := s.eval(ctx, mode, now, checks, results, groups[0])
-		if errors.Is(err, store.ErrUnavailable) {
-			undecided(groups[0])
-		}
-		return err
-	}
-	errs := make([]error, len(groups))
-	var wg sync.WaitGroup
-	for g := 1; g < len(groups); g++ {
-		wg.Go(func() { errs[g] = s.eval(ctx, mode, now, checks, results, groups[g]) })
-	}
-	errs[0] = s.eval(ctx, mode, now, checks, results, groups[0])
-	wg.Wait()
 	var unavailable []error
-	for g, err := range errs {
+	for _, err := range errs {
 		switch {
 		case err == nil:
 		case errors.Is(err, store.ErrUnavailable):
 			unavailable = append(unavailable, err)
-			undecided(groups[g])
 		default:
 			return err
 		}
@@ -260,135 +216,155 @@ func (s *Store) run(ctx context.Context, mode string, checks []store.Check, resu
 	return errors.Join(unavailable...)
 }
 
-// forEach calls f with every index of a group (nil: 0 to n-1).
-func forEach(idx []int, n int, f func(int)) {
-	if idx == nil {
-		for i := 0; i < n; i++ {
-			f(i)
+// sameSlot reports whether every check's key is in the first one's hash
+// slot.
+func sameSlot(checks []store.Check) bool {
+	first := Slot(checks[0].Key)
+	for i := 1; i < len(checks); i++ {
+		if Slot(checks[i].Key) != first {
+			return false
 		}
-		return
 	}
-	for _, i := range idx {
-		f(i)
-	}
+	return true
 }
 
-// allChecks is the one group of every check; shared, never modified.
-var allChecks = [][]int{nil}
-
-// groups returns the indexes of checks per hash slot, in check order within
-// a group; nil-group means "all checks" (one call).
-func (s *Store) groups(checks []store.Check) [][]int {
-	if !s.cluster {
-		return allChecks
-	}
-	first := Slot(checks[0].Key)
-	same := true
-	for i := 1; i < len(checks) && same; i++ {
-		same = Slot(checks[i].Key) == first
-	}
-	if same {
-		return allChecks
-	}
-	var groups [][]int
-	index := make(map[int]int) // slot -> groups index
+// slotGroups splits a batch whose keys span hash slots into one call per
+// slot, in order of first appearance, each with its checks in batch order.
+func slotGroups(checks []store.Check, results []store.Result) []*call {
+	var calls []*call
+	bySlot := make(map[int]*call)
 	for i := range checks {
 		slot := Slot(checks[i].Key)
-		g, ok := index[slot]
+		c, ok := bySlot[slot]
 		if !ok {
-			g = len(groups)
-			index[slot] = g
-			groups = append(groups, nil)
+			c = getCall()
+			bySlot[slot] = c
+			calls = append(calls, c)
 		}
-		groups[g] = append(groups[g], i)
+		c.add(&checks[i], &results[i])
 	}
-	return groups
+	return calls
 }
 
-// eval runs the script once for the checks at idx (nil: all checks), via
-// the coalescer of the node that owns them, and stores their results.
-//
-// The node's breaker counts round trips (see coalesce.go). While it is open
-// calls fail at once; while it is half-open each call asks it alone and,
-// when let through, is sent alone as a probe, outside the coalescer.
-func (s *Store) eval(ctx context.Context, mode string, now any, checks []store.Check, results []store.Result, idx []int) error {
-	n := len(idx)
-	if idx == nil {
-		n = len(checks)
+// add puts a check, and where its result goes, in c's group.
+func (c *call) add(check *store.Check, result *store.Result) {
+	c.checks = append(c.checks, check)
+	c.results = append(c.results, result)
+}
+
+// eval runs the script once for c's checks and stores their results, or
+// marks them Undecided when the node cannot answer. It recycles c.
+func (s *Store) eval(ctx context.Context, b budget, mode string, now any, c *call) error {
+	c.encode(&s.args, mode, now)
+	reply, err := s.send(ctx, c)
+	if err == nil {
+		err = c.decode(reply)
 	}
-	at := func(j int) int {
-		if idx == nil {
-			return j
+	err = s.fail(ctx, modeName(mode), b, err)
+	if errors.Is(err, store.ErrUnavailable) {
+		for _, r := range c.results {
+			*r = store.Result{Undecided: true}
 		}
-		return idx[j]
 	}
-	c := getCall()
-	keys := slices.Grow(c.keys[:0], n)
-	args := slices.Grow(c.args[:0], lua.HeaderArgs+lua.ArgsPerCheck*n)
+	if c.state.Load() != callAbandoned { // else the flusher may hold it
+		putCall(c)
+	}
+	return err
+}
+
+// send runs c's script call on the node that owns its keys and returns the
+// reply. While the node's breaker is closed the call goes through the
+// node's coalescer; while it is half-open each call asks the breaker alone
+// and, when let through, is sent alone as a probe; while it is open the
+// call fails at once. A call whose slot moved (MOVED, ASK) is re-sent
+// through the cluster client.
+func (s *Store) send(ctx context.Context, c *call) ([]any, error) {
+	co, node, err := s.coalescer(ctx, c.keys[0])
+	if err != nil {
+		return nil, err
+	}
+	var reply []any
+	if br := co.br; br.State() == breaker.Closed {
+		reply, err = co.do(ctx, c)
+	} else if tk, ok := br.Allow(); ok {
+		reply, err = runDecide(ctx, s.client, c.keys, c.args)
+		br.Done(tk, outcome(ctx, err))
+	} else {
+		err = errOpen
+	}
+	if errors.Is(err, errOpen) {
+		return nil, circuitOpen(node)
+	}
+	if s.cluster && redirected(err) && ctx.Err() == nil {
+		// The slot moved or is moving (resharding): the cluster client
+		// follows MOVED and ASK and refreshes its slot map.
+		reply, err = runDecide(ctx, s.client, c.keys, c.args)
+	}
+	return reply, err
+}
+
+// encode sets c's keys and script arguments (see decide.lua) from its
+// checks.
+func (c *call) encode(cache *argCache, mode string, now any) {
+	keys := slices.Grow(c.keys[:0], len(c.checks))
+	args := slices.Grow(c.args[:0], lua.HeaderArgs+lua.ArgsPerCheck*len(c.checks))
 	modeArg := argModeDecide
 	if mode == lua.ModePeek {
 		modeArg = argModePeek
 	}
 	args = append(args, now, modeArg)
-	for j := 0; j < n; j++ {
-		ch := &checks[at(j)]
+	for _, ch := range c.checks {
 		keys = append(keys, ch.Key)
-		var flags uint64
-		if ch.Refund {
-			flags |= lua.FlagRefund
-		}
-		if ch.Shadow {
-			flags |= lua.FlagShadow
-		}
 		args = append(args,
-			s.args.arg(uint64(ch.Algorithm)),
-			s.args.arg(ch.Limit),
-			s.args.arg(uint64(ch.Window/time.Second)),
-			s.args.arg(ch.Burst),
-			s.args.arg(ch.Hits),
-			s.args.arg(flags),
+			cache.arg(algorithmCode(ch.Algorithm)),
+			cache.arg(ch.Limit),
+			cache.arg(uint64(ch.Window/time.Second)),
+			cache.arg(ch.Burst),
+			cache.arg(ch.Hits),
+			cache.arg(flags(ch)),
 		)
 	}
 	c.keys, c.args = keys, args
-	co, node, err := s.coalescer(ctx, keys[0])
-	if err != nil {
-		putCall(c)
-		return s.wrap(ctx, modeName(mode), err)
+}
+
+// algorithmCode is a's code in the script; unknown algorithms act as the
+// default, sliding window, as in the memory store.
+func algorithmCode(a store.Algorithm) uint64 {
+	switch a {
+	case store.TokenBucket:
+		return lua.AlgTokenBucket
+	case store.FixedWindow:
+		return lua.AlgFixed
 	}
-	var reply []any
-	if br := co.br; br.State() == breaker.Closed {
-		reply, err = co.do(ctx, c)
-	} else if br.Allow() {
-		reply, err = runDecide(ctx, s.client, keys, args)
-		br.Done(nodeAnswered(ctx, err))
-	} else {
-		err = errOpen
+	return lua.AlgSliding
+}
+
+// flags is ch's flags value in the script.
+func flags(ch *store.Check) uint64 {
+	var f uint64
+	if ch.Refund {
+		f |= lua.FlagRefund
 	}
-	if errors.Is(err, errOpen) {
-		putCall(c)
-		return fmt.Errorf("redis %s: %w: circuit open for node %q after repeated failures", modeName(mode), store.ErrUnavailable, node)
+	if ch.Shadow {
+		f |= lua.FlagShadow
 	}
-	if s.cluster && redirected(err) && ctx.Err() == nil {
-		// The slot moved or is moving (resharding): the cluster client
-		// follows MOVED and ASK and refreshes its slot map.
-		s.redirects.Add(1)
-		reply, err = runDecide(ctx, s.client, keys, args)
+	if ch.Force {
+		f |= lua.FlagForce
 	}
-	if c.state.Load() != callAbandoned {
-		putCall(c)
+	return f
+}
+
+// decode stores the script's reply in c's results.
+func (c *call) decode(reply []any) error {
+	if len(reply) != lua.ReplyPerCheck*len(c.checks) {
+		return fmt.Errorf("%w: the script replied %d values for %d checks", store.ErrProtocol, len(reply), len(c.checks))
 	}
-	if err != nil {
-		return s.wrap(ctx, modeName(mode), err)
-	}
-	if len(reply) != lua.ReplyPerCheck*n {
-		return fmt.Errorf("redis %s: script replied %d values for %d checks", modeName(mode), len(reply), n)
-	}
-	for j := 0; j < n; j++ {
+	for j, ch := range c.checks {
 		r, err := decodeResult(reply[lua.ReplyPerCheck*j : lua.ReplyPerCheck*(j+1)])
 		if err != nil {
-			return fmt.Errorf("redis %s: reply for %s: %w", modeName(mode), checks[at(j)].Key, err)
+			return fmt.Errorf("%w: the reply for %s: %w", store.ErrProtocol, ch.Key, err)
 		}
-		results[at(j)] = r
+		*c.results[j] = r
 	}
 	return nil
 }
@@ -468,25 +444,6 @@ func micros(us uint64) time.Duration {
 	return time.Duration(us) * time.Microsecond
 }
 
-// wrap adds context to err and marks Redis trouble as store.ErrUnavailable:
-// every error of a Redis call (network, timeout, pool, CLUSTERDOWN, LOADING,
-// READONLY, MASTERDOWN, TRYAGAIN, BUSY, OOM, even a script error) means
-// Redis gave no answer the caller can use, so the caller's fallback applies.
-// A ctx cancelled by the caller is returned as is.
-func (s *Store) wrap(ctx context.Context, op string, err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, context.Canceled) && errors.Is(ctx.Err(), context.Canceled) {
-		return fmt.Errorf("redis %s: %w", op, err)
-	}
-	s.reloadClusterState()
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("redis %s: %w: no answer within %v: %w", op, store.ErrUnavailable, s.timeout, err)
-	}
-	return fmt.Errorf("redis %s: %w: %w", op, store.ErrUnavailable, err)
-}
-
 // reloadClusterState asks go-redis to reload a Cluster's slot map (in the
 // background, at most twice a second) after a failed call. A dead master
 // only refuses connections and sends no redirect, so without this go-redis
@@ -543,35 +500,12 @@ func (s *Store) newCoalescer(node string, c *redis.Client) (*coalescer, error) {
 	if s.closed {
 		return nil, redis.ErrClosed
 	}
-	limit, batch := s.maxInFlight, s.maxBatch
-	if limit <= 0 {
-		limit = DefaultMaxInFlight
-	}
-	limit = min(limit, MaxMaxInFlight)
-	if batch <= 0 {
-		batch = DefaultMaxBatch
-	}
-	co := newCoalescer(s.breaker(node), s.client, s.client, limit, batch)
+	co := newCoalescer(s.breaker(node), s.client, s.client, s.maxInFlight, s.maxBatch)
 	if c != nil {
 		co.batch.Store(c)
 	}
 	s.coalescers.Store(node, co)
 	return co, nil
-}
-
-// coalescerStats sums the counters of every node's coalescer (for tests).
-func (s *Store) coalescerStats() coalescerStats {
-	var t coalescerStats
-	s.coalescers.Range(func(_, v any) bool {
-		st := v.(*coalescer).stats()
-		t.Sends += st.Sends
-		t.Pipelines += st.Pipelines
-		t.Calls += st.Calls
-		t.MaxBatch = max(t.MaxBatch, st.MaxBatch)
-		t.NoScript += st.NoScript
-		return true
-	})
-	return t
 }
 
 // breaker returns node's circuit breaker, creating it closed.

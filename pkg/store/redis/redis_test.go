@@ -10,6 +10,7 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
 )
 
 // clock is a settable test clock, safe for concurrent use.
@@ -49,11 +50,18 @@ func newStore(t *testing.T, now func() time.Time) (*Store, *redistest.Server) {
 	srv := redistest.StartServer(t)
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
-	opts := []Option{WithTimeout(time.Second)}
-	if now != nil {
-		opts = append(opts, WithClock(now))
+	return mustNew(t, Options{Client: c, Timeout: time.Second, Clock: now}), srv
+}
+
+// mustNew returns New(o), closed when the test ends.
+func mustNew(t testing.TB, o Options) *Store {
+	t.Helper()
+	s, err := New(o)
+	if err != nil {
+		t.Fatalf("New: %v", err)
 	}
-	return NewFromClient(c, opts...), srv
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 func decide(t *testing.T, s store.Store, checks ...store.Check) []store.Result {
@@ -75,7 +83,7 @@ func TestMatchesMemory(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 42))
 			clk := newClock(t0 + rng.Int64N(10_000_000))
 			rs, _ := newStore(t, clk.Now)
-			ms := store.NewMemory(store.MemoryOptions{Now: clk.Now})
+			ms := memory.New(memory.Options{Now: clk.Now})
 
 			// Each key keeps one limit and window (a changed one is a
 			// different key in rls); rarely, a check uses another algorithm.

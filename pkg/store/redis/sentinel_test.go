@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,7 +55,7 @@ func TestSentinel(t *testing.T) {
 	}
 }
 
-// waitFor polls cond every 50 ms until it holds or d passes.
+// waitFor polls cond every 5 ms until it holds or d passes.
 func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -62,6 +63,13 @@ func waitFor(t *testing.T, d time.Duration, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("condition not met within %v", d)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// waitProgress waits until n has grown by at least by.
+func waitProgress(t *testing.T, n *atomic.Int64, by int64) {
+	t.Helper()
+	want := n.Load() + by
+	waitFor(t, 20*time.Second, func() bool { return n.Load() >= want })
 }

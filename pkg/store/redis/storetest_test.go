@@ -16,7 +16,7 @@ func TestConformance(t *testing.T) {
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
 	storetest.Run(t, func(t *testing.T, now func() time.Time) store.Store {
-		return NewFromClient(c, WithClock(now), WithTimeout(time.Second))
+		return mustNew(t, Options{Client: c, Clock: now, Timeout: time.Second})
 	})
 }
 
@@ -27,10 +27,10 @@ func TestConformanceConcurrent(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
-	opts := []Option{WithTimeout(time.Second)}
+	opts := Options{Client: c, Timeout: time.Second}
 	if now := time.Now(); now.Add(time.Minute).Truncate(time.Hour) != now.Truncate(time.Hour) {
 		frozen := now
-		opts = append(opts, WithClock(func() time.Time { return frozen }))
+		opts.Clock = func() time.Time { return frozen }
 	}
-	storetest.RunConcurrent(t, NewFromClient(c, opts...))
+	storetest.RunConcurrent(t, mustNew(t, opts))
 }

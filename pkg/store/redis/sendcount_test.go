@@ -1,0 +1,117 @@
+package redisstore
+
+import (
+	"context"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// sendCounter is a go-redis hook that counts what a store sends to Redis,
+// seen from the clients that talk to the nodes (the store keeps no counters
+// of its own): script calls (EVALSHA, EVAL) sent alone, pipelines of script
+// calls and their sizes, pipelines that begin with EVAL (re-sent after
+// NOSCRIPT), and script calls a node answered with MOVED or ASK.
+type sendCounter struct {
+	mu sync.Mutex
+	st sendStats
+}
+
+// sendStats are a sendCounter's counts.
+type sendStats struct {
+	Alone     int64 // script calls sent alone
+	Pipelines int64 // pipelines holding script calls
+	Calls     int64 // script calls, alone or in pipelines
+	MaxBatch  int64 // most script calls in one pipeline
+	NoScript  int64 // pipelines that begin with EVAL
+	Redirects int64 // script calls answered with MOVED or ASK
+}
+
+// Sends is the number of round trips that carried script calls.
+func (s sendStats) Sends() int64 { return s.Alone + s.Pipelines }
+
+func (h *sendCounter) stats() sendStats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.st
+}
+
+func isScript(cmd redis.Cmder) bool {
+	n := cmd.Name()
+	return n == "evalsha" || n == "eval"
+}
+
+func isRedirect(err error) bool {
+	return err != nil && (redis.HasErrorPrefix(err, "MOVED ") || redis.HasErrorPrefix(err, "ASK "))
+}
+
+func (h *sendCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *sendCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if isScript(cmd) {
+			h.mu.Lock()
+			h.st.Alone++
+			h.st.Calls++
+			if isRedirect(cmd.Err()) {
+				h.st.Redirects++
+			}
+			h.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (h *sendCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		var n, redirects int64
+		first := ""
+		for _, c := range cmds {
+			if isScript(c) {
+				if n == 0 {
+					first = c.Name()
+				}
+				n++
+				if isRedirect(c.Err()) {
+					redirects++
+				}
+			}
+		}
+		if n > 0 {
+			h.mu.Lock()
+			h.st.Pipelines++
+			h.st.Calls += n
+			h.st.MaxBatch = max(h.st.MaxBatch, n)
+			if first == "eval" {
+				h.st.NoScript++
+			}
+			h.st.Redirects += redirects
+			h.mu.Unlock()
+		}
+		return err
+	}
+}
+
+// counted returns a client for addr that honours context deadlines, does
+// not retry, and reports to a new sendCounter.
+func counted(addr string) (*redis.Client, *sendCounter) {
+	h := &sendCounter{}
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	c.AddHook(h)
+	return c, h
+}
+
+// countedCluster returns a cluster client seeded with addrs whose node
+// clients all report to a new sendCounter.
+func countedCluster(addrs []string) (*redis.ClusterClient, *sendCounter) {
+	h := &sendCounter{}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true,
+		NewClient: func(o *redis.Options) *redis.Client {
+			nc := redis.NewClient(o)
+			nc.AddHook(h)
+			return nc
+		}})
+	return c, h
+}
