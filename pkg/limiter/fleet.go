@@ -3,44 +3,90 @@ package limiter
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
 // Fleet knows how many rls replicas share the limits: a fixed number, or
-// the number of live heartbeats in the store. While heartbeats fail it keeps
-// the last size it learned. It is safe for concurrent use.
+// the number of live heartbeats in the store.
+//
+// A learned size grows at once and shrinks only after the larger count has
+// not been seen for Hold (the heartbeat TTL): a Redis that restarted empty,
+// or a beat that raced another replica's, reports fewer replicas than there
+// are for up to one heartbeat interval, and a smaller fleet means a larger
+// fail-open share each. While heartbeats fail it keeps the last size it
+// learned. It is safe for concurrent use.
 type Fleet struct {
 	size     atomic.Int64
 	beat     func(context.Context) (int, error)
 	leave    func(context.Context) error
 	interval time.Duration
+	hold     time.Duration
+	now      func() time.Time
 	log      *slog.Logger
+
+	mu     sync.Mutex
+	highAt time.Time // when a count of at least size was last seen
+	known  bool      // a beat has succeeded
 }
 
-// NewFleet returns a Fleet of fixed size when fixed > 0; otherwise Run
-// learns the size by calling beat (which refreshes this replica's heartbeat
-// and counts the live ones) every interval, and Leave calls leave (which
-// removes the heartbeat; it may be nil). The size starts at 1.
-func NewFleet(fixed int, beat func(context.Context) (int, error), leave func(context.Context) error, interval time.Duration, log *slog.Logger) *Fleet {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+// FleetOptions configure a learning Fleet. Zero fields take the defaults in
+// brackets.
+type FleetOptions struct {
+	// Beat refreshes this replica's heartbeat and counts the live ones.
+	Beat func(context.Context) (int, error)
+	// Leave removes this replica's heartbeat [none].
+	Leave func(context.Context) error
+	// Interval is the time between beats [2s].
+	Interval time.Duration
+	// Hold is how long a larger count is kept after it was last seen [3 × Interval].
+	Hold time.Duration
+	// Now is the clock [time.Now].
+	Now func() time.Time
+	// Log receives size changes and beat failures [discard].
+	Log *slog.Logger
+}
+
+// FixedFleet returns a Fleet of size n (at least 1) that never changes.
+func FixedFleet(n int) *Fleet {
+	f := &Fleet{}
+	f.size.Store(int64(max(n, 1)))
+	return f
+}
+
+// NewFleet returns a Fleet that learns its size from o.Beat (see Run and
+// Start). Until the first beat succeeds its size is 1.
+func NewFleet(o FleetOptions) *Fleet {
+	if o.Interval <= 0 {
+		o.Interval = 2 * time.Second
 	}
-	f := &Fleet{interval: interval, log: log, leave: leave}
+	if o.Hold <= 0 {
+		o.Hold = 3 * o.Interval
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	f := &Fleet{beat: o.Beat, leave: o.Leave, interval: o.Interval, hold: o.Hold, now: o.Now, log: o.Log}
 	f.size.Store(1)
-	if fixed > 0 {
-		f.size.Store(int64(fixed))
-	} else {
-		f.beat = beat
-	}
 	return f
 }
 
 // Size returns the current fleet size, at least 1.
 func (f *Fleet) Size() int { return int(f.size.Load()) }
 
-// Learning reports whether the size comes from heartbeats.
-func (f *Fleet) Learning() bool { return f.beat != nil }
+// Known reports whether the size is fixed or has been learned at least once.
+func (f *Fleet) Known() bool {
+	if f.beat == nil {
+		return true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.known
+}
 
 // Beat runs one heartbeat and updates the size; on error the last size stays.
 func (f *Fleet) Beat(ctx context.Context) error {
@@ -51,11 +97,41 @@ func (f *Fleet) Beat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n = max(n, 1)
-	if old := f.size.Swap(int64(n)); old != int64(n) {
-		f.log.Info("fleet size changed", "from", old, "to", n)
-	}
+	f.observe(max(n, 1))
 	return nil
+}
+
+// observe applies one counted size: a larger or equal count is taken at once
+// (and remembered as seen now); a smaller one only once the current size has
+// not been seen for the hold time.
+func (f *Fleet) observe(n int) {
+	now := f.now()
+	f.mu.Lock()
+	old := int(f.size.Load())
+	switch {
+	case !f.known || n >= old:
+		f.size.Store(int64(n))
+		f.highAt = now
+	case now.Sub(f.highAt) >= f.hold:
+		f.size.Store(int64(n))
+		f.highAt = now
+	}
+	f.known = true
+	cur := int(f.size.Load())
+	f.mu.Unlock()
+	if cur != old {
+		f.log.Info("fleet size changed", "from", old, "to", cur)
+	}
+}
+
+// Learn beats once, so a replica knows its fleet before it serves (bounded
+// by ctx). On failure the size stays unknown (1) and it is logged; Run
+// keeps trying. It does nothing for a fixed size.
+func (f *Fleet) Learn(ctx context.Context) {
+	if err := f.Beat(ctx); err != nil {
+		f.log.Warn("fleet heartbeat failed at start: the fail-open share assumes this replica is alone until a beat succeeds",
+			"err", err)
+	}
 }
 
 // Run beats every interval until ctx ends. It does nothing for a fixed size.
@@ -85,8 +161,9 @@ func (f *Fleet) Run(ctx context.Context) {
 	}
 }
 
-// Leave removes this replica's heartbeat, so the others' share grows at
-// once rather than after the heartbeat expires. It waits at most a second.
+// Leave removes this replica's heartbeat, so the others' share grows once
+// their hold time passes rather than after the heartbeat expires too. It
+// waits at most a second.
 func (f *Fleet) Leave() {
 	if f.beat == nil || f.leave == nil {
 		return

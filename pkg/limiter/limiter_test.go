@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
 )
 
 type clock struct {
@@ -65,21 +66,29 @@ func (s *countingStore) Decide(ctx context.Context, checks []store.Check, result
 func setup(t *testing.T, fleet int) (*Limiter, *countingStore, *clock) {
 	t.Helper()
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	cs := &countingStore{Store: store.NewMemory(store.MemoryOptions{Now: clk.now})}
+	cs := &countingStore{Store: memory.New(memory.Options{Now: clk.now})}
 	l := New(cs, Options{Now: clk.now, FleetSize: func() int { return fleet }})
 	return l, cs, clk
 }
 
 func decide(t *testing.T, l *Limiter, failClosed bool, checks ...store.Check) ([]store.Result, []Source) {
 	t.Helper()
-	res := make([]store.Result, len(checks))
-	src := make([]Source, len(checks))
-	fc := make([]bool, len(checks))
-	for i := range fc {
-		fc[i] = failClosed
+	items := make([]Item, len(checks))
+	for i := range checks {
+		items[i] = Item{Check: checks[i], FailClosed: failClosed}
 	}
-	if err := l.Decide(context.Background(), checks, fc, res, src); err != nil {
+	return decideItems(t, l, items)
+}
+
+func decideItems(t *testing.T, l *Limiter, items []Item) ([]store.Result, []Source) {
+	t.Helper()
+	if err := l.Decide(context.Background(), items); err != nil {
 		t.Fatal(err)
+	}
+	res := make([]store.Result, len(items))
+	src := make([]Source, len(items))
+	for i := range items {
+		res[i], src[i] = items[i].Result, items[i].Source
 	}
 	return res, src
 }
@@ -186,10 +195,15 @@ func TestFailOpenShare(t *testing.T) {
 	if got := l.Count(FromFailOpen); got != 250 {
 		t.Fatalf("fail_open count %d, want 250", got)
 	}
-	// The store is back: it decides again (its own count, not the local one).
+	// The store is back: it decides again, and learns the 30 hits admitted
+	// locally (all in this window) by a write-back.
 	cs.down.Store(false)
 	if r, src := decide(t, l, false, c); src[0] != FromStore || r[0].Remaining != 99 {
 		t.Fatalf("after recovery: %+v from %v", r[0], src[0])
+	}
+	waitFor(t, func() bool { return l.Counters().WrittenBack == 30 })
+	if r, _ := decide(t, l, false, c); r[0].Remaining != 100-1-30-1 {
+		t.Fatalf("after the write-back: remaining %d, want %d", r[0].Remaining, 100-1-30-1)
 	}
 }
 
@@ -207,11 +221,7 @@ func TestFallbackAllOrNothing(t *testing.T) {
 	cs.down.Store(true)
 	open := chk("rl:{d|a=1}:s60", 10, time.Minute)
 	closed := chk("rl:{d|b=1}:s60", 10, time.Minute)
-	res := make([]store.Result, 2)
-	src := make([]Source, 2)
-	if err := l.Decide(context.Background(), []store.Check{open, closed}, []bool{false, true}, res, src); err != nil {
-		t.Fatal(err)
-	}
+	res, src := decideItems(t, l, []Item{{Check: open}, {Check: closed, FailClosed: true}})
 	if !res[0].Allowed || res[1].Allowed || src[0] != FromFailOpen || src[1] != FromFailClosed {
 		t.Fatalf("got %+v %v", res, src)
 	}
@@ -235,51 +245,25 @@ func TestPartialOutage(t *testing.T) {
 
 func TestCacheIsBounded(t *testing.T) {
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	l := New(store.NewMemory(store.MemoryOptions{Now: clk.now}), Options{Now: clk.now, CacheSize: 1000})
+	l := New(memory.New(memory.Options{Now: clk.now}), Options{Now: clk.now, CacheSize: 1000})
 	for i := range 20_000 {
 		c := chk(fmt.Sprintf("rl:{d|k=%d}:s60", i), 0, time.Minute) // limit 0: always denied
 		decide(t, l, false, c)
 	}
-	if n := l.cache.len(); n > 1000+lruShards {
+	if n := l.known.len(); n > 1000+lruShards {
 		t.Fatalf("cache holds %d entries, cap 1000", n)
 	}
 }
 
 func BenchmarkCachedDenial(b *testing.B) {
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	l := New(store.NewMemory(store.MemoryOptions{Now: clk.now}), Options{Now: clk.now})
-	checks := []store.Check{chk("rl:{d|k=v}:s60", 0, time.Minute)}
-	res := make([]store.Result, 1)
-	src := make([]Source, 1)
-	fc := []bool{false}
+	l := New(memory.New(memory.Options{Now: clk.now}), Options{Now: clk.now})
+	items := []Item{{Check: chk("rl:{d|k=v}:s60", 0, time.Minute)}}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := l.Decide(ctx, checks, fc, res, src); err != nil {
+		if err := l.Decide(ctx, items); err != nil {
 			b.Fatal(err)
 		}
-	}
-}
-
-func TestFleetKeepsLastSizeOnError(t *testing.T) {
-	n, fail := 3, false
-	f := NewFleet(0, func(context.Context) (int, error) {
-		if fail {
-			return 0, store.ErrUnavailable
-		}
-		return n, nil
-	}, nil, time.Second, nil)
-	if f.Size() != 1 {
-		t.Fatalf("initial size %d", f.Size())
-	}
-	if err := f.Beat(context.Background()); err != nil || f.Size() != 3 {
-		t.Fatalf("size %d, err %v", f.Size(), err)
-	}
-	fail = true
-	if err := f.Beat(context.Background()); err == nil || f.Size() != 3 {
-		t.Fatalf("size %d after a failed beat, want 3 kept", f.Size())
-	}
-	if NewFleet(4, nil, nil, time.Second, nil).Size() != 4 {
-		t.Fatal("fixed size not kept")
 	}
 }

@@ -1,0 +1,308 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// waitFor polls cond until it holds or two seconds pass.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 2s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func hits(c store.Check, h uint64) store.Check {
+	c.Hits = h
+	return c
+}
+
+// The cache denies only what the store would deny: a denial of 3 hits does
+// not deny 2 (issue 13's three-step example), and a huge request does not
+// block small ones.
+func TestCacheDeniesOnlyWhatTheStoreWould(t *testing.T) {
+	l, cs, _ := setup(t, 1)
+	c := chk("rl:{d|k=v}:m1", 5, time.Minute)
+	r, _ := decide(t, l, false, hits(c, 3))
+	if !r[0].Allowed || r[0].Remaining != 2 {
+		t.Fatalf("3 hits: %+v, want OK remaining 2", r[0])
+	}
+	r, src := decide(t, l, false, hits(c, 3))
+	if r[0].Allowed || r[0].Remaining != 2 || src[0] != FromStore {
+		t.Fatalf("3 more: %+v from %v, want OVER_LIMIT remaining 2 from the store", r[0], src[0])
+	}
+	// Asking for as much again is answered from the cache, with what was left.
+	calls := cs.calls.Load()
+	r, src = decide(t, l, false, hits(c, 4))
+	if r[0].Allowed || r[0].Remaining != 2 || src[0] != FromCache || cs.calls.Load() != calls {
+		t.Fatalf("4 hits: %+v from %v, want a cached denial with remaining 2", r[0], src[0])
+	}
+	r, src = decide(t, l, false, hits(c, 2))
+	if !r[0].Allowed || r[0].Remaining != 0 || src[0] != FromStore {
+		t.Fatalf("2 hits: %+v from %v, want OK remaining 0", r[0], src[0])
+	}
+
+	big := chk("rl:{d|k=big}:m1", 100, time.Minute)
+	decide(t, l, false, big)
+	if r, _ := decide(t, l, false, hits(big, 1_000_000_000)); r[0].Allowed {
+		t.Fatal("10^9 hits allowed on a limit of 100")
+	}
+	for i := range 99 {
+		if r, src := decide(t, l, false, big); !r[0].Allowed {
+			t.Fatalf("hit %d after the 10^9 request: %+v from %v", i+2, r[0], src[0])
+		}
+	}
+	if r, _ := decide(t, l, false, big); r[0].Allowed {
+		t.Fatal("101st hit allowed")
+	}
+}
+
+// A refund clears a cached denial: the budget it gives back is usable at once.
+func TestRefundClearsCachedDenial(t *testing.T) {
+	l, _, _ := setup(t, 1)
+	c := chk("rl:{d|k=v}:m1", 1, time.Minute)
+	decide(t, l, false, c)
+	decide(t, l, false, c) // denied, cached
+	refund := c
+	refund.Refund = true
+	decide(t, l, false, refund)
+	if r, src := decide(t, l, false, c); !r[0].Allowed || src[0] != FromStore {
+		t.Fatalf("after a refund: %+v from %v", r[0], src[0])
+	}
+}
+
+// The fail-open bucket starts from what the store last said was left, this
+// replica's part of it, not from a full share.
+func TestFallbackSeededFromTheStore(t *testing.T) {
+	l, cs, clk := setup(t, 2)
+	c := chk("rl:{d|k=v}:s60", 100, time.Minute)
+	decide(t, l, false, hits(c, 90)) // the store says 10 are left
+	cs.down.Store(true)
+	allowed := 0
+	for range 50 {
+		if r, _ := decide(t, l, false, c); r[0].Allowed {
+			allowed++
+		}
+	}
+	if allowed != 5 {
+		t.Fatalf("store said 10 left, fleet of 2: %d allowed locally, want 5", allowed)
+	}
+	// Refill at this replica's share: 50 per minute, so 5 in 6 s.
+	clk.add(6 * time.Second)
+	allowed = 0
+	for range 50 {
+		if r, _ := decide(t, l, false, c); r[0].Allowed {
+			allowed++
+		}
+	}
+	if allowed != 5 {
+		t.Fatalf("6 s later: %d allowed, want 5", allowed)
+	}
+	if got := l.Counters().Causes[CauseUnavailable]; got != 100 {
+		t.Fatalf("fallbacks caused by an unavailable store: %d, want 100", got)
+	}
+}
+
+// A denial the store gave seeds an empty bucket: a saturated key stays
+// saturated through an outage.
+func TestFallbackAfterDenialStartsEmpty(t *testing.T) {
+	l, cs, _ := setup(t, 2)
+	c := chk("rl:{d|k=v}:s60", 10, time.Minute)
+	decide(t, l, false, hits(c, 10))
+	decide(t, l, false, c) // denied
+	cs.down.Store(true)
+	if r, src := decide(t, l, false, c); r[0].Allowed && src[0] == FromFailOpen {
+		t.Fatalf("allowed locally right after the store denied: %+v", r[0])
+	}
+}
+
+// Hits admitted locally are written back once the store answers again, and
+// only those that still count in the trailing window.
+func TestWriteBackAfterOutage(t *testing.T) {
+	l, cs, clk := setup(t, 1)
+	c := chk("rl:{d|k=v}:s1", 100, time.Second)
+	cs.down.Store(true)
+	for range 40 {
+		decide(t, l, false, c)
+	}
+	cs.down.Store(false)
+	if err := l.WriteBack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Counters().WrittenBack; got != 40 {
+		t.Fatalf("written back %d hits, want 40", got)
+	}
+	r, _ := decide(t, l, false, hits(c, 0))
+	if r[0].Remaining != 60 {
+		t.Fatalf("store remaining %d after the write-back, want 60", r[0].Remaining)
+	}
+
+	// An outage longer than the window writes back only the last window's hits.
+	cs.down.Store(true)
+	key := chk("rl:{d|k=long}:s1", 100, time.Second)
+	for range 5 { // 5 seconds of outage at 10 hits a second
+		for range 10 {
+			decide(t, l, false, key)
+		}
+		clk.add(time.Second)
+	}
+	cs.down.Store(false)
+	before := l.Counters().WrittenBack
+	if err := l.WriteBack(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Counters().WrittenBack - before; got != 10 {
+		t.Fatalf("after 5 s of outage, wrote back %d hits, want the last window's 10", got)
+	}
+}
+
+// A write-back the store cannot take stays queued for the next time.
+func TestWriteBackRetriedWhileDown(t *testing.T) {
+	l, cs, _ := setup(t, 1)
+	c := chk("rl:{d|k=v}:m1", 100, time.Minute)
+	cs.down.Store(true)
+	for range 7 {
+		decide(t, l, false, c)
+	}
+	if err := l.WriteBack(context.Background()); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("write-back while down: %v", err)
+	}
+	cs.down.Store(false)
+	decide(t, l, false, hits(c, 0)) // an answered call starts the write-back
+	waitFor(t, func() bool { return l.Counters().WrittenBack == 7 })
+	if r, _ := decide(t, l, false, hits(c, 0)); r[0].Remaining != 93 {
+		t.Fatalf("remaining %d, want 93", r[0].Remaining)
+	}
+}
+
+// blockingStore answers only when its context ends, recording whether the
+// context had a deadline and how long it gave.
+type blockingStore struct {
+	store.Store
+	budget chan time.Duration
+}
+
+func (s *blockingStore) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
+	d, ok := ctx.Deadline()
+	if !ok {
+		s.budget <- -1
+		return nil
+	}
+	s.budget <- time.Until(d)
+	<-ctx.Done()
+	return errors.Join(store.ErrUnavailable, ctx.Err())
+}
+
+// The store gets the caller's deadline less a margin; a caller without a
+// deadline leaves the store its own timeout; a deadline that leaves no time
+// decides locally without a call.
+func TestBudgetFollowsTheCaller(t *testing.T) {
+	bs := &blockingStore{budget: make(chan time.Duration, 1)}
+	l := New(bs, Options{})
+	items := []Item{{Check: chk("rl:{d|k=v}:s1", 10, time.Second)}}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := l.Decide(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-bs.budget; b <= 0 || b > 18*time.Millisecond {
+		t.Fatalf("store budget %v for a 20ms caller, want at most 18ms", b)
+	}
+	if items[0].Source != FromFailOpen || ctx.Err() != nil {
+		t.Fatalf("source %v, caller ctx %v: want a fail-open answer before the caller's deadline", items[0].Source, ctx.Err())
+	}
+	if got := l.Counters().Causes[CauseDeadline]; got != 1 {
+		t.Fatalf("deadline fallbacks %d, want 1", got)
+	}
+
+	if err := l.Decide(context.Background(), items); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-bs.budget; b != -1 {
+		t.Fatalf("a caller without a deadline gave the store a deadline (%v)", b)
+	}
+
+	short, cancel2 := context.WithTimeout(context.Background(), 100*time.Microsecond)
+	defer cancel2()
+	if err := l.Decide(short, items); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-bs.budget:
+		t.Fatalf("the store was called with %v left", b)
+	default:
+	}
+}
+
+func TestFleetKeepsLastSizeOnError(t *testing.T) {
+	n, fail := 3, false
+	f := NewFleet(FleetOptions{Beat: func(context.Context) (int, error) {
+		if fail {
+			return 0, store.ErrUnavailable
+		}
+		return n, nil
+	}, Interval: time.Second})
+	if f.Size() != 1 || f.Known() {
+		t.Fatalf("initial size %d, known %v", f.Size(), f.Known())
+	}
+	if err := f.Beat(context.Background()); err != nil || f.Size() != 3 || !f.Known() {
+		t.Fatalf("size %d, err %v", f.Size(), err)
+	}
+	fail = true
+	if err := f.Beat(context.Background()); err == nil || f.Size() != 3 {
+		t.Fatalf("size %d after a failed beat, want 3 kept", f.Size())
+	}
+	if FixedFleet(4).Size() != 4 || !FixedFleet(4).Known() {
+		t.Fatal("fixed size not kept")
+	}
+}
+
+// A smaller count (a Redis that restarted empty, a replica that left) is
+// believed only once the larger one has not been seen for the hold time.
+func TestFleetShrinksOnlyAfterHold(t *testing.T) {
+	clk := &clock{t: time.Unix(1_751_540_400, 0)}
+	n := 3
+	f := NewFleet(FleetOptions{Beat: func(context.Context) (int, error) { return n, nil },
+		Interval: 2 * time.Second, Hold: 6 * time.Second, Now: clk.now})
+	ctx := context.Background()
+	_ = f.Beat(ctx)
+	n = 1 // Redis restarted: only this replica's beat so far
+	for range 2 {
+		clk.add(2 * time.Second)
+		_ = f.Beat(ctx)
+		if f.Size() != 3 {
+			t.Fatalf("size %d within the hold time, want 3", f.Size())
+		}
+	}
+	n = 3 // the others beat again
+	clk.add(2 * time.Second)
+	_ = f.Beat(ctx)
+	n = 2 // one left for good
+	for range 2 {
+		clk.add(2 * time.Second)
+		_ = f.Beat(ctx)
+	}
+	if f.Size() != 3 {
+		t.Fatalf("size %d 4 s after the drop, want 3", f.Size())
+	}
+	clk.add(2 * time.Second)
+	_ = f.Beat(ctx)
+	if f.Size() != 2 {
+		t.Fatalf("size %d 6 s after the drop, want 2", f.Size())
+	}
+	n = 5
+	_ = f.Beat(ctx)
+	if f.Size() != 5 {
+		t.Fatalf("size %d, a larger count is taken at once", f.Size())
+	}
+}

@@ -1,0 +1,247 @@
+package limiter
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// fallback decides the undecided checks of the sub-batch sc, which the store
+// could not answer, with the batch's all-or-nothing rule: fail_closed checks
+// deny; fail_open checks take from this replica's share; if any consuming
+// non-shadow check is denied, none consumes. Hits admitted locally are
+// queued to be written back to the store.
+func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
+	markAllIfNone(sc.results)
+	fleet := max(l.opts.FleetSize(), 1)
+	vetoed := l.fallbackEvaluate(now, items, sc, fleet)
+	n := 0
+	for j := range sc.checks {
+		r, c := &sc.results[j], &sc.checks[j]
+		if !r.Undecided {
+			continue
+		}
+		n++
+		closed := items[sc.idx[j]].FailClosed
+		items[sc.idx[j]].Source = fallbackSource(closed)
+		l.sources[fallbackSource(closed)].Add(1)
+		if closed || c.Hits == 0 || !r.Allowed || (vetoed && !c.Refund) {
+			continue
+		}
+		b := l.bucket(c, fleet, now)
+		*r = b.take(c, now)
+		r.Undecided = true
+		if r.Allowed && !c.Refund {
+			l.wb.add(c, b, now)
+		}
+	}
+	l.causes[causeOf(cause)].Add(1)
+	l.lastFallbk.Store(now)
+	l.logFallback(now, n, cause)
+}
+
+// markAllIfNone marks every result undecided when the store marked none:
+// it failed as a whole.
+func markAllIfNone(results []store.Result) {
+	for j := range results {
+		if results[j].Undecided {
+			return
+		}
+	}
+	for j := range results {
+		results[j] = store.Result{Undecided: true}
+	}
+}
+
+// fallbackEvaluate decides each undecided check without consuming, and
+// reports whether a consuming non-shadow check was denied (then nothing of
+// the batch consumes).
+func (l *Limiter) fallbackEvaluate(now int64, items []Item, sc *scratch, fleet int) (vetoed bool) {
+	for j := range sc.checks {
+		r, c := &sc.results[j], &sc.checks[j]
+		if !r.Undecided {
+			continue
+		}
+		switch {
+		case items[sc.idx[j]].FailClosed && c.Refund:
+			*r = store.Result{Allowed: true}
+		case items[sc.idx[j]].FailClosed:
+			d := l.opts.FailClosedRetry
+			*r = store.Result{RetryAfter: d, Reset: d}
+			vetoed = vetoed || (c.Hits > 0 && !c.Shadow)
+		default:
+			*r = l.bucket(c, fleet, now).peek(c, now)
+			vetoed = vetoed || (!r.Allowed && c.Hits > 0 && !c.Refund && !c.Shadow)
+		}
+		r.Undecided = true
+	}
+	return vetoed
+}
+
+func fallbackSource(failClosed bool) Source {
+	if failClosed {
+		return FromFailClosed
+	}
+	return FromFailOpen
+}
+
+// logFallback logs store trouble at most once every 10 seconds, with the
+// number of fallback decisions since the last line.
+func (l *Limiter) logFallback(now int64, n int, cause error) {
+	l.unloggedErr.Add(uint64(n))
+	last := l.lastLogged.Load()
+	if now-last < int64(10*time.Second) || !l.lastLogged.CompareAndSwap(last, now) {
+		return
+	}
+	l.opts.Log.Warn("store unavailable: deciding locally (fail_open rules at this replica's share, fail_closed rules deny)",
+		"err", cause, "cause", causeOf(cause).String(), "fallback_decisions", l.unloggedErr.Swap(0), "fleet_size", l.opts.FleetSize())
+}
+
+// bucket returns the fail-open bucket of c's key at this replica's share.
+// A bucket the store has spoken about since its last use starts from what
+// the store said was left (this replica's part of it), refilled at the
+// share's rate since then; a key the store never reported starts full.
+func (l *Limiter) bucket(c *store.Check, fleet int, now int64) *bucket {
+	capacity := c.Burst
+	if capacity == 0 {
+		capacity = c.Limit
+	}
+	size := math.Max(1, math.Floor(float64(capacity)/float64(fleet)))
+	rate := float64(c.Limit) / float64(fleet) / float64(c.Window.Nanoseconds()) // tokens per nanosecond
+	k, seen := l.lookup(c)
+	return lruWith(l.local, c.Key, func(b *bucket, ok bool) (*bucket, bool, *bucket) {
+		if !ok {
+			b = &bucket{capacity: size, rate: rate, tokens: size, last: -1, window: int64(c.Window)}
+		}
+		b.mu.Lock()
+		if b.capacity != size || b.rate != rate { // fleet size or limit changed
+			b.tokens = math.Min(b.tokens, size)
+			b.capacity, b.rate, b.window = size, rate, int64(c.Window)
+		}
+		if seen && k.at > b.last {
+			left := float64(k.remaining) / float64(fleet)
+			b.tokens = math.Min(size, left+float64(now-k.at)*rate)
+			b.last = now
+		}
+		b.mu.Unlock()
+		return b, true, b
+	})
+}
+
+// bucket is a local token bucket holding this replica's share of a limit,
+// and the hits it admitted that the store has not been told of yet.
+type bucket struct {
+	mu       sync.Mutex
+	capacity float64
+	rate     float64 // tokens per nanosecond
+	tokens   float64
+	last     int64 // unix nanoseconds; -1 before first use
+
+	// Hits admitted and not yet written back, counted per window of the
+	// rule as a sliding-window counter does, so that a write-back after a
+	// long outage carries only what still counts in the trailing window.
+	window        int64 // the rule's window in nanoseconds
+	wbWin         int64 // the window index of wbCur
+	wbCur, wbPrev uint64
+}
+
+func (b *bucket) refill(now int64) {
+	if b.last >= 0 && now > b.last {
+		b.tokens = math.Min(b.capacity, b.tokens+float64(now-b.last)*b.rate)
+	}
+	if now > b.last {
+		b.last = now
+	}
+}
+
+func (b *bucket) result(h float64, allowed bool) store.Result {
+	r := store.Result{Allowed: allowed, Remaining: uint64(math.Max(0, math.Floor(b.tokens)))}
+	if b.tokens < b.capacity {
+		r.Reset = time.Duration((b.capacity-b.tokens)/b.rate) + 1
+	}
+	if !allowed {
+		if h > b.capacity {
+			r.RetryAfter = time.Duration(b.capacity/b.rate) + 1
+		} else {
+			r.RetryAfter = time.Duration((h-b.tokens)/b.rate) + 1
+		}
+	}
+	return r
+}
+
+// peek evaluates c without consuming.
+func (b *bucket) peek(c *store.Check, now int64) store.Result {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	h := float64(c.Hits)
+	switch {
+	case c.Refund:
+		return b.result(0, true)
+	case c.Hits == 0:
+		return b.result(1, b.tokens >= 1)
+	case b.tokens < h:
+		return b.result(h, false)
+	}
+	// Report as if consumed, as a store reports a check of a denied batch.
+	r := b.result(h, true)
+	r.Remaining = uint64(math.Max(0, math.Floor(b.tokens-h)))
+	return r
+}
+
+// take consumes (or refunds) c's hits if the bucket still allows them.
+func (b *bucket) take(c *store.Check, now int64) store.Result {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	h := float64(c.Hits)
+	b.roll(now)
+	if c.Refund {
+		b.tokens = math.Min(b.capacity, b.tokens+h)
+		b.wbCur -= min(b.wbCur, c.Hits)
+		return b.result(0, true)
+	}
+	if b.tokens < h {
+		return b.result(h, false)
+	}
+	b.tokens -= h
+	b.wbCur += c.Hits
+	return b.result(h, true)
+}
+
+// roll moves the write-back counts to now's window.
+func (b *bucket) roll(now int64) {
+	w := now / b.window
+	if w == b.wbWin {
+		return
+	}
+	if w == b.wbWin+1 {
+		b.wbPrev = b.wbCur
+	} else {
+		b.wbPrev = 0
+	}
+	b.wbCur, b.wbWin = 0, w
+}
+
+// drain returns the admitted hits that still count in the trailing window
+// (the previous window's weighted by its part still inside, as the sliding
+// window counter weighs it, rounded up) and forgets them all.
+func (b *bucket) drain(now int64) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.roll(now)
+	elapsed := float64(now-b.wbWin*b.window) / float64(b.window)
+	n := uint64(math.Ceil(float64(b.wbPrev)*(1-elapsed))) + b.wbCur
+	b.wbCur, b.wbPrev = 0, 0
+	return n
+}
+
+// restore gives back hits that drain took but could not write.
+func (b *bucket) restore(n uint64, now int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.roll(now)
+	b.wbCur += n
+}

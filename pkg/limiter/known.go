@@ -1,0 +1,95 @@
+package limiter
+
+import (
+	"time"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// known is what the store last said about one key, for the rule it was
+// checked with: the budget it reported and when, and the last denial with
+// the hits it denied and until when (the over-limit cache).
+type known struct {
+	limit, burst uint64
+	window       time.Duration
+	remaining    uint64 // the budget the store reported
+	at           int64  // when, in unix nanoseconds
+	deniedHits   uint64 // the store denied this many hits (0: no denial known) ...
+	until        int64  // ... which would not pass before then (unix nanoseconds)
+}
+
+// sameRule reports whether k was learned under c's limit.
+func (k *known) sameRule(c *store.Check) bool {
+	return k.limit == c.Limit && k.burst == c.Burst && k.window == c.Window
+}
+
+// denies reports whether k's denial covers c at now: the store denied at
+// least as many hits as c asks for (a check-only check asks for one), and
+// said they would not pass before k.until. Time only helps a request and
+// other traffic only hurts it, so the store would deny c too. Refunds clear
+// the denial, since they give budget back.
+func (k *known) denies(c *store.Check, now int64) bool {
+	return k.deniedHits > 0 && now < k.until && max(c.Hits, 1) >= k.deniedHits && k.sameRule(c)
+}
+
+// lookup returns what the store last said about c's key under c's rule.
+func (l *Limiter) lookup(c *store.Check) (known, bool) {
+	s := l.known.shard(c.Key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.m[c.Key]
+	if n == nil || !n.val.sameRule(c) {
+		return known{}, false
+	}
+	return n.val, true
+}
+
+// fromCache answers the items the over-limit cache denies, marks the others
+// FromStore, and reports whether a cached denial vetoes the request (a
+// consuming, non-shadow check was denied).
+func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
+	hits := 0
+	for i := range items {
+		it := &items[i]
+		it.Source, it.Result = FromStore, store.Result{}
+		c := &it.Check
+		if l.opts.DisableCache || c.Refund || c.Force {
+			continue
+		}
+		k, ok := l.lookup(c)
+		if !ok || !k.denies(c, now) {
+			continue
+		}
+		d := time.Duration(k.until - now)
+		it.Result = store.Result{Remaining: k.remaining, RetryAfter: d, Reset: d}
+		it.Source = FromCache
+		hits++
+		if c.Hits > 0 && !c.Shadow {
+			vetoed = true
+		}
+	}
+	if hits > 0 {
+		l.sources[FromCache].Add(uint64(hits))
+	}
+	return vetoed
+}
+
+// learn records a result the store decided for c at now.
+func (l *Limiter) learn(c *store.Check, r *store.Result, now int64) {
+	lruWith(l.known, c.Key, func(k known, ok bool) (known, bool, struct{}) {
+		if !ok || !k.sameRule(c) {
+			k = known{limit: c.Limit, burst: c.Burst, window: c.Window}
+		}
+		k.remaining, k.at = r.Remaining, now
+		switch {
+		case c.Refund || c.Force:
+			// A refund gives budget back; a write-back is not a denial.
+			if c.Refund {
+				k.deniedHits = 0
+			}
+		case !r.Allowed && r.RetryAfter > 0 && !l.opts.DisableCache:
+			k.deniedHits, k.until = max(c.Hits, 1), now+int64(r.RetryAfter)
+		}
+		return k, true, struct{}{}
+	})
+}
