@@ -2,13 +2,14 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
@@ -37,93 +38,70 @@ func NewAdmin(svc *Service, st AdminStore, lim *limiter.Limiter) *Admin {
 	return &Admin{svc: svc, st: st, lim: lim}
 }
 
-// explained is one descriptor resolved the way ShouldRateLimit resolves it.
-type explained struct {
-	rule  *descriptors.Rule
-	note  string
-	check store.Check
-}
-
-// resolve matches descriptors as ShouldRateLimit does (overrides, replaces)
-// and builds their checks.
-func (a *Admin) resolve(domain string, ds []*adminv1.Descriptor) ([]explained, error) {
-	if domain == "" {
-		return nil, status.Error(codes.InvalidArgument, "domain is empty")
-	}
-	if len(ds) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "descriptors is empty")
-	}
-	cfg := a.svc.Config()
-	out := make([]explained, len(ds))
-	rules := make([]*descriptors.Rule, len(ds))
-	entries := make([][]*rlcommon.RateLimitDescriptor_Entry, len(ds))
+// resolve resolves an admin request exactly as ShouldRateLimit resolves the
+// same request (bounds, overrides, replaces, keys), checking without
+// consuming.
+func (a *Admin) resolve(domain string, ds []*adminv1.Descriptor) (*resolution, error) {
+	req := &rlsv3.RateLimitRequest{Domain: domain, Descriptors: make([]*rlcommon.RateLimitDescriptor, len(ds))}
 	for i, d := range ds {
-		if len(d.Entries) == 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d] has no entries", i)
+		rd := &rlcommon.RateLimitDescriptor{HitsAddend: wrapperspb.UInt64(0)}
+		for _, e := range d.GetEntries() {
+			rd.Entries = append(rd.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
 		}
-		for j, e := range d.Entries {
-			if e.Key == "" {
-				return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d].entries[%d].key is empty", i, j)
-			}
-			entries[i] = append(entries[i], &rlcommon.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
-		}
-		if l := d.Limit; l != nil {
+		if l := d.GetLimit(); l != nil {
 			u, ok := typev3.RateLimitUnit_value[strings.ToUpper(l.Unit)]
 			if !ok || u == 0 {
-				return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d].limit.unit %q is invalid; choices are [SECOND MINUTE HOUR DAY MONTH YEAR]", i, l.Unit)
+				return nil, a.svc.toStatus(badRequest{fmt.Errorf("descriptors[%d].limit.unit %q is invalid; choices are [SECOND MINUTE HOUR DAY MONTH YEAR]", i, l.Unit)})
 			}
-			rules[i] = cfg.MatchOverride(domain, entries[i], l.RequestsPerUnit, descriptors.Unit(u))
-		} else {
-			rules[i] = cfg.Match(domain, entries[i])
+			rd.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: l.RequestsPerUnit, Unit: typev3.RateLimitUnit(u)}
 		}
+		req.Descriptors[i] = rd
 	}
-	matched := append([]*descriptors.Rule(nil), rules...)
-	descriptors.ApplyReplaces(rules)
-	for i := range ds {
-		e := &out[i]
-		e.rule = matched[i]
-		switch {
-		case matched[i] == nil:
-			e.note = "no rule matches: always OK"
-		case rules[i] == nil:
-			e.note = "replaced by another limit of this request: not counted"
-		case matched[i].Unlimited:
-			e.note = "unlimited: always OK, not counted"
-		default:
-			r := matched[i]
-			e.check = ruleCheck(r, string(descriptors.AppendKey(nil, domain, entries[i], r)))
-		}
+	res := new(resolution)
+	if err := a.svc.resolve(a.svc.Config(), req, res); err != nil {
+		return nil, a.svc.toStatus(err)
 	}
-	return out, nil
+	return res, nil
+}
+
+// note says why descriptor i of res is not counted ("" when it is).
+func (res *resolution) note(i int) string {
+	switch {
+	case res.matched[i] == nil:
+		return "no rule matches: always OK"
+	case res.rules[i] == nil:
+		return "replaced by another limit of this request: not counted"
+	case res.matched[i].Unlimited:
+		return "unlimited: always OK, not counted"
+	}
+	return ""
 }
 
 // Explain implements AdminService.Explain.
 func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*adminv1.ExplainResponse, error) {
-	ex, err := a.resolve(req.Domain, req.Descriptors)
+	res, err := a.resolve(req.Domain, req.Descriptors)
 	if err != nil {
 		return nil, err
 	}
-	var checks []store.Check
-	var idx []int
-	for i := range ex {
-		if ex[i].check.Key != "" {
-			checks = append(checks, ex[i].check)
-			idx = append(idx, i)
-		}
+	checks := make([]store.Check, len(res.items))
+	results := make([]store.Result, len(res.items))
+	for j := range res.items {
+		checks[j] = res.items[j].Check
 	}
-	results := make([]store.Result, len(checks))
 	if len(checks) > 0 {
 		if err := a.st.Peek(ctx, checks, results); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "read counters: %v", err)
+			return nil, a.svc.toStatus(fmt.Errorf("read counters: %w", err))
 		}
 	}
-	resp := &adminv1.ExplainResponse{Explanations: make([]*adminv1.Explanation, len(ex))}
-	for i := range ex {
-		resp.Explanations[i] = &adminv1.Explanation{Matched: ex[i].rule != nil, Note: ex[i].note, Rule: ruleProto(ex[i].rule)}
-	}
-	for j, i := range idx {
+	resp := &adminv1.ExplainResponse{Explanations: make([]*adminv1.Explanation, len(req.Descriptors))}
+	for i := range req.Descriptors {
+		e := &adminv1.Explanation{Matched: res.matched[i] != nil, Note: res.note(i), Rule: ruleProto(res.matched[i])}
+		resp.Explanations[i] = e
+		j := res.slot[i]
+		if j < 0 {
+			continue
+		}
 		r := results[j]
-		e := resp.Explanations[i]
 		e.Key = checks[j].Key
 		e.State = &adminv1.CounterState{
 			Remaining:  r.Remaining,
@@ -145,21 +123,19 @@ func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*admi
 
 // ResetCounters implements AdminService.ResetCounters.
 func (a *Admin) ResetCounters(ctx context.Context, req *adminv1.ResetCountersRequest) (*adminv1.ResetCountersResponse, error) {
-	ex, err := a.resolve(req.Domain, req.Descriptors)
+	res, err := a.resolve(req.Domain, req.Descriptors)
 	if err != nil {
 		return nil, err
 	}
-	var keys []string
-	for _, e := range ex {
-		if e.check.Key != "" {
-			keys = append(keys, e.check.Key)
-		}
+	keys := make([]string, 0, len(res.items))
+	for j := range res.items {
+		keys = append(keys, res.items[j].Check.Key)
 	}
 	if len(keys) == 0 {
 		return &adminv1.ResetCountersResponse{}, nil
 	}
 	if err := a.st.Delete(ctx, keys...); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "delete counters: %v", err)
+		return nil, a.svc.toStatus(fmt.Errorf("delete counters: %w", err))
 	}
 	a.lim.Forget(keys...)
 	return &adminv1.ResetCountersResponse{Keys: keys}, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
 )
 
 const benchConfig = `
@@ -38,7 +39,7 @@ func benchCfg(b *testing.B) *descriptors.Config {
 // allocations.
 func BenchmarkDecision(b *testing.B) {
 	cfg := benchCfg(b)
-	st := store.NewMemory(store.MemoryOptions{})
+	st := memory.New(memory.Options{})
 	entries := d("api_key", "customer-42").Entries
 	checks := make([]store.Check, 1)
 	results := make([]store.Result, 1)
@@ -48,7 +49,8 @@ func BenchmarkDecision(b *testing.B) {
 	for b.Loop() {
 		r := cfg.Match("bench", entries)
 		key = descriptors.AppendKey(key[:0], "bench", entries, r)
-		checks[0] = store.Check{Key: string(key), Algorithm: r.Algorithm, Limit: uint64(r.RequestsPerUnit), Window: r.Window(), Hits: 1}
+		checks[0] = ruleCheck(r, string(key))
+		checks[0].Hits = 1
 		if err := st.Decide(ctx, checks, results); err != nil || !results[0].Allowed {
 			b.Fatal(err, results[0])
 		}
@@ -65,7 +67,7 @@ func BenchmarkHandler(b *testing.B) {
 		descs int
 	}{{"one_key", 1, 1}, {"1000_keys", 1000, 1}, {"two_descriptors", 1, 2}} {
 		b.Run(tc.name, func(b *testing.B) {
-			s := New(benchCfg(b), limiter.New(store.NewMemory(store.MemoryOptions{}), limiter.Options{}),
+			s := New(benchCfg(b), limiter.New(memory.New(memory.Options{}), limiter.Options{}),
 				Options{Metrics: NewMetrics(prometheus.NewRegistry(), 100)})
 			reqs := make([]*rlsv3.RateLimitRequest, tc.keys)
 			for i := range reqs {

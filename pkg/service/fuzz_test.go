@@ -15,7 +15,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
-	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
 )
 
 // fuzzConfig exercises every rule feature the handler branches on: each
@@ -183,7 +183,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 		f.Fatal(err)
 	}
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	st := store.NewMemory(store.MemoryOptions{Now: clk.now, MaxKeys: 10000})
+	st := memory.New(memory.Options{Now: clk.now, MaxKeys: 10000})
 	lim := limiter.New(st, limiter.Options{Now: clk.now, CacheSize: 1000, BucketsSize: 1000})
 	svcs := []*Service{
 		New(cfg, lim, Options{}),

@@ -38,7 +38,7 @@ type Service struct {
 	snap atomic.Pointer[snapshot]
 	lim  *limiter.Limiter
 	opts Options
-	pool sync.Pool // *scratch
+	pool sync.Pool // *resolution
 }
 
 // snapshot is a config with the metric series resolved for its rules.
@@ -110,7 +110,7 @@ func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
 	opts.Limits = opts.Limits.withDefaults()
 	s := &Service{lim: lim, opts: opts}
 	s.SetConfig(cfg)
-	s.pool.New = func() any { return new(scratch) }
+	s.pool.New = func() any { return new(resolution) }
 	return s
 }
 
@@ -122,42 +122,37 @@ func (s *Service) SetConfig(cfg *descriptors.Config) {
 // Config returns the descriptor config in force.
 func (s *Service) Config() *descriptors.Config { return s.snap.Load().cfg }
 
-// scratch holds per-call buffers reused across calls.
-type scratch struct {
-	rules   []*descriptors.Rule
-	checks  []store.Check
-	results []store.Result
-	sources []limiter.Source
-	closed  []bool
-	slot    []int // descriptor index -> check index, -1 when none
-	key     []byte
-}
-
 // ShouldRateLimit decides a request as Envoy defines it: one status per
 // descriptor in request order, overall OVER_LIMIT when any non-shadow
 // descriptor is over its limit, never UNKNOWN. A malformed request is
 // InvalidArgument.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
-	if err := validateRequest(req, &s.opts.Limits); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
 	snap := s.snap.Load()
-	sc := s.pool.Get().(*scratch)
-	defer s.pool.Put(sc)
-	resp, err := s.decide(ctx, snap, req, sc)
-	if err != nil {
+	res := s.pool.Get().(*resolution)
+	defer s.pool.Put(res)
+	if err := s.resolve(snap.cfg, req, res); err != nil {
 		return nil, s.toStatus(err)
 	}
+	if len(res.items) > 0 {
+		if err := s.lim.Decide(ctx, res.items); err != nil {
+			return nil, s.toStatus(err)
+		}
+	}
+	resp := s.respond(snap, req, res)
 	if m := s.opts.Metrics; m != nil {
 		m.latency.Observe(time.Since(start).Seconds())
 	}
 	return resp, nil
 }
 
-// toStatus maps a decision error to a gRPC status, logging it once here.
+// toStatus maps an error to a gRPC status, logging it once here: the one
+// error mapping of the service and the admin API.
 func (s *Service) toStatus(err error) error {
+	var bad badRequest
 	switch {
+	case errors.As(err, &bad):
+		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -165,67 +160,20 @@ func (s *Service) toStatus(err error) error {
 	case errors.Is(err, store.ErrUnavailable):
 		s.opts.Log.Warn("store unavailable", "err", err)
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, store.ErrProtocol):
+		s.opts.Log.Error("store protocol error: the store answered something rls cannot use (a bug, not an outage)", "err", err)
+		return status.Error(codes.Internal, err.Error())
 	}
 	s.opts.Log.Error("decision failed", "err", err)
 	return status.Error(codes.Internal, err.Error())
 }
 
-func (s *Service) decide(ctx context.Context, snap *snapshot, req *rlsv3.RateLimitRequest, sc *scratch) (*rlsv3.RateLimitResponse, error) {
-	cfg := snap.cfg
-	n := len(req.Descriptors)
-	sc.rules = sc.rules[:0]
-	for _, d := range req.Descriptors {
-		var r *descriptors.Rule
-		if l := d.Limit; l != nil {
-			r = cfg.MatchOverride(req.Domain, d.Entries, l.RequestsPerUnit, descriptors.Unit(l.Unit))
-		} else {
-			r = cfg.Match(req.Domain, d.Entries)
-		}
-		sc.rules = append(sc.rules, r)
-	}
-	descriptors.ApplyReplaces(sc.rules)
-
-	reqHits := uint64(req.HitsAddend)
-	if reqHits == 0 {
-		reqHits = 1
-	}
-	sc.checks = sc.checks[:0]
-	sc.closed = sc.closed[:0]
-	sc.slot = sc.slot[:0]
-	for i, d := range req.Descriptors {
-		r := sc.rules[i]
-		if r == nil || r.Unlimited {
-			sc.slot = append(sc.slot, -1)
-			continue
-		}
-		hits := reqHits
-		if d.HitsAddend != nil {
-			hits = d.HitsAddend.Value
-		}
-		sc.key = descriptors.AppendKey(sc.key[:0], req.Domain, d.Entries, r)
-		sc.slot = append(sc.slot, len(sc.checks))
-		c := ruleCheck(r, string(sc.key))
-		c.Hits, c.Refund = hits, d.IsNegativeHits
-		sc.checks = append(sc.checks, c)
-		sc.closed = append(sc.closed, r.OnError == descriptors.OnErrorFailClosed ||
-			(r.OnError == descriptors.OnErrorDefault && s.opts.FailClosed))
-	}
-	if cap(sc.results) < len(sc.checks) {
-		sc.results = make([]store.Result, len(sc.checks))
-		sc.sources = make([]limiter.Source, len(sc.checks))
-	}
-	sc.results = sc.results[:len(sc.checks)]
-	sc.sources = sc.sources[:len(sc.checks)]
-	if len(sc.checks) > 0 {
-		if err := s.lim.Decide(ctx, sc.checks, sc.closed, sc.results, sc.sources); err != nil {
-			return nil, err
-		}
-	}
-
-	resp, sts, lims, durs := newResponse(n)
+// respond builds the response to a decided request and counts its outcomes.
+func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *resolution) *rlsv3.RateLimitResponse {
+	resp, sts, lims, durs := newResponse(len(req.Descriptors))
 	var body *descriptors.Rule // the first denying rule with a response body
 	for i, d := range req.Descriptors {
-		r := sc.rules[i]
+		r := res.rules[i]
 		st := &sts[i]
 		st.Code = rlsv3.RateLimitResponse_OK
 		resp.Statuses[i] = st
@@ -238,25 +186,25 @@ func (s *Service) decide(ctx context.Context, snap *snapshot, req *rlsv3.RateLim
 			snap.stats.record(req.Domain, r, OutcomeUnlimited, entriesOf(d))
 			continue
 		}
-		res := &sc.results[sc.slot[i]]
+		out := &res.item(i).Result
 		lim := &lims[i]
 		lim.Name, lim.RequestsPerUnit = r.Name, r.RequestsPerUnit
 		lim.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit)
 		st.CurrentLimit = lim
-		st.LimitRemaining = clampUint32(res.Remaining)
+		st.LimitRemaining = clampUint32(out.Remaining)
 		st.DurationUntilReset = &durs[i]
 		outcome := OutcomeOK
 		switch {
-		case res.Allowed:
-			setDuration(&durs[i], res.Reset)
-			if nearLimit(res.Remaining, r.RequestsPerUnit) {
+		case out.Allowed:
+			setDuration(&durs[i], out.Reset)
+			if nearLimit(out.Remaining, r.RequestsPerUnit) {
 				outcome = OutcomeNearLimit
 			}
 		case r.ShadowMode: // counted and reported, never denied
-			setDuration(&durs[i], res.RetryAfter)
+			setDuration(&durs[i], out.RetryAfter)
 			outcome = OutcomeShadowOverLimit
 		default:
-			setDuration(&durs[i], res.RetryAfter)
+			setDuration(&durs[i], out.RetryAfter)
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			outcome = OutcomeOverLimit
@@ -275,7 +223,7 @@ func (s *Service) decide(ctx context.Context, snap *snapshot, req *rlsv3.RateLim
 	if s.opts.ResponseHeaders {
 		addRateLimitHeaders(resp)
 	}
-	return resp, nil
+	return resp
 }
 
 // oneStatus holds a response to one descriptor, the usual request, in one
@@ -308,19 +256,6 @@ func newResponse(n int) (*rlsv3.RateLimitResponse, []rlsv3.RateLimitResponse_Des
 func setDuration(d *durationpb.Duration, x time.Duration) {
 	d.Seconds = int64(x / time.Second)
 	d.Nanos = int32(x % time.Second)
-}
-
-// ruleCheck returns the store check of rule r at key, consuming nothing
-// (the caller sets Hits and Refund).
-func ruleCheck(r *descriptors.Rule, key string) store.Check {
-	return store.Check{
-		Key:       key,
-		Algorithm: r.Algorithm,
-		Limit:     uint64(r.RequestsPerUnit),
-		Window:    r.Window(),
-		Burst:     uint64(r.Burst),
-		Shadow:    r.ShadowMode,
-	}
 }
 
 // nearLimit reports whether 80% or more of the limit is used.

@@ -25,6 +25,7 @@ import (
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
 )
 
 const testConfig = `
@@ -74,7 +75,7 @@ func newTestService(t *testing.T) (*Service, *clock) {
 		t.Fatal(err)
 	}
 	clk := &clock{t: time.Unix(1_751_540_400, 0)} // on a window boundary of every unit up to a day
-	st := store.NewMemory(store.MemoryOptions{Now: clk.now})
+	st := memory.New(memory.Options{Now: clk.now})
 	return New(cfg, limiter.New(st, limiter.Options{Now: clk.now}), Options{}), clk
 }
 
@@ -302,6 +303,8 @@ func TestStoreErrorsBecomeGRPCCodes(t *testing.T) {
 	}{
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{errors.New("bad reply"), codes.Internal},
+		// A script error is a bug, not an outage: no fallback, Internal.
+		{fmt.Errorf("redis decide: %w: ERR user_script:1: oops", store.ErrProtocol), codes.Internal},
 	} {
 		s := New(cfg, limiter.New(failingStore{tc.err}, limiter.Options{}), Options{})
 		_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "a")}})
@@ -373,7 +376,7 @@ func TestResponseHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := &clock{t: time.Unix(1_751_540_400, 0).Add(15 * time.Second)}
-	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{Now: clk.now}), limiter.Options{Now: clk.now}),
+	s := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now}),
 		Options{ResponseHeaders: true})
 	r := call(t, s, 0, d("api_key", "h"), d("small", "h"))
 	h := headersOf(r)
@@ -422,7 +425,7 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{}), limiter.Options{}), Options{})
+	s := New(cfg, limiter.New(memory.New(memory.Options{}), limiter.Options{}), Options{})
 	if r := call(t, s, 0, d("k", "v")); r.RawBody != nil || len(r.ResponseHeadersToAdd) != 0 {
 		t.Fatalf("body or headers on an OK response: %v", r)
 	}
@@ -443,7 +446,7 @@ func TestMetricsCountOutcomesWithoutRawValues(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, 3)
-	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{}), limiter.Options{}), Options{Metrics: m})
+	s := New(cfg, limiter.New(memory.New(memory.Options{}), limiter.Options{}), Options{Metrics: m})
 	for i := range 1000 {
 		call(t, s, 0, d("api_key", fmt.Sprint("key-", i)))
 	}
@@ -543,7 +546,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	s := New(cfg, limiter.New(store.NewMemory(store.MemoryOptions{Now: clk.now}), limiter.Options{Now: clk.now}),
+	s := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now}),
 		Options{Limits: Limits{Hits: math.MaxUint64}}) // clamped to MaxHitsBound
 	if got := brief(call(t, s, math.MaxUint32, d("big", "x"))); got != "OK OK/0/" {
 		t.Fatalf("2^32-1 hits on a 2^32-1 limit: %s", got)
