@@ -96,7 +96,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.RedisTLSKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert")
 	fs.BoolVar(&c.RedisTLSInsecureSkipVerify, "redis-tls-insecure-skip-verify", false, "do not verify Redis's TLS certificate (testing only)")
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 0, "Redis connections per node; 0 means go-redis's default (10 per CPU)")
-	fs.DurationVar(&c.RedisTimeout, "redis-timeout", 10*time.Millisecond, "budget for one decision's Redis calls, well under Envoy's 20ms")
+	fs.DurationVar(&c.RedisTimeout, "redis-timeout", time.Second, "budget for one decision's Redis calls when the caller sent no gRPC deadline; when it sent one (Envoy always sends its timeout, 20ms by default) the budget is that deadline minus a small margin")
 	fs.IntVar(&c.MemoryMaxKeys, "memory-max-keys", 1_000_000, "memory store: most counters kept; the oldest are evicted beyond it")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", service.DefaultLimits.Descriptors, "most descriptors in one request; more is InvalidArgument")
 	fs.IntVar(&c.MaxEntries, "max-entries", service.DefaultLimits.Entries, "most entries in one descriptor; more is InvalidArgument")
@@ -196,6 +196,9 @@ func (c *Config) Validate() error {
 	if c.ShutdownTimeout <= 0 {
 		add(errors.New("--shutdown-timeout (RLS_SHUTDOWN_TIMEOUT) must be positive"))
 	}
+	if c.RedisTimeout <= 0 {
+		add(errors.New("--redis-timeout (RLS_REDIS_TIMEOUT) must be positive"))
+	}
 	add(oneOf("on-store-error", c.OnStoreError, "fail_open", "fail_closed"))
 	if c.FleetSize < 0 {
 		add(errors.New("--fleet-size (RLS_FLEET_SIZE) is negative"))
@@ -204,7 +207,8 @@ func (c *Config) Validate() error {
 		name string
 		v    int
 	}{{"max-descriptors", c.MaxDescriptors}, {"max-entries", c.MaxEntries}, {"max-key-bytes", c.MaxKeyBytes},
-		{"max-value-bytes", c.MaxValueBytes}, {"grpc-max-recv-bytes", c.GRPCMaxRecvBytes}} {
+		{"max-value-bytes", c.MaxValueBytes}, {"grpc-max-recv-bytes", c.GRPCMaxRecvBytes},
+		{"detailed-metric-max", c.DetailedMetricMax}, {"local-max-keys", c.LocalMaxKeys}, {"memory-max-keys", c.MemoryMaxKeys}} {
 		if b.v < 1 {
 			add(fmt.Errorf("--%s (%s) must be at least 1", b.name, envName(b.name)))
 		}
@@ -212,27 +216,27 @@ func (c *Config) Validate() error {
 	if c.MaxHits < 1 || c.MaxHits > service.MaxHitsBound {
 		add(fmt.Errorf("--max-hits (RLS_MAX_HITS) %d is out of range [1, 2^53]", c.MaxHits))
 	}
-	if c.DetailedMetricMax < 1 {
-		add(errors.New("--detailed-metric-max (RLS_DETAILED_METRIC_MAX) must be at least 1"))
-	}
 	if c.ConfigPoll < 0 {
 		add(errors.New("--config-poll (RLS_CONFIG_POLL) is negative"))
 	}
 	if c.GCPercent < 0 {
 		add(errors.New("--gc-percent (RLS_GC_PERCENT) is negative"))
 	}
-	if c.LocalMaxKeys < 1 {
-		add(errors.New("--local-max-keys (RLS_LOCAL_MAX_KEYS) must be at least 1"))
-	}
-	if c.MemoryMaxKeys < 1 {
-		add(errors.New("--memory-max-keys (RLS_MEMORY_MAX_KEYS) must be at least 1"))
-	}
 	add(c.validateGRPCTLS())
 	if c.Store == "redis" {
-		add(c.redisOptions().Validate())
-		add(c.validateRedisTLS())
+		add(c.validateRedis())
 	}
 	return errors.Join(errs...)
+}
+
+// validateRedis checks the redis store's options and --redis-tls-* flags
+// (redis store only).
+func (c *Config) validateRedis() error {
+	opts := c.redisOptions()
+	if opts.Timeout <= 0 {
+		opts.Timeout = 0 // reported by Validate with its env twin; not twice
+	}
+	return errors.Join(opts.Validate(), c.validateRedisTLS())
 }
 
 // flagRef names a flag and its environment twin for messages.

@@ -38,12 +38,25 @@ func TestInvalidSettingsNameTheFlag(t *testing.T) {
 		{[]string{"--config-dir", "/does/not/exist"}, nil, `--config-dir (RLS_CONFIG_DIR)`},
 		{[]string{"--store", "redis", "--redis-mode", "ring"}, nil, `--redis-mode "ring" is invalid`},
 		{[]string{"--fleet-size", "-1"}, nil, `--fleet-size (RLS_FLEET_SIZE) is negative`},
+		{[]string{"--redis-timeout", "0"}, nil, `--redis-timeout (RLS_REDIS_TIMEOUT) must be positive`},
+		{nil, map[string]string{"RLS_REDIS_TIMEOUT": "-5ms"}, `--redis-timeout (RLS_REDIS_TIMEOUT) must be positive`},
 	} {
 		args := append([]string{"--config-dir", "../../config"}, tc.args...)
 		_, err := parseConfig(args, func(k string) string { return tc.env[k] }, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v %v: got %v, want an error containing %q", tc.args, tc.env, err, tc.want)
 		}
+	}
+}
+
+// TestRedisTimeoutReportedOnce: on the redis store a negative
+// --redis-timeout is reported once, by Validate, not again by the store's
+// own check (whose "0 means the default" would contradict it).
+func TestRedisTimeoutReportedOnce(t *testing.T) {
+	_, err := parseConfig([]string{"--config-dir", "../../config", "--store", "redis", "--redis-timeout", "-1s"},
+		func(string) string { return "" }, &bytes.Buffer{})
+	if err == nil || strings.Count(err.Error(), "--redis-timeout") != 1 {
+		t.Errorf("got %v, want one error naming --redis-timeout", err)
 	}
 }
 

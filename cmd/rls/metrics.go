@@ -116,7 +116,21 @@ func registerLocal(reg prometheus.Registerer, lim *limiter.Limiter, fleet *limit
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rls_fleet_size", Help: "Replicas sharing the limits, as used for the fail-open share."},
 			func() float64 { return float64(fleet.Size()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_writeback_hits_total", Help: "Hits admitted locally while the store could not answer, then written back to it.",
+			ConstLabels: prometheus.Labels{"result": "written"}}, func() float64 { return float64(lim.Counters().WrittenBack) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_writeback_hits_total", Help: "Hits admitted locally while the store could not answer, then written back to it.",
+			ConstLabels: prometheus.Labels{"result": "lost"}}, func() float64 { return float64(lim.Counters().WriteBackLost) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_store_protocol_errors_total", Help: "Store answers rls could not use (a script error, a reply of the wrong shape): bugs, answered with codes.Internal, never a fallback."},
+			func() float64 { return float64(lim.Counters().ProtocolErrors) }),
 	)
+	for _, c := range limiter.Causes {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_fallback_batches_total", Help: "Requests decided without the store, by cause: deadline (the caller's deadline or the store timeout ran out), unavailable (an error), circuit_open.",
+			ConstLabels: prometheus.Labels{"cause": c.String()}}, func() float64 { return float64(lim.Counters().Causes[c]) }))
+	}
 }
 
 // breakerCollector reports each Redis node's circuit breaker state.

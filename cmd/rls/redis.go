@@ -70,13 +70,16 @@ func redactURL(raw string) string {
 func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
 	rs, ok := st.(*redisstore.Store)
 	if cfg.FleetSize > 0 || !ok {
-		return limiter.NewFleet(max(cfg.FleetSize, 1), nil, nil, 0, log)
+		return limiter.FixedFleet(cfg.FleetSize)
 	}
 	id := replicaID()
-	return limiter.NewFleet(0,
-		func(ctx context.Context) (int, error) { return rs.Heartbeat(ctx, id, heartbeatTTL) },
-		func(ctx context.Context) error { return rs.Leave(ctx, id) },
-		heartbeatInterval, log)
+	return limiter.NewFleet(limiter.FleetOptions{
+		Beat:     func(ctx context.Context) (int, error) { return rs.Heartbeat(ctx, id, heartbeatTTL) },
+		Leave:    func(ctx context.Context) error { return rs.Leave(ctx, id) },
+		Interval: heartbeatInterval,
+		Hold:     heartbeatTTL,
+		Log:      log,
+	})
 }
 
 // Heartbeats: each replica refreshes its own entry every heartbeatInterval;

@@ -22,13 +22,15 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/rls-project/rls/pkg/descriptors"
 
+	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/reload"
 	"github.com/rls-project/rls/pkg/service"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
@@ -51,54 +53,154 @@ func newLogger(cfg *Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// serve runs the servers until ctx is cancelled, then shuts down in order:
-// health NOT_SERVING, drain, bounded GracefulStop, HTTP servers, store last.
+// serve runs rls until ctx is cancelled or a server fails: it builds the
+// components from the config, starts the servers, waits, and shuts down in
+// order. The store is closed last, after everything that uses it stopped.
 func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
-	log := newLogger(cfg, logw)
-	if cfg.Store == "memory" {
-		log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", "config_dir", cfg.ConfigDir)
-	} else {
-		log.Info("rls starting on redis", "mode", cfg.RedisMode, "url", redactURL(cfg.RedisURL), "config_dir", cfg.ConfigDir)
+	a := &app{cfg: cfg, log: newLogger(cfg, logw)}
+	defer a.closeStore()
+	if err := a.build(); err != nil {
+		return err
 	}
+	gcCtx, stopGC := context.WithCancel(ctx)
+	defer stopGC()
+	go tuneGC(gcCtx, cfg.GCPercent, a.log)
+	if err := a.start(ctx); err != nil {
+		return err
+	}
+	runErr := a.wait(ctx)
+	a.shutdown(runErr)
+	return runErr
+}
 
-	rules, notes, err := descriptors.Load(cfg.ConfigDir)
+// app is one serving rls: the components build makes from the config, in
+// the order they depend on each other, and what start and shutdown need.
+type app struct {
+	cfg *Config
+	log *slog.Logger
+
+	reg        *prometheus.Registry
+	cfgMetrics *configMetrics
+	svcMetrics *service.Metrics
+
+	rawStore store.Store                 // as opened (the fleet's heartbeats need Redis itself)
+	st       *timedStore                 // rawStore with metrics; closed last
+	ready    func(context.Context) error // the store's readiness probe
+
+	fleet   *limiter.Fleet
+	lim     *limiter.Limiter
+	svc     *service.Service
+	watcher *reload.Watcher
+
+	grpcLis   net.Listener
+	grpcSrv   *grpc.Server
+	healthSrv *health.Server
+	httpSrvs  []*http.Server // the HTTP and debug servers started
+
+	// storeOK is the last readiness probe's answer; shuttingDown is set
+	// once shutdown begins. /healthcheck reports both.
+	storeOK, shuttingDown atomic.Bool
+
+	servers    sync.WaitGroup // the gRPC and HTTP servers' goroutines
+	errc       chan error     // a server that failed
+	background sync.WaitGroup // readiness probe, fleet heartbeats, config watcher
+	stopBg     context.CancelFunc
+}
+
+// build turns the config into components, in dependency order: descriptor
+// config, metrics registry, store, gRPC listener and server, fleet,
+// limiter, service, admin API, config reloader, health. Nothing serves
+// yet. On error, what build opened is closed (the store by closeStore).
+func (a *app) build() error {
+	a.logStart()
+	rules, err := loadRules(a.cfg.ConfigDir, a.log)
+	if err != nil {
+		return err
+	}
+	a.reg = newRegistry()
+	a.cfgMetrics = newConfigMetrics(a.reg)
+	a.cfgMetrics.set(rules)
+	if err := a.buildStore(); err != nil {
+		return err
+	}
+	if err := a.buildGRPC(); err != nil {
+		return err
+	}
+	a.buildDecisions(rules)
+	a.buildReloader(rules)
+	a.registerGRPC()
+	return nil
+}
+
+// logStart says which store rls starts on.
+func (a *app) logStart() {
+	cfg := a.cfg
+	if cfg.Store == "memory" {
+		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", "config_dir", cfg.ConfigDir)
+	} else {
+		a.log.Info("rls starting on redis", "mode", cfg.RedisMode, "url", redactURL(cfg.RedisURL), "config_dir", cfg.ConfigDir)
+	}
+}
+
+// loadRules loads the descriptor config, logging its notes.
+func loadRules(dir string, log *slog.Logger) (*descriptors.Config, error) {
+	rules, notes, err := descriptors.Load(dir)
 	for _, n := range notes {
 		log.Info(n)
 	}
 	if err != nil {
-		return fmt.Errorf("load config: %w", err)
+		return nil, fmt.Errorf("load config: %w", err)
 	}
 	log.Info("config loaded", "domains", rules.Domains(), "hash", rules.Hash())
+	return rules, nil
+}
 
-	reg := newRegistry()
-	cfgMetrics := newConfigMetrics(reg)
-	cfgMetrics.set(rules)
-	rawStore, ready, err := openStore(cfg, log)
+// buildStore opens the configured store and wraps it with metrics.
+func (a *app) buildStore() error {
+	raw, ready, err := openStore(a.cfg, a.log)
 	if err != nil {
 		return err
 	}
-	if rs, ok := rawStore.(*redisstore.Store); ok {
-		registerBreakers(reg, rs)
+	if rs, ok := raw.(*redisstore.Store); ok {
+		registerBreakers(a.reg, rs)
 	}
-	st := newTimedStore(rawStore, reg)
-	defer func() {
-		if err := st.Close(); err != nil {
-			log.Warn("close store", "err", err)
-		}
-		log.Info("store closed")
-	}()
+	a.rawStore, a.ready = raw, ready
+	a.st = newTimedStore(raw, a.reg)
+	return nil
+}
 
-	grpcLis, err := net.Listen("tcp", cfg.GRPCAddr)
+// closeStore closes the store if build opened it.
+func (a *app) closeStore() {
+	if a.st == nil {
+		return
+	}
+	if err := a.st.Close(); err != nil {
+		a.log.Warn("close store", "err", err)
+	}
+	a.log.Info("store closed")
+}
+
+// buildGRPC listens on --grpc-addr and makes the gRPC server, with TLS
+// when --grpc-tls-cert is set. Services are registered on it later.
+func (a *app) buildGRPC() error {
+	lis, err := net.Listen("tcp", a.cfg.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
 	}
-	svcMetrics := service.NewMetrics(reg, cfg.DetailedMetricMax)
-	creds, err := grpcCreds(cfg, log)
+	a.svcMetrics = service.NewMetrics(a.reg, a.cfg.DetailedMetricMax)
+	creds, err := grpcCreds(a.cfg, a.log)
 	if err != nil {
-		grpcLis.Close()
+		lis.Close()
 		return err
 	}
-	srv := grpc.NewServer(append(creds,
+	a.grpcLis = lis
+	a.grpcSrv = grpc.NewServer(append(creds, grpcOptions(a.cfg, a.svcMetrics, a.log)...)...)
+	return nil
+}
+
+// grpcOptions are the gRPC server's options besides TLS.
+func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.ServerOption {
+	return []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(cfg.GRPCMaxRecvBytes),
 		// Static flow-control windows: grpc-go otherwise estimates bandwidth
@@ -110,178 +212,248 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 		// Reuse handler goroutines (whose stacks have already grown to the
 		// depth of a decision) rather than start one per call.
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
-		grpc.ChainUnaryInterceptor(service.RecoverUnary(svcMetrics, log)),
-	)...)
-	fleet := newFleet(cfg, rawStore, log)
-	lim := limiter.New(st, limiter.Options{
-		FleetSize:    fleet.Size,
+		grpc.ChainUnaryInterceptor(service.RecoverUnary(m, log)),
+	}
+}
+
+// buildDecisions makes what decides: the fleet-size source, the limiter on
+// the store, the RateLimitService, and the admin API when --admin is on.
+func (a *app) buildDecisions(rules *descriptors.Config) {
+	cfg := a.cfg
+	a.fleet = newFleet(cfg, a.rawStore, a.log)
+	a.lim = limiter.New(a.st, limiter.Options{
+		FleetSize:    a.fleet.Size,
 		CacheSize:    cfg.LocalMaxKeys,
 		BucketsSize:  cfg.LocalMaxKeys,
 		DisableCache: !cfg.OverLimitCache,
-		Log:          log,
+		Log:          a.log,
 	})
-	registerLocal(reg, lim, fleet)
-	svc := service.New(rules, lim, service.Options{
+	registerLocal(a.reg, a.lim, a.fleet)
+	a.svc = service.New(rules, a.lim, service.Options{
 		FailClosed:      cfg.OnStoreError == "fail_closed",
 		ResponseHeaders: cfg.ResponseHeaders,
 		Limits: service.Limits{Descriptors: cfg.MaxDescriptors, Entries: cfg.MaxEntries,
 			KeyBytes: cfg.MaxKeyBytes, ValueBytes: cfg.MaxValueBytes, Hits: cfg.MaxHits},
-		Metrics: svcMetrics,
-		Log:     log,
+		Metrics: a.svcMetrics,
+		Log:     a.log,
 	})
 	if cfg.Admin {
-		adminv1.RegisterAdminServiceServer(srv, service.NewAdmin(svc, st, lim))
-		log.Warn("admin API on: rls.admin.v1.AdminService can read and reset counters", "addr", cfg.GRPCAddr)
+		adminv1.RegisterAdminServiceServer(a.grpcSrv, service.NewAdmin(a.svc, a.st, a.lim))
+		a.log.Warn("admin API on: rls.admin.v1.AdminService can read and reset counters", "addr", cfg.GRPCAddr)
 	}
-	watcher := reload.New(rules, reload.Options{
-		Dir:  cfg.ConfigDir,
-		Poll: pollInterval(cfg.ConfigPoll),
+}
+
+// buildReloader makes the config directory's watcher: every valid new
+// config goes to the service and the config metrics.
+func (a *app) buildReloader(rules *descriptors.Config) {
+	a.watcher = reload.New(rules, reload.Options{
+		Dir:  a.cfg.ConfigDir,
+		Poll: pollInterval(a.cfg.ConfigPoll),
 		Apply: func(c *descriptors.Config) {
-			svc.SetConfig(c)
-			cfgMetrics.set(c)
+			a.svc.SetConfig(c)
+			a.cfgMetrics.set(c)
 		},
-		Report: func(r reload.Result, _ *descriptors.Config) { cfgMetrics.reloads.WithLabelValues(string(r)).Inc() },
-		Log:    log,
+		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.reloads.WithLabelValues(string(r)).Inc() },
+		Log:    a.log,
 	})
-	rlsv3.RegisterRateLimitServiceServer(srv, svc)
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(srv, hs)
-	reflection.Register(srv)
+}
 
-	// Readiness: serving from start-up to SIGTERM. A store outage does not
-	// make rls unready (it decides in fallback); it shows as degraded on
-	// /healthcheck and as NOT_SERVING of the gRPC health service "rls.store".
-	var storeOK, shuttingDown atomic.Bool
-	setStore := func(ok bool) {
-		if storeOK.Swap(ok) == ok {
-			return
-		}
-		s := healthpb.HealthCheckResponse_NOT_SERVING
-		if ok {
-			s = healthpb.HealthCheckResponse_SERVING
-		}
-		hs.SetServingStatus(storeHealthName, s)
-		log.Info("store health", "serving", ok)
+// registerGRPC registers RateLimitService, health and reflection.
+// Readiness: serving from start-up to SIGTERM. A store outage does not
+// make rls unready (it decides in fallback); it shows as degraded on
+// /healthcheck and as NOT_SERVING of the gRPC health service "rls.store".
+func (a *app) registerGRPC() {
+	rlsv3.RegisterRateLimitServiceServer(a.grpcSrv, a.svc)
+	a.healthSrv = health.NewServer()
+	healthpb.RegisterHealthServer(a.grpcSrv, a.healthSrv)
+	reflection.Register(a.grpcSrv)
+	a.healthSrv.SetServingStatus(storeHealthName, healthpb.HealthCheckResponse_NOT_SERVING)
+	a.healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	a.healthSrv.SetServingStatus(rlsServiceName, healthpb.HealthCheckResponse_SERVING)
+}
+
+// setStoreHealth records whether the store answers ("rls.store" and
+// /healthcheck), logging changes only.
+func (a *app) setStoreHealth(ok bool) {
+	if a.storeOK.Swap(ok) == ok {
+		return
 	}
-	hs.SetServingStatus(storeHealthName, healthpb.HealthCheckResponse_NOT_SERVING)
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(rlsServiceName, healthpb.HealthCheckResponse_SERVING)
+	s := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		s = healthpb.HealthCheckResponse_SERVING
+	}
+	a.healthSrv.SetServingStatus(storeHealthName, s)
+	a.log.Info("store health", "serving", ok)
+}
 
-	var wg sync.WaitGroup
-	errc := make(chan error, 3)
-	gcCtx, stopGC := context.WithCancel(ctx)
-	defer stopGC()
-	go tuneGC(gcCtx, cfg.GCPercent, log)
-	wg.Go(func() {
-		if err := srv.Serve(grpcLis); err != nil {
-			errc <- fmt.Errorf("grpc server: %w", err)
+// start serves gRPC, then the HTTP and debug ports, then starts the
+// background loops: the store's readiness probe, the fleet's heartbeats
+// and the config watcher. If a port cannot be opened, it stops what it
+// started and returns the error.
+func (a *app) start(ctx context.Context) error {
+	// Know the fleet before serving: a replica that counted itself alone
+	// would give itself the whole limit in fallback.
+	learnCtx, cancel := context.WithTimeout(ctx, a.cfg.RedisTimeout)
+	a.fleet.Learn(learnCtx)
+	cancel()
+	a.errc = make(chan error, 3) // one per server
+	a.servers.Go(func() {
+		if err := a.grpcSrv.Serve(a.grpcLis); err != nil {
+			a.errc <- fmt.Errorf("grpc server: %w", err)
 		}
 	})
-	log.Info("grpc listening", "addr", grpcLis.Addr().String())
+	a.log.Info("grpc listening", "addr", a.grpcLis.Addr().String())
+	if err := a.startHTTP("http-addr", a.cfg.HTTPAddr, a.httpHandler()); err != nil {
+		a.stopServers()
+		return err
+	}
+	if err := a.startHTTP("debug-addr", a.cfg.DebugAddr, a.debugHandler()); err != nil {
+		a.stopServers()
+		return err
+	}
+	bgCtx, stopBg := context.WithCancel(ctx)
+	a.stopBg = stopBg
+	a.background.Go(func() { watchReadiness(bgCtx, a.ready, a.setStoreHealth, a.log) })
+	a.background.Go(func() { a.fleet.Run(bgCtx) })
+	a.background.Go(func() {
+		if err := a.watcher.Run(bgCtx); err != nil {
+			a.log.Error("cannot watch the config directory; config changes need a restart", "dir", a.cfg.ConfigDir, "err", err)
+		}
+	})
+	return nil
+}
 
-	var httpSrvs []*http.Server
-	startHTTP := func(name, addr string, h http.Handler) error {
-		if addr == "" {
-			return nil
-		}
-		lis, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("--%s: %w", name, err)
-		}
-		hsrv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-		httpSrvs = append(httpSrvs, hsrv)
-		wg.Go(func() {
-			if err := hsrv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("%s: %w", name, err)
-			}
-		})
-		log.Info("http listening", "flag", name, "addr", lis.Addr().String())
+// startHTTP serves h on addr (the value of --name) unless addr is empty.
+func (a *app) startHTTP(name, addr string, h http.Handler) error {
+	if addr == "" {
 		return nil
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) {
-		switch {
-		case shuttingDown.Load():
-			http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
-		case !storeOK.Load() || lim.Degraded(5*time.Second):
-			io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")
-		default:
-			io.WriteString(w, "OK\n")
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--%s: %w", name, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	a.httpSrvs = append(a.httpSrvs, srv)
+	a.servers.Go(func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.errc <- fmt.Errorf("%s: %w", name, err)
 		}
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	a.log.Info("http listening", "flag", name, "addr", lis.Addr().String())
+	return nil
+}
+
+// stopServers closes every server at once, when start fails.
+func (a *app) stopServers() {
+	a.grpcSrv.Stop()
+	for _, h := range a.httpSrvs {
+		h.Close()
+	}
+	a.servers.Wait()
+}
+
+// httpHandler serves --http-addr: /healthcheck and /metrics.
+func (a *app) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthcheck", a.healthcheck)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	return mux
+}
+
+// healthcheck is 503 once shutdown began, else 200 OK, or 200 DEGRADED
+// while the store does not answer.
+func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
+	switch {
+	case a.shuttingDown.Load():
+		http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
+	case !a.storeOK.Load() || a.lim.Degraded(5*time.Second):
+		io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")
+	default:
+		io.WriteString(w, "OK\n")
+	}
+}
+
+// debugHandler serves --debug-addr: /rlconfig and /debug/pprof.
+func (a *app) debugHandler() http.Handler {
 	dbg := http.NewServeMux()
 	dbg.HandleFunc("GET /rlconfig", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		dumpConfig(w, svc.Config())
+		dumpConfig(w, a.svc.Config())
 	})
 	dbg.HandleFunc("/debug/pprof/", pprof.Index)
 	dbg.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	dbg.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	dbg.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	dbg.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return dbg
+}
 
-	stopAll := func() {
-		srv.Stop()
-		for _, h := range httpSrvs {
-			h.Close()
-		}
-		wg.Wait()
-	}
-	if err := startHTTP("http-addr", cfg.HTTPAddr, mux); err != nil {
-		stopAll()
-		return err
-	}
-	if err := startHTTP("debug-addr", cfg.DebugAddr, dbg); err != nil {
-		stopAll()
-		return err
-	}
-
-	readyCtx, stopReady := context.WithCancel(ctx)
-	var readyWG sync.WaitGroup
-	readyWG.Go(func() { watchReadiness(readyCtx, ready, setStore, log) })
-	readyWG.Go(func() { fleet.Run(readyCtx) })
-	readyWG.Go(func() {
-		if err := watcher.Run(readyCtx); err != nil {
-			log.Error("cannot watch the config directory; config changes need a restart", "dir", cfg.ConfigDir, "err", err)
-		}
-	})
-
-	var runErr error
+// wait blocks until ctx is cancelled (nil) or a server fails (its error).
+func (a *app) wait(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
-		log.Info("shutdown requested")
-	case runErr = <-errc:
-		log.Error("server failed; shutting down", "err", runErr)
+		a.log.Info("shutdown requested")
+		return nil
+	case err := <-a.errc:
+		a.log.Error("server failed; shutting down", "err", err)
+		return err
 	}
+}
 
-	// Ordered shutdown: stop advertising, drain, finish in-flight calls.
-	stopReady()
-	readyWG.Wait()
-	shuttingDown.Store(true)
-	hs.Shutdown() // every service NOT_SERVING
-	log.Info("health", "serving", false)
-	fleet.Leave()
-	if cfg.ShutdownDrain > 0 && runErr == nil {
-		log.Info("draining", "for", cfg.ShutdownDrain)
-		time.Sleep(cfg.ShutdownDrain)
+// shutdown stops in order: the background loops; health NOT_SERVING on
+// every gRPC service and /healthcheck; this replica's fleet entry; the
+// drain (--shutdown-drain, skipped after a server failure); gRPC, then the
+// HTTP servers, each bounded by --shutdown-timeout. serve closes the store
+// after it.
+func (a *app) shutdown(runErr error) {
+	a.stopBg()
+	a.background.Wait()
+	a.shuttingDown.Store(true)
+	a.healthSrv.Shutdown() // every service NOT_SERVING
+	a.log.Info("health", "serving", false)
+	a.fleet.Leave()
+	if a.cfg.ShutdownDrain > 0 && runErr == nil {
+		a.log.Info("draining", "for", a.cfg.ShutdownDrain)
+		time.Sleep(a.cfg.ShutdownDrain)
 	}
-	t := time.AfterFunc(cfg.ShutdownTimeout, func() {
-		log.Warn("graceful stop timed out; closing connections", "timeout", cfg.ShutdownTimeout)
-		srv.Stop()
-	})
-	srv.GracefulStop()
-	t.Stop()
-	log.Info("grpc stopped")
-	shCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	a.stopGRPC()
+	a.stopHTTP()
+	a.servers.Wait()
+	a.writeBack()
+}
+
+// writeBack hands the hits admitted locally while the store could not
+// answer to the store before it is closed, within --shutdown-timeout.
+func (a *app) writeBack() {
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
-	for _, h := range httpSrvs {
-		if err := h.Shutdown(shCtx); err != nil {
+	if err := a.lim.WriteBack(ctx); err != nil {
+		a.log.Warn("write-back of locally admitted hits at shutdown failed; the store does not count them", "err", err)
+	}
+}
+
+// stopGRPC lets in-flight calls finish, closing the connections if they
+// take longer than --shutdown-timeout.
+func (a *app) stopGRPC() {
+	t := time.AfterFunc(a.cfg.ShutdownTimeout, func() {
+		a.log.Warn("graceful stop timed out; closing connections", "timeout", a.cfg.ShutdownTimeout)
+		a.grpcSrv.Stop()
+	})
+	a.grpcSrv.GracefulStop()
+	t.Stop()
+	a.log.Info("grpc stopped")
+}
+
+// stopHTTP shuts the HTTP servers down within --shutdown-timeout, then
+// closes any still open.
+func (a *app) stopHTTP() {
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
+	defer cancel()
+	for _, h := range a.httpSrvs {
+		if err := h.Shutdown(ctx); err != nil {
 			h.Close()
 		}
 	}
-	wg.Wait()
-	return runErr
 }
 
 // watchReadiness reports SERVING while ready succeeds, probing once a second.
@@ -311,15 +483,15 @@ func watchReadiness(ctx context.Context, ready func(context.Context) error, set 
 	}
 }
 
-// grpcCreds returns the gRPC server's TLS option when --grpc-tls-cert is
-// set: certificates (and the client CA of mutual TLS) are re-read from disk
-// when the files change, for new connections. The HTTP ports stay plaintext.
 // Flow-control windows of the gRPC server (see grpc.InitialWindowSize).
 const (
 	streamWindow = 1 << 20
 	connWindow   = 16 << 20
 )
 
+// grpcCreds returns the gRPC server's TLS option when --grpc-tls-cert is
+// set: certificates (and the client CA of mutual TLS) are re-read from disk
+// when the files change, for new connections. The HTTP ports stay plaintext.
 func grpcCreds(cfg *Config, log *slog.Logger) ([]grpc.ServerOption, error) {
 	if cfg.GRPCTLSCert == "" {
 		return nil, nil
@@ -344,7 +516,7 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 		}
 		return rs, rs.Ping, nil
 	default:
-		m := store.NewMemory(store.MemoryOptions{MaxKeys: cfg.MemoryMaxKeys})
+		m := memory.New(memory.Options{MaxKeys: cfg.MemoryMaxKeys})
 		return m, func(context.Context) error { return nil }, nil
 	}
 }

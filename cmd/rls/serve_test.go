@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// logBuffer is a log writer safe for serve's goroutines and the test.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// waitFor polls cond until it holds, failing the test after within.
+func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// testConfig is a memory-store config on free loopback ports that leaves
+// the process's GC setting alone.
+func testConfig(t *testing.T, args ...string) *Config {
+	t.Helper()
+	all := append([]string{"--config-dir", "../../config", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--debug-addr", "127.0.0.1:0", "--gc-percent", "0", "--config-poll", "0"}, args...)
+	cfg, err := parseConfig(all, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// listening returns the address a "… listening" log line gives for flag
+// ("grpc" for the gRPC port), or "".
+func listening(log, flag string) string {
+	re := regexp.MustCompile(`msg="http listening" flag=` + flag + ` addr=(\S+)`)
+	if flag == "grpc" {
+		re = regexp.MustCompile(`msg="grpc listening" addr=(\S+)`)
+	}
+	if m := re.FindStringSubmatch(log); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestServeRunsAndShutsDownInOrder: serve opens its three ports, reports
+// OK once the store answers, and on cancellation stops in order, closing
+// the store last.
+func TestServeRunsAndShutsDownInOrder(t *testing.T) {
+	log := &logBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, testConfig(t), log) }()
+
+	waitFor(t, "both HTTP ports listening", 5*time.Second, func() bool {
+		return listening(log.String(), "debug-addr") != ""
+	})
+	httpAddr := listening(log.String(), "http-addr")
+	waitFor(t, "/healthcheck OK", 5*time.Second, func() bool {
+		code, body := httpGet(t, "http://"+httpAddr+"/healthcheck")
+		return code == 200 && body == "OK\n"
+	})
+	if code, body := httpGet(t, "http://"+listening(log.String(), "debug-addr")+"/rlconfig"); code != 200 || !strings.HasPrefix(body, "# config ") {
+		t.Errorf("/rlconfig: %d %q", code, body)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve still running 15 s after cancellation")
+	}
+	got := log.String()
+	last := -1
+	for _, s := range []string{"config loaded", "grpc listening", "http listening", "shutdown requested",
+		"serving=false", "grpc stopped", "store closed"} {
+		i := strings.Index(got, s)
+		if i < 0 || i < last {
+			t.Fatalf("%q missing or out of order:\n%s", s, got)
+		}
+		last = i
+	}
+}
+
+// TestServeStartFailureStopsEverything: a port that cannot be opened fails
+// serve, after the gRPC server already started is stopped (its port free
+// again) and the store closed.
+func TestServeStartFailureStopsEverything(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	log := &logBuffer{}
+	err = serve(context.Background(), testConfig(t, "--http-addr", busy.Addr().String()), log)
+	if err == nil || !strings.HasPrefix(err.Error(), "--http-addr: ") {
+		t.Fatalf("serve with --http-addr in use: %v, want an error naming --http-addr", err)
+	}
+	got := log.String()
+	if !strings.Contains(got, "store closed") {
+		t.Errorf("store not closed after the failed start:\n%s", got)
+	}
+	grpcAddr := listening(got, "grpc")
+	if grpcAddr == "" {
+		t.Fatalf("no gRPC address logged:\n%s", got)
+	}
+	l, err := net.Listen("tcp", grpcAddr)
+	if err != nil {
+		t.Fatalf("the gRPC port %s is still open after the failed start: %v", grpcAddr, err)
+	}
+	l.Close()
+}
