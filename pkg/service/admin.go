@@ -17,24 +17,17 @@ import (
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
-// AdminStore is what the admin API needs of a store: read counters without
-// writing them, and delete them. The memory and Redis stores have both.
-type AdminStore interface {
-	Peek(ctx context.Context, checks []store.Check, results []store.Result) error
-	Delete(ctx context.Context, keys ...string) error
-}
-
 // Admin implements rls.admin.v1.AdminService on a Service's config, the
 // store and the limiter's local state.
 type Admin struct {
 	adminv1.UnimplementedAdminServiceServer
 	svc *Service
-	st  AdminStore
+	st  store.Store
 	lim *limiter.Limiter
 }
 
 // NewAdmin returns the admin API of svc.
-func NewAdmin(svc *Service, st AdminStore, lim *limiter.Limiter) *Admin {
+func NewAdmin(svc *Service, st store.Store, lim *limiter.Limiter) *Admin {
 	return &Admin{svc: svc, st: st, lim: lim}
 }
 

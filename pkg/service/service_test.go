@@ -290,6 +290,8 @@ func TestInvalidArgument(t *testing.T) {
 type failingStore struct{ err error }
 
 func (f failingStore) Decide(context.Context, []store.Check, []store.Result) error { return f.err }
+func (f failingStore) Peek(context.Context, []store.Check, []store.Result) error   { return f.err }
+func (f failingStore) Delete(context.Context, ...string) error                     { return f.err }
 func (f failingStore) Close() error                                                { return nil }
 
 func TestStoreErrorsBecomeGRPCCodes(t *testing.T) {

@@ -162,6 +162,13 @@ type Store interface {
 	// caller's fallback. A store that marks none has decided none. Any other
 	// error means nothing is known about the outcome.
 	Decide(ctx context.Context, checks []Check, results []Result) error
+	// Peek reports what Decide would answer for check-only versions of
+	// checks (Hits 0, no refund, no force) and writes nothing (the admin
+	// API's Explain). Errors as for Decide.
+	Peek(ctx context.Context, checks []Check, results []Result) error
+	// Delete removes the counters at keys; a missing key is not an error
+	// (the admin API's ResetCounters).
+	Delete(ctx context.Context, keys ...string) error
 	// Close releases the store's resources.
 	Close() error
 }
