@@ -61,6 +61,7 @@ type Config struct {
 
 	OnStoreError   string
 	FleetSize      int
+	MinFleetSize   int
 	OverLimitCache bool
 	LocalMaxKeys   int
 }
@@ -110,6 +111,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.ConfigPoll, "config-poll", 10*time.Second, "re-read --config-dir this often even without file events (0 disables; file events always trigger a reload)")
 	fs.StringVar(&c.OnStoreError, "on-store-error", "fail_open", "what rules without on_error do when the store cannot answer: fail_open (local share of the limit) or fail_closed (deny)")
 	fs.IntVar(&c.FleetSize, "fleet-size", 0, "replicas sharing the limits, for the fail-open share (limit/fleet size); 0 learns it from heartbeats in Redis (memory store: 1)")
+	fs.IntVar(&c.MinFleetSize, "min-fleet-size", 1, "the least fleet size a learned size may be, and the size assumed before the first heartbeat answers (a replica started while Redis is down); set it to the Deployment's minimum replicas")
 	fs.BoolVar(&c.OverLimitCache, "over-limit-cache", true, "deny keys the store found over their limit locally until their retry time, without a store call")
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 100_000, "most keys kept by each local table (over-limit cache, fail-open buckets); least recently used evicted beyond it")
 	fs.IntVar(&c.GCPercent, "gc-percent", 400, "Go GC target (as GOGC) while the extra heap it allows stays under 64 MiB, falling toward 100 beyond; fewer collections, less CPU and a flatter tail; 0 or a GOGC environment variable leaves Go's setting alone")
@@ -208,7 +210,8 @@ func (c *Config) Validate() error {
 		v    int
 	}{{"max-descriptors", c.MaxDescriptors}, {"max-entries", c.MaxEntries}, {"max-key-bytes", c.MaxKeyBytes},
 		{"max-value-bytes", c.MaxValueBytes}, {"grpc-max-recv-bytes", c.GRPCMaxRecvBytes},
-		{"detailed-metric-max", c.DetailedMetricMax}, {"local-max-keys", c.LocalMaxKeys}, {"memory-max-keys", c.MemoryMaxKeys}} {
+		{"detailed-metric-max", c.DetailedMetricMax}, {"local-max-keys", c.LocalMaxKeys}, {"memory-max-keys", c.MemoryMaxKeys},
+		{"min-fleet-size", c.MinFleetSize}} {
 		if b.v < 1 {
 			add(fmt.Errorf("--%s (%s) must be at least 1", b.name, envName(b.name)))
 		}

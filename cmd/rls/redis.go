@@ -78,6 +78,7 @@ func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
 		Leave:    func(ctx context.Context) error { return rs.Leave(ctx, id) },
 		Interval: heartbeatInterval,
 		Hold:     heartbeatTTL,
+		Min:      cfg.MinFleetSize,
 		Log:      log,
 	})
 }

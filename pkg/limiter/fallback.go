@@ -103,6 +103,12 @@ func (l *Limiter) logFallback(now int64, n int, cause error) {
 // A bucket the store has spoken about since its last use starts from what
 // the store said was left (this replica's part of it), refilled at the
 // share's rate since then; a key the store never reported starts full.
+//
+// A fixed-window rule's bucket refills the way the store's counter does:
+// all at once when a window starts, to the share of a window, and not in
+// between (a store that said R was left means R until the window ends). A
+// sliding-window or token-bucket rule's bucket refills continuously at the
+// share's rate, which is at least as fast as their budgets grow.
 func (l *Limiter) bucket(c *store.Check, fleet int, now int64) *bucket {
 	capacity := c.Burst
 	if capacity == 0 {
@@ -110,20 +116,19 @@ func (l *Limiter) bucket(c *store.Check, fleet int, now int64) *bucket {
 	}
 	size := math.Max(1, math.Floor(float64(capacity)/float64(fleet)))
 	rate := float64(c.Limit) / float64(fleet) / float64(c.Window.Nanoseconds()) // tokens per nanosecond
+	fixed := c.Algorithm == store.FixedWindow
 	k, seen := l.lookup(c)
 	return lruWith(l.local, c.Key, func(b *bucket, ok bool) (*bucket, bool, *bucket) {
 		if !ok {
-			b = &bucket{capacity: size, rate: rate, tokens: size, last: -1, window: int64(c.Window)}
+			b = &bucket{capacity: size, rate: rate, tokens: size, last: -1, window: int64(c.Window), fixed: fixed}
 		}
 		b.mu.Lock()
-		if b.capacity != size || b.rate != rate { // fleet size or limit changed
+		if b.capacity != size || b.rate != rate || b.fixed != fixed { // fleet size or rule changed
 			b.tokens = math.Min(b.tokens, size)
-			b.capacity, b.rate, b.window = size, rate, int64(c.Window)
+			b.capacity, b.rate, b.window, b.fixed = size, rate, int64(c.Window), fixed
 		}
 		if seen && k.at > b.last {
-			left := float64(k.remaining) / float64(fleet)
-			b.tokens = math.Min(size, left+float64(now-k.at)*rate)
-			b.last = now
+			b.seed(float64(k.remaining)/float64(fleet), k.at, now)
 		}
 		b.mu.Unlock()
 		return b, true, b
@@ -135,20 +140,38 @@ func (l *Limiter) bucket(c *store.Check, fleet int, now int64) *bucket {
 type bucket struct {
 	mu       sync.Mutex
 	capacity float64
-	rate     float64 // tokens per nanosecond
+	rate     float64 // tokens per nanosecond (continuous refill)
 	tokens   float64
 	last     int64 // unix nanoseconds; -1 before first use
+	fixed    bool  // refill to capacity when a window starts, not continuously
+	window   int64 // the rule's window in nanoseconds
 
 	// Hits admitted and not yet written back, counted per window of the
 	// rule as a sliding-window counter does, so that a write-back after a
 	// long outage carries only what still counts in the trailing window.
-	window        int64 // the rule's window in nanoseconds
 	wbWin         int64 // the window index of wbCur
 	wbCur, wbPrev uint64
 }
 
+// seed sets the tokens from what the store said was left (this replica's
+// part, left) at time at, as the bucket would hold them now.
+func (b *bucket) seed(left float64, at, now int64) {
+	switch {
+	case !b.fixed:
+		b.tokens = math.Min(b.capacity, left+float64(now-at)*b.rate)
+	case at/b.window == now/b.window:
+		b.tokens = math.Min(b.capacity, left)
+	default: // the window the store spoke of has ended
+		b.tokens = b.capacity
+	}
+	b.last = now
+}
+
 func (b *bucket) refill(now int64) {
-	if b.last >= 0 && now > b.last {
+	switch {
+	case b.fixed && b.last >= 0 && now/b.window != b.last/b.window:
+		b.tokens = b.capacity
+	case !b.fixed && b.last >= 0 && now > b.last:
 		b.tokens = math.Min(b.capacity, b.tokens+float64(now-b.last)*b.rate)
 	}
 	if now > b.last {
@@ -158,6 +181,14 @@ func (b *bucket) refill(now int64) {
 
 func (b *bucket) result(h float64, allowed bool) store.Result {
 	r := store.Result{Allowed: allowed, Remaining: uint64(math.Max(0, math.Floor(b.tokens)))}
+	if b.fixed {
+		end := time.Duration(b.window - b.last%b.window) // to the end of the window
+		r.Reset = end
+		if !allowed {
+			r.RetryAfter = end
+		}
+		return r
+	}
 	if b.tokens < b.capacity {
 		r.Reset = time.Duration((b.capacity-b.tokens)/b.rate) + 1
 	}

@@ -23,6 +23,7 @@ type Fleet struct {
 	leave    func(context.Context) error
 	interval time.Duration
 	hold     time.Duration
+	min      int
 	now      func() time.Time
 	log      *slog.Logger
 
@@ -42,6 +43,8 @@ type FleetOptions struct {
 	Interval time.Duration
 	// Hold is how long a larger count is kept after it was last seen [3 × Interval].
 	Hold time.Duration
+	// Min is the least size, and the size before the first beat succeeds [1].
+	Min int
 	// Now is the clock [time.Now].
 	Now func() time.Time
 	// Log receives size changes and beat failures [discard].
@@ -55,8 +58,8 @@ func FixedFleet(n int) *Fleet {
 	return f
 }
 
-// NewFleet returns a Fleet that learns its size from o.Beat (see Run and
-// Start). Until the first beat succeeds its size is 1.
+// NewFleet returns a Fleet that learns its size from o.Beat (see Learn and
+// Run). Until the first beat succeeds its size is o.Min.
 func NewFleet(o FleetOptions) *Fleet {
 	if o.Interval <= 0 {
 		o.Interval = 2 * time.Second
@@ -70,8 +73,9 @@ func NewFleet(o FleetOptions) *Fleet {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	f := &Fleet{beat: o.Beat, leave: o.Leave, interval: o.Interval, hold: o.Hold, now: o.Now, log: o.Log}
-	f.size.Store(1)
+	o.Min = max(o.Min, 1)
+	f := &Fleet{beat: o.Beat, leave: o.Leave, interval: o.Interval, hold: o.Hold, min: o.Min, now: o.Now, log: o.Log}
+	f.size.Store(int64(o.Min))
 	return f
 }
 
@@ -97,7 +101,7 @@ func (f *Fleet) Beat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	f.observe(max(n, 1))
+	f.observe(max(n, f.min))
 	return nil
 }
 
@@ -129,8 +133,8 @@ func (f *Fleet) observe(n int) {
 // keeps trying. It does nothing for a fixed size.
 func (f *Fleet) Learn(ctx context.Context) {
 	if err := f.Beat(ctx); err != nil {
-		f.log.Warn("fleet heartbeat failed at start: the fail-open share assumes this replica is alone until a beat succeeds",
-			"err", err)
+		f.log.Warn("fleet heartbeat failed at start: the fail-open share assumes --min-fleet-size replicas until a beat succeeds",
+			"size", f.Size(), "err", err)
 	}
 }
 

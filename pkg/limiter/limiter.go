@@ -274,10 +274,12 @@ func (l *Limiter) callStore(ctx context.Context, now time.Time, sc *scratch) err
 }
 
 // answerMargin is the part of the caller's remaining time kept for deciding
-// locally and sending the answer when the store is late: a tenth, at least
-// 250µs and at most 2ms (Envoy's default 20ms timeout leaves the store 18ms).
+// locally and sending the answer when the store is late: a fifth, at least
+// 1ms and at most 5ms (Envoy's default 20ms timeout leaves the store 16ms).
+// The answer itself takes microseconds; the rest is room for a scheduler
+// that is late to wake the caller on a busy machine.
 func answerMargin(left time.Duration) time.Duration {
-	return min(max(left/10, 250*time.Microsecond), 2*time.Millisecond)
+	return min(max(left/5, time.Millisecond), 5*time.Millisecond)
 }
 
 // Degraded reports whether a fallback decision was made within the last
