@@ -386,9 +386,16 @@ func TestGracefulShutdownDrains(t *testing.T) {
 	if err := p.cmd.Process.Signal(sigterm); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // inside the drain
-	h, err := healthpb.NewHealthClient(p.conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
-	if err != nil || h.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+	// Health turns NOT_SERVING at once, well inside the 1 s drain.
+	var h *healthpb.HealthCheckResponse
+	var err error
+	notServing := eventually(600*time.Millisecond, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		h, err = healthpb.NewHealthClient(p.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err == nil && h.Status == healthpb.HealthCheckResponse_NOT_SERVING
+	})
+	if !notServing {
 		t.Errorf("health during drain: %v %v, want NOT_SERVING", h, err)
 	}
 	during := ok.Load()

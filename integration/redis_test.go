@@ -884,23 +884,13 @@ func TestRedisSentinelFailover(t *testing.T) {
 	replica := redistest.StartServer(t, "--repl-diskless-sync-delay", "0", "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	waitFor := func(what string, within time.Duration, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(within)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v", what, within)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
 	info := func(s *redistest.Server, section string) string {
 		rc := s.Client()
 		defer rc.Close()
 		v, _ := rc.Info(ctx, section).Result()
 		return v
 	}
-	waitFor("replica in sync", 10*time.Second, func() bool {
+	waitFor(t, "replica in sync", 10*time.Second, func() bool {
 		return strings.Contains(info(replica, "replication"), "master_link_status:up")
 	})
 	var sentinels []*redistest.Server
@@ -913,7 +903,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 		return rc.Do(ctx, args...).Result()
 	}
 	for _, s := range sentinels {
-		waitFor("sentinel "+s.Addr+" knows the replica and the other sentinels", 20*time.Second, func() bool {
+		waitFor(t, "sentinel "+s.Addr+" knows the replica and the other sentinels", 20*time.Second, func() bool {
 			r, err := sdo(s, "SENTINEL", "REPLICAS", name)
 			if err != nil || len(r.([]any)) != 1 {
 				return false
@@ -1001,9 +991,9 @@ descriptors:
 	// The promoted replica no longer replicates from the old master, so a
 	// key that appears on it from now on was written there. (Sentinel
 	// demotes the old master only some seconds later.)
-	waitFor("the replica promoted", 20*time.Second, func() bool { return role(replica) == "master" })
+	waitFor(t, "the replica promoted", 20*time.Second, func() bool { return role(replica) == "master" })
 	for _, s := range sentinels {
-		waitFor("sentinel "+s.Addr+" names the new master", 20*time.Second, func() bool {
+		waitFor(t, "sentinel "+s.Addr+" names the new master", 20*time.Second, func() bool {
 			a, err := sdo(s, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", name)
 			return err == nil && len(a.([]any)) == 2 && a.([]any)[1] == strconv.Itoa(replica.Port)
 		})
@@ -1016,7 +1006,7 @@ descriptors:
 	nrc := replica.Client()
 	defer nrc.Close()
 	var v string
-	waitFor("rls writes to the new master", 20*time.Second, func() bool {
+	waitFor(t, "rls writes to the new master", 20*time.Second, func() bool {
 		v = fmt.Sprintf("after-%d", time.Now().UnixNano())
 		should(t, c, "sent", desc("api_key", v))
 		n, _ := nrc.Exists(ctx, "rl:{sent|api_key="+v+"}:s3600").Result()

@@ -172,6 +172,29 @@ func (p *rlsProc) waitServing(t testing.TB, within time.Duration) {
 	t.Fatalf("rls not SERVING within %v\n%s", within, p.Log.String())
 }
 
+// eventually calls cond every 50 ms until it returns true or within has
+// passed, and reports whether it did. Tests poll with it (or waitFor) for a
+// state to change instead of sleeping for a fixed time.
+func eventually(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
+
+// waitFor polls cond until it holds and fails the test if it does not
+// within the deadline.
+func waitFor(t testing.TB, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	if !eventually(within, cond) {
+		t.Fatalf("%s: not within %v", what, within)
+	}
+}
+
 // stop sends SIGTERM and waits for the exit, killing by PID after 15 s.
 func (p *rlsProc) stop(t testing.TB) {
 	select {

@@ -229,10 +229,15 @@ func TestTLSCertificateRotation(t *testing.T) {
 
 	// A broken certificate file keeps the last good pair, logged once.
 	tlstest.WriteAtomic(t, f.dir, "tls.crt", []byte("-----BEGIN CERTIFICATE-----\nhalf"))
-	time.Sleep(1300 * time.Millisecond)
-	if s := tlServedSerial(t, p.GRPCAddr, cfg); s.Cmp(next.Cert.SerialNumber) != 0 {
-		t.Fatalf("after a broken file served %v, want the last good %v", s, next.Cert.SerialNumber)
-	}
+	// The files are looked at on a handshake, at most once a second:
+	// handshake until the broken file is seen, each time served the last
+	// good pair.
+	waitFor(t, "the broken certificate file logged", 5*time.Second, func() bool {
+		if s := tlServedSerial(t, p.GRPCAddr, cfg); s.Cmp(next.Cert.SerialNumber) != 0 {
+			t.Fatalf("after a broken file served %v, want the last good %v", s, next.Cert.SerialNumber)
+		}
+		return strings.Contains(p.Log.String(), "do not load")
+	})
 	if err := tlShould(tlDial(t, p.GRPCAddr, cfg)); err != nil {
 		t.Fatalf("new connection with a broken file on disk: %v", err)
 	}
@@ -443,10 +448,14 @@ func TestTLSRedisPasswordNeverShown(t *testing.T) {
 	for !strings.Contains(p.Log.String(), "store not ready") && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	// Redis gone: dial errors are logged too.
+	// Redis gone: dial errors are logged too (the readiness probe logs an
+	// error that differs from the last one).
+	notReady := strings.Count(p.Log.String(), "store not ready")
 	srv.Stop()
 	should(t, p.client(), "tls", desc("user", "bob"))
-	time.Sleep(1200 * time.Millisecond)
+	waitFor(t, "the dial error logged", 5*time.Second, func() bool {
+		return strings.Count(p.Log.String(), "store not ready") > notReady
+	})
 	should(t, p.client(), "tls", desc("user", "bob"))
 	p.stop(t)
 	log := p.Log.String()

@@ -51,6 +51,32 @@ func waitFor(t *testing.T, what string, f func() bool) {
 	}
 }
 
+// waitWatching returns once the watcher sees events: it touches a stray
+// non-YAML file until a reload attempt is reported (attempts counts them).
+// These tests turn the poll off, so a change made before the watch exists
+// would never be seen. The touches are 100 ms apart, longer than the
+// debounce, so that they do not keep postponing the reload.
+func waitWatching(t *testing.T, dir string, attempts func() int) {
+	t.Helper()
+	probe := filepath.Join(dir, "probe.txt")
+	deadline := time.Now().Add(5 * time.Second)
+	for attempts() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the watch to start")
+		}
+		if err := os.WriteFile(probe, []byte(time.Now().String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (a *applied) attempts() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.res)
+}
+
 func limitOf(cfg *descriptors.Config) uint32 {
 	for _, r := range cfg.Rules() {
 		return r.RequestsPerUnit
@@ -73,7 +99,7 @@ func TestWatcherAppliesValidChangesOnly(t *testing.T) {
 	done := make(chan struct{})
 	go func() { w.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	time.Sleep(50 * time.Millisecond) // let the watch start
+	waitWatching(t, dir, a.attempts)
 
 	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "2"))
 	waitFor(t, "limit 2", func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 2 })
@@ -137,12 +163,13 @@ func TestConfigMapSymlinkSwap(t *testing.T) {
 	}
 	a := &applied{}
 	w := New(cfg, Options{Dir: dir, Debounce: 20 * time.Millisecond, Poll: -1,
-		Apply: func(c *descriptors.Config) { a.mu.Lock(); a.cfgs = append(a.cfgs, c); a.mu.Unlock() }})
+		Apply:  func(c *descriptors.Config) { a.mu.Lock(); a.cfgs = append(a.cfgs, c); a.mu.Unlock() },
+		Report: func(r Result, _ *descriptors.Config) { a.mu.Lock(); a.res = append(a.res, r); a.mu.Unlock() }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { w.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	time.Sleep(50 * time.Millisecond)
+	waitWatching(t, dir, a.attempts)
 
 	mkVersion("..2026_01_01_00_00_00.2", "7")
 	swap("..2026_01_01_00_00_00.2")

@@ -1,0 +1,426 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/integration/redistest"
+)
+
+// Issue 13: exact under load. Every test here runs rls with default flags
+// (only the store and its address are set), as a new user would.
+
+const exConfig = `domain: exact
+descriptors:
+  - key: sliding_window
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: token_bucket
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: token_bucket}
+  - key: fixed_window
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: fixed_window}
+  - key: per_second
+    rate_limit: {unit: second, requests_per_unit: 50}
+  - key: per_second_fixed
+    rate_limit: {unit: second, requests_per_unit: 50, algorithm: fixed_window}
+  - key: closed
+    rate_limit: {unit: hour, requests_per_unit: 100000000, on_error: fail_closed}
+  - key: steps
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: big
+    rate_limit: {unit: hour, requests_per_unit: 100}
+`
+
+var exAlgorithms = []string{"sliding_window", "token_bucket", "fixed_window"}
+
+// exBurst sends total requests for d from clients goroutines spread
+// round-robin over the replicas, released together, each call with no
+// deadline (as grpcurl and many clients send), and returns how many were OK.
+// Any RPC error fails the test.
+func exBurst(t *testing.T, ps []*rlsProc, clients, total int, d *rlcommon.RateLimitDescriptor) int {
+	t.Helper()
+	var sent, ok, errs atomic.Int64
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	req := &rlsv3.RateLimitRequest{Domain: "exact", Descriptors: []*rlcommon.RateLimitDescriptor{d}}
+	for g := range clients {
+		c := ps[g%len(ps)].client()
+		wg.Go(func() {
+			<-start
+			for sent.Add(1) <= int64(total) {
+				r, err := c.ShouldRateLimit(context.Background(), req)
+				switch {
+				case err != nil:
+					if errs.Add(1) <= 3 {
+						t.Errorf("ShouldRateLimit: %v", err)
+					}
+				case r.OverallCode == rlsv3.RateLimitResponse_OK:
+					ok.Add(1)
+				case r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT:
+					t.Errorf("overall code %v", r.OverallCode)
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return int(ok.Load())
+}
+
+// exBurnCPU keeps every core busy with shell loops until the test ends.
+func exBurnCPU(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+	}
+}
+
+// exMetric sums the samples of a Prometheus counter whose label set
+// contains every label=value given.
+func exMetric(t *testing.T, p *rlsProc, name string, labels ...string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.HTTPAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != '{' && line[len(name)] != ' ') {
+			continue
+		}
+		match := true
+		for _, l := range labels {
+			match = match && strings.Contains(line, l)
+		}
+		if !match {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+func exFallbacks(t *testing.T, ps []*rlsProc) float64 {
+	n := 0.0
+	for _, p := range ps {
+		n += exMetric(t, p, "rls_fallback_decisions_total")
+	}
+	return n
+}
+
+// TestExactUnderBurst: two replicas with default flags on one healthy Redis
+// (and on a 3-master Cluster), a limit of 100 per hour, bursts of 400
+// requests from 200 clients and 2,000 from 1,000 clients with no deadline,
+// also with a CPU burner on every core: exactly 100 pass, every decision
+// from Redis.
+func TestExactUnderBurst(t *testing.T) {
+	t.Parallel()
+	dir := writeConfig(t, map[string]string{"exact.yaml": exConfig})
+	topologies := map[string]func(t *testing.T) []string{
+		"single": func(t *testing.T) []string {
+			srv := redistest.StartServer(t)
+			return []string{"--store", "redis", "--redis-url", srv.URL()}
+		},
+		"cluster": func(t *testing.T) []string {
+			c := redistest.StartCluster(t, 3, 0)
+			return []string{"--store", "redis", "--redis-mode", "cluster", "--redis-url", c.Seeds()}
+		},
+	}
+	for _, topo := range []string{"single", "cluster"} {
+		t.Run(topo, func(t *testing.T) {
+			ps := rdStartReplicas(t, 2, dir, topologies[topo](t)...)
+			for _, burner := range []bool{false, true} {
+				if burner {
+					exBurnCPU(t, 2)
+				}
+				for _, alg := range exAlgorithms {
+					for _, size := range [][2]int{{200, 400}, {1000, 2000}} {
+						name := fmt.Sprintf("%s/%d_clients/burner=%v", alg, size[0], burner)
+						before := exFallbacks(t, ps)
+						start := time.Now()
+						ok := exBurst(t, ps, size[0], size[1], desc(alg, fmt.Sprintf("%s-%d", topo, time.Now().UnixNano())))
+						fb := exFallbacks(t, ps) - before
+						t.Logf("%s: %d of %d OK in %v, %v fallback decisions", name, ok, size[1], time.Since(start).Round(time.Millisecond), fb)
+						if ok != 100 {
+							t.Errorf("%s: %d of %d requests OK on a limit of 100, want exactly 100", name, ok, size[1])
+						}
+						if fb != 0 {
+							t.Errorf("%s: %v decisions without Redis while Redis was healthy", name, fb)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// exEvent is one answered request of a trace: when it was sent and whether
+// it was allowed.
+type exEvent struct {
+	at time.Time
+	ok bool
+}
+
+// exPoisson sends Poisson traffic at rate per second for d over the
+// replicas (each request to a random one), with Envoy's default 20ms
+// deadline, and returns every answer stamped with its send time. Errors
+// (none expected: the fallback answers) are counted in errs.
+func exPoisson(ps []*rlsProc, rate float64, dur time.Duration, d *rlcommon.RateLimitDescriptor, errs *atomic.Int64) []exEvent {
+	req := &rlsv3.RateLimitRequest{Domain: "exact", Descriptors: []*rlcommon.RateLimitDescriptor{d}}
+	var mu sync.Mutex
+	var events []exEvent
+	var wg sync.WaitGroup
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 13))
+	clients := make([]rlsv3.RateLimitServiceClient, len(ps))
+	for i, p := range ps {
+		clients[i] = p.client()
+	}
+	start := time.Now()
+	next := start
+	for next.Sub(start) < dur {
+		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+		time.Sleep(time.Until(next))
+		c := clients[rng.IntN(len(clients))]
+		sent := time.Now()
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			defer cancel()
+			r, err := c.ShouldRateLimit(ctx, req)
+			if err != nil {
+				errs.Add(1)
+				return
+			}
+			mu.Lock()
+			events = append(events, exEvent{at: sent, ok: r.OverallCode == rlsv3.RateLimitResponse_OK})
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	sort.Slice(events, func(i, j int) bool { return events[i].at.Before(events[j].at) })
+	return events
+}
+
+// exPeak returns the most requests allowed in any trailing window of w that
+// ends at or after from, and where that window ends.
+func exPeak(events []exEvent, w time.Duration, from time.Time) (int, time.Time) {
+	var ok []time.Time
+	for _, e := range events {
+		if e.ok {
+			ok = append(ok, e.at)
+		}
+	}
+	best, at, lo := 0, time.Time{}, 0
+	for hi := range ok {
+		for ok[hi].Sub(ok[lo]) >= w {
+			lo++
+		}
+		if n := hi - lo + 1; n > best && !ok[hi].Before(from) {
+			best, at = n, ok[hi]
+		}
+	}
+	return best, at
+}
+
+// TestStallKeepsTheLimit: Poisson traffic at twice a 50/s limit over two
+// replicas; Redis paused for 1.2 s (and, separately, killed for 1.2 s and
+// restarted empty) in the middle. Two traces run at once, one on the
+// default sliding window and one on a fixed window. Once the counters are
+// warm, the most the sliding window allows in any trailing second stays at
+// most 1.25× the limit, fault or not. A fixed window lets up to twice its
+// limit through across a window boundary by design (1.2 to 1.4× on this
+// trace without a fault, when one window's first arrivals come slowly and
+// the next one's quickly); the fault may not push it past 1.5×.
+func TestStallKeepsTheLimit(t *testing.T) {
+	t.Parallel()
+	const limit, rate = 50, 100.0
+	bounds := map[string]float64{"per_second": 1.25, "per_second_fixed": 1.5}
+	dir := writeConfig(t, map[string]string{"exact.yaml": exConfig})
+	for _, fault := range []string{"none", "pause", "kill"} {
+		t.Run(fault, func(t *testing.T) {
+			srv := redistest.StartServer(t)
+			ps := rdStartReplicas(t, 2, dir, "--store", "redis", "--redis-url", srv.URL())
+			var errs atomic.Int64
+			traces := map[string][]exEvent{}
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for rule := range bounds {
+				wg.Go(func() {
+					ev := exPoisson(ps, rate, 6*time.Second, desc(rule, fmt.Sprintf("%s-%d", fault, time.Now().UnixNano())), &errs)
+					mu.Lock()
+					traces[rule] = ev
+					mu.Unlock()
+				})
+			}
+			// The first two seconds warm the counters up: a fresh key's
+			// first window admits its limit whatever came before it (an
+			// empty counter), so only windows ending after them count.
+			warm := time.Now().Add(2 * time.Second)
+			time.Sleep(2500 * time.Millisecond)
+			faultAt := time.Now()
+			switch fault {
+			case "pause":
+				srv.Pause()
+				time.Sleep(1200 * time.Millisecond)
+				srv.Resume()
+			case "kill":
+				srv.Stop()
+				time.Sleep(1200 * time.Millisecond)
+				srv.Restart(t)
+			}
+			wg.Wait()
+			total := 0
+			for rule, events := range traces {
+				total += len(events)
+				peak, at := exPeak(events, time.Second, warm)
+				allowed := 0
+				for _, e := range events {
+					if e.ok {
+						allowed++
+					}
+				}
+				t.Logf("%s, %s: %d answers, %d allowed; peak %d in a trailing second (%.2f× the limit) ending %v after the fault started",
+					fault, rule, len(events), allowed, peak, float64(peak)/limit, at.Sub(faultAt).Round(time.Millisecond))
+				if bound := bounds[rule]; float64(peak) > bound*limit {
+					t.Errorf("%s, %s: %d allowed in one trailing second, over %.2f× the limit of %d", fault, rule, peak, bound, limit)
+				}
+			}
+			t.Logf("%s: %d calls failed", fault, errs.Load())
+			if n := errs.Load(); n > int64(total/50) {
+				t.Errorf("%s: %d of %d calls failed (want the fallback to answer)", fault, n, total)
+			}
+			if fault == "none" && exFallbacks(t, ps) != 0 {
+				t.Errorf("fallback decisions without a fault")
+			}
+		})
+	}
+}
+
+// TestCacheDeniesOnlyWhatRedisWould: issue 13's three-step example on a real
+// Redis, and a 10^9-hits request that must not block smaller ones.
+func TestCacheDeniesOnlyWhatRedisWould(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	dir := writeConfig(t, map[string]string{"exact.yaml": exConfig})
+	ps := rdStartReplicas(t, 2, dir, "--store", "redis", "--redis-url", srv.URL())
+	c := ps[0].client()
+	call := func(d *rlcommon.RateLimitDescriptor, hits uint64) *rlsv3.RateLimitResponse_DescriptorStatus {
+		t.Helper()
+		d.HitsAddend = wrapperspb.UInt64(hits)
+		return should(t, c, "exact", d).Statuses[0]
+	}
+	key := fmt.Sprintf("s-%d", time.Now().UnixNano())
+	steps := []struct {
+		hits      uint64
+		code      rlsv3.RateLimitResponse_Code
+		remaining uint32
+	}{{3, rdOkCode, 2}, {3, rdOverCode, 2}, {2, rdOkCode, 0}}
+	for i, s := range steps {
+		st := call(desc("steps", key), s.hits)
+		if st.Code != s.code || st.LimitRemaining != s.remaining {
+			t.Errorf("step %d (%d hits): %v remaining %d, want %v remaining %d", i+1, s.hits, st.Code, st.LimitRemaining, s.code, s.remaining)
+		}
+	}
+	big := fmt.Sprintf("b-%d", time.Now().UnixNano())
+	call(desc("big", big), 1)
+	if st := call(desc("big", big), 1_000_000_000); st.Code != rdOverCode {
+		t.Fatalf("10^9 hits: %v", st.Code)
+	}
+	for i := range 99 {
+		if st := call(desc("big", big), 1); st.Code != rdOkCode {
+			t.Fatalf("hit %d after the 10^9-hits request: %v remaining %d", i+2, st.Code, st.LimitRemaining)
+		}
+	}
+	if st := call(desc("big", big), 1); st.Code != rdOverCode {
+		t.Fatalf("101st hit: %v", st.Code)
+	}
+}
+
+// TestShortStallFailClosed: a 30 ms Redis stall costs fail_closed traffic
+// at most the requests sent inside the stall and the 100 ms after it.
+func TestShortStallFailClosed(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	dir := writeConfig(t, map[string]string{"exact.yaml": exConfig})
+	p := startRLS(t, dir, "--store", "redis", "--redis-url", srv.URL())
+	c := p.client()
+	req := &rlsv3.RateLimitRequest{Domain: "exact", Descriptors: []*rlcommon.RateLimitDescriptor{desc("closed", "tenant")}}
+	type answer struct {
+		at     time.Time
+		denied bool
+	}
+	var mu sync.Mutex
+	var answers []answer
+	var wg sync.WaitGroup
+	var stallFrom, stallTo time.Time
+	stop := time.Now().Add(2 * time.Second)
+	stalled := false
+	for tick := time.Now(); tick.Before(stop); tick = tick.Add(2500 * time.Microsecond) { // 400 requests a second
+		time.Sleep(time.Until(tick))
+		if !stalled && time.Until(stop) < time.Second {
+			stalled = true
+			stallFrom = time.Now()
+			srv.Pause()
+			time.Sleep(30 * time.Millisecond)
+			srv.Resume()
+			stallTo = time.Now()
+		}
+		sent := time.Now()
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			defer cancel()
+			r, err := c.ShouldRateLimit(ctx, req)
+			mu.Lock()
+			answers = append(answers, answer{at: sent, denied: err != nil || r.OverallCode != rdOkCode})
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	// Requests sent inside the stall window (the pause itself cannot be
+	// sent to: the sender was pausing) and up to 100 ms after it, plus the
+	// ones in flight when it started (sent within one deadline before).
+	allowance, denied := 0, 0
+	for _, a := range answers {
+		if !a.at.Before(stallFrom.Add(-20*time.Millisecond)) && a.at.Before(stallTo.Add(100*time.Millisecond)) {
+			allowance++
+		}
+		if a.denied {
+			denied++
+		}
+	}
+	t.Logf("%d requests, %d denied; %d sent from one deadline before the %v stall to 100ms after it",
+		len(answers), denied, allowance, stallTo.Sub(stallFrom).Round(time.Millisecond))
+	if denied > allowance {
+		t.Errorf("a %v stall denied %d fail_closed requests, more than the %d sent during it and the 100ms after",
+			stallTo.Sub(stallFrom).Round(time.Millisecond), denied, allowance)
+	}
+	_ = syscall.SIGSTOP
+}
