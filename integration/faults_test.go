@@ -391,8 +391,10 @@ func TestFaultRedisKilled(t *testing.T) {
 	}
 	t.Logf("kill: decisions from Redis again %v after the restart returned (%v after it began); cur_count %d -> %d",
 		backAt.Sub(restarted).Round(time.Millisecond), backAt.Sub(restartAt).Round(time.Millisecond), n1, n2)
-	if n1 <= 0 || n2 <= n1 {
-		t.Errorf("%s cur_count after the restart %d then %d, want growing", closedKey, n1, n2)
+	// The rule's window is one second, so the second reading is another
+	// window's count: both must show Redis counting, neither need be larger.
+	if n1 <= 0 || n2 <= 0 {
+		t.Errorf("%s cur_count after the restart %d then, a second later, %d: want Redis counting in both windows", closedKey, n1, n2)
 	}
 	// Not asserted: on a loaded machine a few 10 ms misses in a row right
 	// after the restart (empty script cache: NOSCRIPT, then EVAL) can open
@@ -714,10 +716,10 @@ func TestFaultFleetSizeFromHeartbeats(t *testing.T) {
 		// The heartbeat expires at most 6 s after the kill (TTL from the
 		// last beat); the survivors see the smaller count at their next
 		// beat, at most 2 s later, and believe it once the larger one has
-		// not been seen for the hold time (6 s). 1 s slack for process
+		// not been seen for the hold time (4 s). 2 s slack for process
 		// scheduling on a loaded machine.
-		if d == 0 || d > 15*time.Second {
-			t.Errorf("replica %d: fleet size 2 after %v, want within 14 s (heartbeat TTL 6 s + hold 6 s + interval 2 s)", i, d)
+		if d == 0 || d > 14*time.Second {
+			t.Errorf("replica %d: fleet size 2 after %v, want within 12 s (heartbeat TTL 6 s + hold 4 s + interval 2 s)", i, d)
 		}
 	}
 

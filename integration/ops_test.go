@@ -110,7 +110,13 @@ func TestMetricsEndpoint(t *testing.T) {
 		`rls_detailed_decisions_total{domain="example",outcome="ok",rule="login-trial",value="generic_key=login"}`,
 		`rls_decision_duration_seconds_count`,
 		`rls_store_duration_seconds_count{op="decide"}`,
-		`rls_store_errors_total{op="decide"}`,
+		`rls_store_errors_total{kind="deadline",op="decide"}`,
+		`rls_store_errors_total{kind="protocol",op="decide"}`,
+		`rls_checks_total{source="store"}`,
+		`rls_checks_total{source="local_cache"}`,
+		`rls_fallback_batches_total{cause="deadline"}`,
+		`rls_writeback_hits_total{result="written"}`,
+		`rls_store_protocol_errors_total`,
 		`rls_fallback_decisions_total{mode="fail_open"}`,
 		`rls_fallback_decisions_total{mode="fail_closed"}`,
 		`rls_local_cache_hits_total`,
@@ -128,6 +134,9 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	if !regexp.MustCompile(`rls_config_info\{hash="[0-9a-f]{64}"\} 1`).MatchString(text) {
 		t.Error("rls_config_info with the config hash missing")
+	}
+	if after[`rls_checks_total{source="store"}`] < 10_000 {
+		t.Errorf("checks decided by the store %v, want >= 10000", after[`rls_checks_total{source="store"}`])
 	}
 	if after["rls_fleet_size"] != 1 {
 		t.Errorf("fleet size %v on the memory store, want 1", after["rls_fleet_size"])

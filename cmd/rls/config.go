@@ -96,7 +96,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.RedisTLSCert, "redis-tls-cert", "", "PEM client certificate for Redis TLS (tls-auth-clients), with --redis-tls-key")
 	fs.StringVar(&c.RedisTLSKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert")
 	fs.BoolVar(&c.RedisTLSInsecureSkipVerify, "redis-tls-insecure-skip-verify", false, "do not verify Redis's TLS certificate (testing only)")
-	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 0, "Redis connections per node; 0 means go-redis's default (10 per CPU)")
+	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 0, "most Redis connections per node (opened on demand); 0 means 10 per CPU and at least 100")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", time.Second, "budget for one decision's Redis calls when the caller sent no gRPC deadline; when it sent one (Envoy always sends its timeout, 20ms by default) the budget is that deadline minus a small margin")
 	fs.IntVar(&c.MemoryMaxKeys, "memory-max-keys", 1_000_000, "memory store: most counters kept; the oldest are evicted beyond it")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", service.DefaultLimits.Descriptors, "most descriptors in one request; more is InvalidArgument")

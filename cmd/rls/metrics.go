@@ -24,13 +24,33 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
-// timedStore records the store's latency and errors by operation.
+// timedStore records the store's latency, and its errors by operation and
+// kind.
 type timedStore struct {
 	store.Store
 	latency *prometheus.HistogramVec
 	errs    *prometheus.CounterVec
 	decideL prometheus.Observer
-	decideE prometheus.Counter
+}
+
+// Store error kinds, the kind label of rls_store_errors_total.
+var storeErrorKinds = []string{"deadline", "unavailable", "circuit_open", "protocol", "other"}
+
+// errorKind classifies a store error for metrics: deadline (the budget ran
+// out), circuit_open, unavailable (any other outage), protocol (an answer
+// rls cannot use: a bug), other.
+func errorKind(err error) string {
+	switch {
+	case errors.Is(err, store.ErrCircuitOpen):
+		return "circuit_open"
+	case errors.Is(err, store.ErrUnavailable) && errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, store.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, store.ErrProtocol):
+		return "protocol"
+	}
+	return "other"
 }
 
 func newTimedStore(st store.Store, reg prometheus.Registerer) *timedStore {
@@ -43,23 +63,31 @@ func newTimedStore(st store.Store, reg prometheus.Registerer) *timedStore {
 		}, []string{"op"}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_store_errors_total",
-			Help: "Store operations that failed, by operation (unavailable: no answer in time, or a Redis error).",
-		}, []string{"op"}),
+			Help: "Store operations that failed, by operation and kind (deadline: no answer within the budget; unavailable: Redis refused or failed; circuit_open; protocol: an answer rls cannot use, a bug).",
+		}, []string{"op", "kind"}),
 	}
 	reg.MustRegister(t.latency, t.errs)
-	t.decideL, t.decideE = t.latency.WithLabelValues("decide"), t.errs.WithLabelValues("decide")
-	t.errs.WithLabelValues("peek")
-	t.errs.WithLabelValues("delete")
+	t.decideL = t.latency.WithLabelValues("decide")
+	for _, op := range []string{"decide", "peek", "delete"} {
+		for _, k := range storeErrorKinds {
+			t.errs.WithLabelValues(op, k)
+		}
+	}
 	return t
+}
+
+// count records err of op, unless the caller cancelled.
+func (t *timedStore) count(op string, err error) {
+	if err != nil && !errors.Is(err, context.Canceled) {
+		t.errs.WithLabelValues(op, errorKind(err)).Inc()
+	}
 }
 
 func (t *timedStore) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
 	start := time.Now()
 	err := t.Store.Decide(ctx, checks, results)
 	t.decideL.Observe(time.Since(start).Seconds())
-	if err != nil && !errors.Is(err, context.Canceled) {
-		t.decideE.Inc()
-	}
+	t.count("decide", err)
 	return err
 }
 
@@ -67,9 +95,7 @@ func (t *timedStore) Peek(ctx context.Context, checks []store.Check, results []s
 	start := time.Now()
 	err := t.Store.Peek(ctx, checks, results)
 	t.latency.WithLabelValues("peek").Observe(time.Since(start).Seconds())
-	if err != nil {
-		t.errs.WithLabelValues("peek").Inc()
-	}
+	t.count("peek", err)
 	return err
 }
 
@@ -77,9 +103,7 @@ func (t *timedStore) Delete(ctx context.Context, keys ...string) error {
 	start := time.Now()
 	err := t.Store.Delete(ctx, keys...)
 	t.latency.WithLabelValues("delete").Observe(time.Since(start).Seconds())
-	if err != nil {
-		t.errs.WithLabelValues("delete").Inc()
-	}
+	t.count("delete", err)
 	return err
 }
 
@@ -111,6 +135,11 @@ func registerLocal(reg prometheus.Registerer, lim *limiter.Limiter, fleet *limit
 			Name: "rls_store_protocol_errors_total", Help: "Store answers rls could not use (a script error, a reply of the wrong shape): bugs, answered with codes.Internal, never a fallback."},
 			func() float64 { return float64(lim.Counters().ProtocolErrors) }),
 	)
+	for _, s := range limiter.Sources {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_checks_total", Help: "Checks (one per counted descriptor) by where their result came from: store, local_cache, fail_open, fail_closed.",
+			ConstLabels: prometheus.Labels{"source": s.String()}}, func() float64 { return float64(lim.Counters().Sources[s]) }))
+	}
 	for _, c := range limiter.Causes {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rls_fallback_batches_total", Help: "Requests decided without the store, by cause: deadline (the caller's deadline or the store timeout ran out), unavailable (an error), circuit_open.",

@@ -77,7 +77,7 @@ func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
 		Beat:     func(ctx context.Context) (int, error) { return rs.Heartbeat(ctx, id, heartbeatTTL) },
 		Leave:    func(ctx context.Context) error { return rs.Leave(ctx, id) },
 		Interval: heartbeatInterval,
-		Hold:     heartbeatTTL,
+		Hold:     2 * heartbeatInterval, // every live replica beats within one interval
 		Min:      cfg.MinFleetSize,
 		Log:      log,
 	})

@@ -8,6 +8,7 @@
 //     has answered no call for that long. Five concurrent timeouts from one
 //     30 ms stall do not open it; a backend that fails every call for a
 //     quarter of a second does.
+//     A refused connection (nothing listens) opens it at once.
 //   - Open: every call fails at once, for Cooldown (default 250 ms).
 //   - HalfOpen: after the cooldown, Probes calls (default 1) at a time go
 //     through as probes; the others fail at once. The first probe that
@@ -99,6 +100,12 @@ const (
 	// Unknown: the call ended without telling anything about the backend
 	// (its caller gave up, or it was never sent).
 	Unknown
+	// Refused: nothing listens at the backend's address (the connection was
+	// refused). Unlike a timeout it cannot be a passing stall: it opens a
+	// closed breaker at once. Waiting for more refusals only adds failed
+	// dials (and go-redis stops dialing for a second after PoolSize of them,
+	// which would delay the recovery when the backend returns).
+	Refused
 )
 
 // Ticket is what Allow gives a call it lets through; the call hands it back
@@ -196,6 +203,8 @@ func (b *Breaker) closedDone(o Outcome) {
 	switch o {
 	case Success:
 		b.fails = 0
+	case Refused:
+		b.open(b.opts.Now())
 	case Failure:
 		now := b.opts.Now()
 		if b.fails == 0 {
@@ -215,7 +224,7 @@ func (b *Breaker) probeDone(o Outcome) {
 	case Success:
 		b.set(Closed)
 		b.fails = 0
-	case Failure:
+	case Failure, Refused:
 		b.open(b.opts.Now())
 	}
 }

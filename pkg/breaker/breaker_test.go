@@ -382,3 +382,24 @@ func TestBreakerConcurrent(t *testing.T) {
 		t.Fatalf("state %v after 3 failures over 2 ms, want open", b.State())
 	}
 }
+
+// TestRefusedOpensAtOnce: a refused connection is no stall: the breaker
+// opens at once, and a refused probe opens it again.
+func TestRefusedOpensAtOnce(t *testing.T) {
+	clk := newFakeClock()
+	b := New(Options{Now: clk.Now})
+	call(t, b, Refused)
+	if b.State() != Open {
+		t.Fatalf("state %v after a refused connection, want open", b.State())
+	}
+	clk.Add(DefaultCooldown)
+	call(t, b, Refused) // the probe
+	if b.State() != Open {
+		t.Fatalf("state %v after a refused probe, want open", b.State())
+	}
+	clk.Add(DefaultCooldown)
+	call(t, b, Success)
+	if b.State() != Closed {
+		t.Fatalf("state %v after a successful probe, want closed", b.State())
+	}
+}

@@ -354,3 +354,25 @@ func TestFixedWindowFallbackRefillsPerWindow(t *testing.T) {
 		t.Fatalf("next window: %d allowed, want 50", n)
 	}
 }
+
+// A store that restarted empty says the whole limit is left; the hits this
+// bucket admitted and has not written back yet are still taken off when it
+// starts again from what the store said.
+func TestReseedKeepsUnwrittenHits(t *testing.T) {
+	now := time.Unix(1_751_540_400, 0).UnixNano()
+	b := &bucket{capacity: 100, rate: 100 / float64(time.Minute), tokens: 100, last: -1, window: int64(time.Minute)}
+	c := chk("k", 100, time.Minute)
+	for range 30 {
+		b.take(&c, now)
+	}
+	b.mu.Lock()
+	b.seed(100, now+1, now+1)
+	got := b.tokens
+	b.mu.Unlock()
+	if got != 70 {
+		t.Fatalf("tokens %v after the store said 100 were left, want 70 (the 30 not yet written back are not in it)", got)
+	}
+	if n := b.drain(now + 1); n != 30 {
+		t.Fatalf("pending %d, want 30 still to write back", n)
+	}
+}

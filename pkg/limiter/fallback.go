@@ -20,7 +20,7 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 	n := 0
 	for j := range sc.checks {
 		r, c := &sc.results[j], &sc.checks[j]
-		if !r.Undecided {
+		if !r.Undecided || sc.idx[j] < 0 {
 			continue
 		}
 		n++
@@ -61,7 +61,7 @@ func markAllIfNone(results []store.Result) {
 func (l *Limiter) fallbackEvaluate(now int64, items []Item, sc *scratch, fleet int) (vetoed bool) {
 	for j := range sc.checks {
 		r, c := &sc.results[j], &sc.checks[j]
-		if !r.Undecided {
+		if !r.Undecided || sc.idx[j] < 0 {
 			continue
 		}
 		switch {
@@ -154,8 +154,12 @@ type bucket struct {
 }
 
 // seed sets the tokens from what the store said was left (this replica's
-// part, left) at time at, as the bucket would hold them now.
+// part, left) at time at, as the bucket would hold them now. Hits this
+// bucket admitted that have not been written back yet are not in what the
+// store said (a Redis that restarted empty says the whole limit is left):
+// they are taken off.
 func (b *bucket) seed(left float64, at, now int64) {
+	left = math.Max(0, left-float64(b.pending(now)))
 	switch {
 	case !b.fixed:
 		b.tokens = math.Min(b.capacity, left+float64(now-at)*b.rate)
@@ -256,17 +260,52 @@ func (b *bucket) roll(now int64) {
 	b.wbCur, b.wbWin = 0, w
 }
 
-// drain returns the admitted hits that still count in the trailing window
-// (the previous window's weighted by its part still inside, as the sliding
-// window counter weighs it, rounded up) and forgets them all.
+// pending returns the admitted hits not yet written back that still count
+// in the trailing window (the previous window's weighted by its part still
+// inside, as the sliding window counter weighs it, rounded up). b.mu is held.
+func (b *bucket) pending(now int64) uint64 {
+	b.roll(now)
+	elapsed := float64(now-b.wbWin*b.window) / float64(b.window)
+	return uint64(math.Ceil(float64(b.wbPrev)*(1-elapsed))) + b.wbCur
+}
+
+// drain returns the pending hits and forgets them all.
 func (b *bucket) drain(now int64) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.roll(now)
-	elapsed := float64(now-b.wbWin*b.window) / float64(b.window)
-	n := uint64(math.Ceil(float64(b.wbPrev)*(1-elapsed))) + b.wbCur
+	n := b.pending(now)
 	b.wbCur, b.wbPrev = 0, 0
 	return n
+}
+
+// wbSnap is what a write-back in flight took from a bucket's counts.
+type wbSnap struct {
+	win, cur int64
+	hits     uint64
+}
+
+// snapshot returns the pending hits without forgetting them, for a
+// write-back that commits them once the store took them.
+func (b *bucket) snapshot(now int64) wbSnap {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.pending(now)
+	return wbSnap{win: b.wbWin, cur: int64(b.wbCur), hits: n}
+}
+
+// commit forgets the hits of s, which the store has taken: all that was
+// pending when s was taken (what was admitted since stays pending).
+func (b *bucket) commit(s wbSnap, now int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.roll(now)
+	switch b.wbWin {
+	case s.win: // the previous window's part was in s, and s.cur of this one's
+		b.wbPrev = 0
+		b.wbCur -= min(b.wbCur, uint64(s.cur))
+	case s.win + 1: // s.cur is the previous window's count now
+		b.wbPrev -= min(b.wbPrev, uint64(s.cur))
+	}
 }
 
 // restore gives back hits that drain took but could not write.

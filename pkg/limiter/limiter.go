@@ -44,6 +44,9 @@ const (
 	numSources
 )
 
+// Sources lists every Source, in order.
+var Sources = [numSources]Source{FromStore, FromCache, FromFailOpen, FromFailClosed}
+
 // String names the source as metrics and logs show it.
 func (s Source) String() string {
 	switch s {
@@ -131,7 +134,7 @@ type Item struct {
 
 // Counters are the limiter's running totals since it was made.
 type Counters struct {
-	Sources [numSources]uint64 // results by source (Sources[FromStore] is not counted: 0)
+	Sources [numSources]uint64 // results by source
 	Causes  [numCauses]uint64  // batches decided without the store, by cause
 	// WrittenBack counts hits admitted locally and then written to the store.
 	WrittenBack uint64
@@ -187,11 +190,13 @@ func New(st store.Store, opts Options) *Limiter {
 }
 
 // scratch is the sub-batch sent to the store: the checks the cache did not
-// answer, with their positions in the caller's batch.
+// answer, with their positions in the caller's batch (-1 for a write-back
+// riding along, whose entries are in wb, in order).
 type scratch struct {
 	idx     []int
 	checks  []store.Check
 	results []store.Result
+	wb      []flight
 }
 
 // Decide decides items: it sets each item's Result and Source. It returns
@@ -220,6 +225,10 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	if len(sc.checks) == 0 {
 		return nil
 	}
+	sc.wb = sc.wb[:0]
+	if l.wb.n.Load() > 0 {
+		l.attachWriteBacks(sc, nowNs)
+	}
 	if cap(sc.results) < len(sc.checks) {
 		sc.results = make([]store.Result, len(sc.checks))
 	}
@@ -227,6 +236,10 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	clear(sc.results)
 
 	err := l.callStore(ctx, now, sc)
+	if len(sc.wb) > 0 {
+		l.settleWriteBacks(sc, err, nowNs)
+		clear(sc.wb) // the pool must not keep buckets alive
+	}
 	switch {
 	case err == nil:
 		l.wb.kick(l)
@@ -240,15 +253,21 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	default:
 		l.fallback(nowNs, items, sc, err)
 	}
+	fromStore := 0
 	for j, i := range sc.idx {
+		if i < 0 {
+			continue // a write-back riding along
+		}
 		it := &items[i]
 		it.Result = sc.results[j]
 		if it.Result.Undecided {
 			it.Result.Undecided = false
 			continue
 		}
+		fromStore++
 		l.learn(&sc.checks[j], &it.Result, nowNs) // the check as sent (a vetoed one only checked)
 	}
+	l.sources[FromStore].Add(uint64(fromStore))
 	return nil
 }
 
@@ -289,10 +308,9 @@ func (l *Limiter) Degraded(window time.Duration) bool {
 	return last != 0 && l.opts.Now().UnixNano()-last < int64(window)
 }
 
-// Count returns how many results came from s since start (the store's own
-// decisions are not counted: Count(FromStore) is 0).
+// Count returns how many results came from s since start.
 func (l *Limiter) Count(s Source) uint64 {
-	if s == FromStore || s >= numSources {
+	if s >= numSources {
 		return 0
 	}
 	return l.sources[s].Load()

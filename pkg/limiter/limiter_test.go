@@ -195,15 +195,17 @@ func TestFailOpenShare(t *testing.T) {
 	if got := l.Count(FromFailOpen); got != 250 {
 		t.Fatalf("fail_open count %d, want 250", got)
 	}
-	// The store is back: it decides again, and learns the 30 hits admitted
-	// locally (all in this window) by a write-back.
+	// The store is back: it decides again, and the first call for the key
+	// carries the 30 hits admitted locally (all in this window) with it.
 	cs.down.Store(false)
-	if r, src := decide(t, l, false, c); src[0] != FromStore || r[0].Remaining != 99 {
-		t.Fatalf("after recovery: %+v from %v", r[0], src[0])
+	if r, src := decide(t, l, false, c); src[0] != FromStore || r[0].Remaining != 100-30-1 {
+		t.Fatalf("after recovery: %+v from %v, want remaining %d", r[0], src[0], 100-30-1)
 	}
-	waitFor(t, func() bool { return l.Counters().WrittenBack == 30 })
-	if r, _ := decide(t, l, false, c); r[0].Remaining != 100-1-30-1 {
-		t.Fatalf("after the write-back: remaining %d, want %d", r[0].Remaining, 100-1-30-1)
+	if got := l.Counters().WrittenBack; got != 30 {
+		t.Fatalf("written back %d, want 30", got)
+	}
+	if r, _ := decide(t, l, false, c); r[0].Remaining != 100-30-2 {
+		t.Fatalf("next call: remaining %d, want %d", r[0].Remaining, 100-30-2)
 	}
 }
 

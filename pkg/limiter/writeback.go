@@ -33,6 +33,12 @@ type writeBack struct {
 	b     *bucket
 }
 
+// flight is a write-back sent to the store and what it took.
+type flight struct {
+	e    writeBack
+	snap wbSnap
+}
+
 // writeBackEvery spaces the write-back runs (a store that answers some
 // calls but not all, such as a Cluster with one shard down, would
 // otherwise start one per answered call).
@@ -66,12 +72,35 @@ func (w *writeBacks) add(c *store.Check, b *bucket, now int64) {
 	w.n.Store(int64(len(w.m)))
 }
 
+// requeue queues e again after a write-back the store did not take; its
+// bucket still counts the hits.
+func (w *writeBacks) requeue(e writeBack) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.m[e.check.Key]; !ok && len(w.m) < w.cap {
+		w.m[e.check.Key] = e
+		w.n.Store(int64(len(w.m)))
+	}
+}
+
 // drop forgets key's pending write-back (its counter was reset).
 func (w *writeBacks) drop(key string) {
 	w.mu.Lock()
 	delete(w.m, key)
 	w.n.Store(int64(len(w.m)))
 	w.mu.Unlock()
+}
+
+// takeKey removes and returns key's pending write-back, if any.
+func (w *writeBacks) takeKey(key string) (writeBack, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e, ok := w.m[key]
+	if ok {
+		delete(w.m, key)
+		w.n.Store(int64(len(w.m)))
+	}
+	return e, ok
 }
 
 // take removes and returns every pending write-back.
@@ -119,25 +148,33 @@ func (l *Limiter) WriteBack(ctx context.Context) error {
 	now := l.opts.Now().UnixNano()
 	var firstErr error
 	checks := make([]store.Check, 0, writeBackBatch)
-	from := make([]writeBack, 0, writeBackBatch)
+	flights := make([]flight, 0, writeBackBatch)
 	flush := func() {
 		if len(checks) == 0 {
 			return
 		}
-		if err := l.writeBatch(ctx, checks, from, now); err != nil && firstErr == nil {
+		results := make([]store.Result, len(checks))
+		err := l.st.Decide(ctx, checks, results)
+		for i := range checks {
+			l.settle(flights[i], &checks[i], &results[i], err, anyUndecided(results), now)
+		}
+		if err != nil && !errors.Is(err, store.ErrUnavailable) {
+			l.opts.Log.Error("write-back of locally admitted hits failed; they stay queued", "err", err, "keys", len(checks))
+		}
+		if err != nil && firstErr == nil {
 			firstErr = err
 		}
-		checks, from = checks[:0], from[:0]
+		checks, flights = checks[:0], flights[:0]
 	}
 	for _, e := range pending {
-		n := e.b.drain(now)
-		if n == 0 {
+		snap := e.b.snapshot(now)
+		if snap.hits == 0 {
 			continue
 		}
 		c := e.check
-		c.Hits, c.Force = n, true
+		c.Hits, c.Force = snap.hits, true
 		checks = append(checks, c)
-		from = append(from, e)
+		flights = append(flights, flight{e: e, snap: snap})
 		if len(checks) == writeBackBatch {
 			flush()
 		}
@@ -146,27 +183,18 @@ func (l *Limiter) WriteBack(ctx context.Context) error {
 	return firstErr
 }
 
-// writeBatch sends one batch of write-backs and accounts for it.
-func (l *Limiter) writeBatch(ctx context.Context, checks []store.Check, from []writeBack, now int64) error {
-	results := make([]store.Result, len(checks))
-	err := l.st.Decide(ctx, checks, results)
-	for i := range checks {
-		switch {
-		case err == nil || (errors.Is(err, store.ErrUnavailable) && !results[i].Undecided && anyUndecided(results)):
-			// Written (on a Cluster, the shards that answered took theirs).
-			l.wb.written.Add(checks[i].Hits)
-			l.learn(&checks[i], &results[i], now)
-		case errors.Is(err, store.ErrUnavailable):
-			from[i].b.restore(checks[i].Hits, now)
-			l.wb.add(&checks[i], from[i].b, now)
-		default:
-			l.wb.lost.Add(checks[i].Hits)
-		}
+// settle accounts for one write-back the store answered with r and err:
+// written where the store decided it (on a Cluster with a shard down, the
+// shards that answered took theirs), queued again otherwise. When nothing
+// is known (an error that is not an outage) it is queued again too: that
+// may count the hits twice, never drops them.
+func (l *Limiter) settle(f flight, c *store.Check, r *store.Result, err error, partial bool, now int64) {
+	if err == nil || (errors.Is(err, store.ErrUnavailable) && partial && !r.Undecided) {
+		f.e.b.commit(f.snap, now)
+		l.wb.written.Add(c.Hits)
+		return
 	}
-	if err != nil && !errors.Is(err, store.ErrUnavailable) {
-		l.opts.Log.Error("write-back of locally admitted hits failed; they are lost", "err", err, "keys", len(checks))
-	}
-	return err
+	l.wb.requeue(f.e)
 }
 
 func anyUndecided(results []store.Result) bool {
@@ -176,4 +204,43 @@ func anyUndecided(results []store.Result) bool {
 		}
 	}
 	return false
+}
+
+// attachWriteBacks adds to the sub-batch a write-back (a Force check) for
+// every key of it that has one pending, so the store decides the request
+// knowing what this replica admitted without it: a Redis that restarted
+// empty must not hand out the limit again before the background write-back
+// lands. The store applies Force checks before the others of a batch, on
+// the same shard (same key), atomically.
+func (l *Limiter) attachWriteBacks(sc *scratch, now int64) {
+	n := len(sc.checks)
+	for j := 0; j < n; j++ {
+		e, ok := l.wb.takeKey(sc.checks[j].Key)
+		if !ok {
+			continue
+		}
+		snap := e.b.snapshot(now)
+		if snap.hits == 0 {
+			continue
+		}
+		c := e.check
+		c.Hits, c.Force = snap.hits, true
+		sc.idx = append(sc.idx, -1)
+		sc.checks = append(sc.checks, c)
+		sc.wb = append(sc.wb, flight{e: e, snap: snap})
+	}
+}
+
+// settleWriteBacks accounts for the write-backs that rode along with a
+// store call that returned err.
+func (l *Limiter) settleWriteBacks(sc *scratch, err error, now int64) {
+	partial := anyUndecided(sc.results)
+	k := 0
+	for j, i := range sc.idx {
+		if i >= 0 {
+			continue
+		}
+		l.settle(sc.wb[k], &sc.checks[j], &sc.results[j], err, partial, now)
+		k++
+	}
 }

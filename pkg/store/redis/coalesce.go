@@ -330,10 +330,13 @@ func (co *coalescer) sendPipeline(ctx context.Context, b []*call, cmds []*redis.
 	return cmds, o
 }
 
-// worse returns the outcome of a round trip made of two: a failure if
-// either failed, else unknown if either is, else a success.
+// worse returns the outcome of a round trip made of two: refused if either
+// was, else a failure if either failed, else unknown if either is, else a
+// success.
 func worse(a, b breaker.Outcome) breaker.Outcome {
 	switch {
+	case a == breaker.Refused || b == breaker.Refused:
+		return breaker.Refused
 	case a == breaker.Failure || b == breaker.Failure:
 		return breaker.Failure
 	case a == breaker.Unknown || b == breaker.Unknown:

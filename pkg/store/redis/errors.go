@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -102,6 +103,9 @@ func outcome(ctx context.Context, err error) breaker.Outcome {
 		return breaker.Success
 	case errCanceled:
 		return breaker.Unknown
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return breaker.Refused
 	}
 	return breaker.Failure
 }

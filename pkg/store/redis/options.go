@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -181,7 +182,7 @@ func (o Options) clientOptions() (parsed, error) {
 			return parsed{}, bad(err)
 		}
 		o.apply(u, connFields{&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled,
-			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries})
+			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries})
 		p.single = c
 	case ModeCluster:
 		c, err := redis.ParseClusterURL(o.URL)
@@ -189,7 +190,7 @@ func (o Options) clientOptions() (parsed, error) {
 			return parsed{}, bad(err)
 		}
 		o.apply(u, connFields{&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled,
-			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries})
+			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries})
 		p.cluster = c
 	case ModeSentinel:
 		c, err := redis.ParseFailoverURL(o.URL)
@@ -201,7 +202,7 @@ func (o Options) clientOptions() (parsed, error) {
 			return parsed{}, errors.New("--redis-master-name is required when --redis-mode is sentinel (or set master_name in --redis-url)")
 		}
 		o.apply(u, connFields{&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled,
-			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries})
+			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries})
 		p.failover = c
 	}
 	return p, nil
@@ -241,21 +242,34 @@ type connFields struct {
 	contextTimeout            *bool
 	dial, readTime, writeTime *time.Duration
 	dialAttempts              *int
+	maxRetries                *int
 }
 
 // apply sets f from o: credentials and pool size override the URL's, TLS
 // (see tls), context deadlines honoured, socket timeouts (socketTimeouts),
-// and one dial attempt per connection unless the URL says otherwise
+// one dial attempt per connection unless the URL says otherwise
 // (dialer_retries): go-redis's default of five, 100 ms apart, would spend
 // most of a long caller deadline re-dialing a node that refuses
-// connections, where failing at once lets the breaker see the outage.
+// connections, where failing at once lets the breaker see the outage. And
+// no command retries unless the URL says otherwise (max_retries): go-redis
+// retries a failed command up to three times with a backoff, which spends
+// the caller's deadline on a node that refuses connections (so the breaker
+// sees timeouts instead of refusals) and can run a script twice when a
+// connection drops after Redis ran it (counting hits twice). rls has its
+// own answer to a failed call: the fallback and the breaker.
 func (o Options) apply(u *url.URL, f connFields) {
 	*f.username, *f.password = override(*f.username, o.Username), override(*f.password, o.Password)
 	*f.poolSize = overrideInt(*f.poolSize, o.PoolSize)
+	if *f.poolSize == 0 {
+		*f.poolSize = DefaultPoolSize()
+	}
 	*f.tls = o.tls(*f.tls, u)
 	*f.contextTimeout = true
 	*f.dial, *f.readTime, *f.writeTime = socketTimeouts(*f.dial, *f.readTime, *f.writeTime, o.Timeout)
 	*f.dialAttempts = overrideInt(1, *f.dialAttempts)
+	if *f.maxRetries == 0 {
+		*f.maxRetries = -1
+	}
 }
 
 // socketTimeouts keeps timeouts the URL set and otherwise bounds dialing and
@@ -352,4 +366,16 @@ func redact(s string, o Options) string {
 		s = strings.ReplaceAll(s, url.PathEscape(p), "xxxxx")
 	}
 	return s
+}
+
+// DefaultPoolSize is the most connections per node when neither
+// --redis-pool-size nor the URL sets it: 10 per CPU as go-redis has it, and
+// at least 100. Connections are opened on demand (the coalescer keeps a few
+// in use), so the cap costs nothing; but go-redis stops dialing a node for
+// a second once as many dials as the cap have failed in a row, which after
+// an outage would keep a recovered Redis unused for up to a second. With
+// 100 that takes about 15 s of outage (probes, pings and heartbeats dial a
+// few times a second), not two.
+func DefaultPoolSize() int {
+	return max(100, 10*runtime.GOMAXPROCS(0))
 }
