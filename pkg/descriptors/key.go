@@ -2,6 +2,7 @@ package descriptors
 
 import (
 	"strconv"
+	"unicode/utf8"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 )
@@ -17,7 +18,9 @@ import (
 //
 // where val(i) is esc(value), or "%*" esc(pattern) for an entry matched by
 // a share_threshold wildcard, and esc percent-encodes '%', '{', '}', ':',
-// '=', '|' and every byte below 0x21 or equal to 0x7f as "%XX". The "o"
+// '=', '|', every byte below 0x21 or equal to 0x7f and every byte that is
+// not part of valid UTF-8 as "%XX" (keys are valid UTF-8; input bytes are
+// kept exactly: "a\xff" and "a%FF" have distinct keys). The "o"
 // part is present for override rules only. Distinct inputs (domain,
 // entries, algorithm, window, override and its requests_per_unit) give
 // distinct keys, and the Redis Cluster hash tag is exactly the tenant.
@@ -74,16 +77,42 @@ func appendEntry(dst []byte, e *rlcommon.RateLimitDescriptor_Entry, r *Rule, i i
 
 const hexDigits = "0123456789ABCDEF"
 
-// appendEscaped appends s with the key's reserved bytes percent-encoded.
+// appendEscaped appends s with the key's reserved bytes percent-encoded,
+// and the bytes of s that are not part of valid UTF-8 (Envoy forwards
+// header bytes as they come), so that every key is valid UTF-8. Runs of
+// bytes kept as they are are appended at once.
 func appendEscaped(dst []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c < 0x21 || c == 0x7f, c == '%', c == '{', c == '}', c == ':', c == '=', c == '|':
-			dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&0xf])
-		default:
-			dst = append(dst, c)
+	for i := 0; i < len(s); {
+		j := i
+		for j < len(s) && keyLiteral[s[j]] {
+			j++
 		}
+		dst = append(dst, s[i:j]...)
+		if j == len(s) {
+			break
+		}
+		c, n := s[j], 1
+		if c >= utf8.RuneSelf {
+			if r, size := utf8.DecodeRuneInString(s[j:]); r != utf8.RuneError || size > 1 {
+				dst = append(dst, s[j:j+size]...)
+				i = j + size
+				continue
+			}
+		}
+		dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&0xf])
+		i = j + n
 	}
 	return dst
 }
+
+// keyLiteral reports the ASCII bytes a key holds as they are: the printable
+// ones but '%', '{', '}', ':', '=' and '|'.
+var keyLiteral = func() (t [256]bool) {
+	for c := 0x21; c < 0x7f; c++ {
+		t[c] = true
+	}
+	for _, c := range "%{}:=|" {
+		t[c] = false
+	}
+	return t
+}()

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 )
@@ -27,6 +28,10 @@ func TestAppendKey(t *testing.T) {
 		{"month and year", "d", []string{"k", "v"}, &Rule{Unit: UnitYear}, "rl:{d|k=v}:s31536000"},
 		{"escaping", "a{b}", []string{"k:1", "v=|%", "k 2", "x\ny\x7f"}, minute, "rl:{a%7Bb%7D|k%3A1=v%3D%7C%25}:s60|k%202=x%0Ay%7F"},
 		{"utf-8 kept", "api", []string{"name", "Zoë 日本"}, minute, "rl:{api|name=Zoë%20日本}:s60"},
+		// Envoy forwards header bytes that are not UTF-8: kept exactly, escaped
+		// so that the key is valid UTF-8 and never equal to a valid value's.
+		{"invalid utf-8 escaped", "d\xff", []string{"k\xc3", "abc\xff", "x", "\xe6\x97é\x80"}, minute, "rl:{d%FF|k%C3=abc%FF}:s60|x=%E6%97é%80"},
+		{"invalid utf-8 versus its escape", "d", []string{"k", "abc%FF"}, minute, "rl:{d|k=abc%25FF}:s60"},
 		{"no entries", "api", nil, minute, "rl:{api|}:s60"},
 		{"nil rule", "api", []string{"k", "v"}, nil, "rl:{api|k=v}:s0"},
 		{"share threshold", "api", []string{"team", "eng-core"}, cfg.Match("api", entries("team", "eng-core")), "rl:{api|team=%*eng-*}:s60"},
@@ -102,7 +107,8 @@ func checkHashTag(t *testing.T, key []byte, domain string, es []*rlcommon.RateLi
 // inputs share a key.
 func TestAppendKeyInjective(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	alphabet := []string{"a", "b", "{", "}", ":", "=", "|", "%", "%7C", "%*", "*", " ", "\n", "é", "\x00", "\x7f"}
+	alphabet := []string{"a", "b", "{", "}", ":", "=", "|", "%", "%7C", "%*", "*", " ", "\n", "é", "\x00", "\x7f",
+		"\xff", "%FF", "\xc3", "\xa9", "%C3"} // invalid UTF-8, and what it is escaped to
 	word := func() string {
 		var b strings.Builder
 		for n := rng.IntN(4); n > 0; n-- {
@@ -130,6 +136,9 @@ func TestAppendKeyInjective(t *testing.T) {
 		r := rules[rng.IntN(len(rules))]
 		key := AppendKey(nil, domain, es, r)
 		checkHashTag(t, key, domain, es, r)
+		if !utf8.Valid(key) {
+			t.Fatalf("key %q is not valid UTF-8", key)
+		}
 		in := inputOf(domain, es, r)
 		if prev, ok := seen[string(key)]; ok && prev != in {
 			t.Fatalf("key %q for both\n%+v\n%+v", key, prev, in)
@@ -185,6 +194,8 @@ func FuzzKeyInjective(f *testing.F) {
 	// shared (a*) versus the literal value "%*a*"; override ignores sharing
 	f.Add("api", []byte("\x01t\x02ab"), uint32(1<<6), "api", []byte("\x01t\x04%*a*"), uint32(1<<6))
 	f.Add("api", []byte("\x01t\x02ab"), uint32(1<<6), "api", []byte("\x01t\x02ab"), uint32(1<<6|1<<5))
+	// bytes that are not UTF-8 versus their escape
+	f.Add("a\xff", []byte("\x01k\x02\xc3("), uint32(0), "a%FF", []byte("\x01k\x04%C3("), uint32(0))
 	f.Fuzz(func(t *testing.T, d1 string, e1 []byte, m1 uint32, d2 string, e2 []byte, m2 uint32) {
 		es1, es2 := fuzzEntries(e1), fuzzEntries(e2)
 		r1, r2 := fuzzRule(m1), fuzzRule(m2)
@@ -192,6 +203,9 @@ func FuzzKeyInjective(f *testing.F) {
 		k2 := AppendKey(nil, d2, es2, r2)
 		checkHashTag(t, k1, d1, es1, r1)
 		checkHashTag(t, k2, d2, es2, r2)
+		if !utf8.Valid(k1) || !utf8.Valid(k2) {
+			t.Fatalf("keys %q, %q: not valid UTF-8", k1, k2)
+		}
 		in1, in2 := inputOf(d1, es1, r1), inputOf(d2, es2, r2)
 		if bytes.Equal(k1, k2) != (in1 == in2) {
 			t.Fatalf("keys %q and %q for inputs\n%+v\n%+v", k1, k2, in1, in2)

@@ -95,7 +95,7 @@ func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*admi
 			continue
 		}
 		r := results[j]
-		e.Key = checks[j].Key
+		e.Key = printable(checks[j].Key) // keys are UTF-8 (AppendKey escapes); a proto string must be
 		e.State = &adminv1.CounterState{
 			Remaining:  r.Remaining,
 			OverLimit:  !r.Allowed,
@@ -131,6 +131,9 @@ func (a *Admin) ResetCounters(ctx context.Context, req *adminv1.ResetCountersReq
 		return nil, a.svc.toStatus(fmt.Errorf("delete counters: %w", err))
 	}
 	a.lim.Forget(keys...)
+	for i, k := range keys {
+		keys[i] = printable(k) // keys are UTF-8 (AppendKey escapes); a proto string must be
+	}
 	return &adminv1.ResetCountersResponse{Keys: keys}, nil
 }
 
