@@ -6,18 +6,24 @@ import (
 )
 
 // lru is a bounded map from store keys to V, split into shards that each
-// evict their least recently used entry beyond their share of the cap. It is
-// safe for concurrent use; with locks held per shard, f must not block.
+// evict their least recently used entries beyond their share of the caps:
+// a number of entries and a number of bytes. An entry costs len(key) plus a
+// per-entry overhead measured for V (the map slot, the node and the value:
+// see the *Overhead constants and TestLRUEntryOverhead). It is safe for
+// concurrent use; with locks held per shard, f must not block.
 type lru[V any] struct {
-	seed     maphash.Seed
-	shards   []lruShard[V]
-	shardCap int
+	seed       maphash.Seed
+	shards     []lruShard[V]
+	shardCap   int
+	shardBytes int64
+	overhead   int64
 }
 
 type lruShard[V any] struct {
 	mu         sync.Mutex
 	m          map[string]*lruNode[V]
 	head, tail *lruNode[V] // head is the most recently used
+	bytes      int64       // the entries' cost
 }
 
 type lruNode[V any] struct {
@@ -28,14 +34,16 @@ type lruNode[V any] struct {
 
 const lruShards = 32
 
-// newLRU returns a map holding at most about capacity entries (at least one
-// per shard).
-func newLRU[V any](capacity int) *lru[V] {
+// newLRU returns a map holding at most about capacity entries and maxBytes
+// bytes, an entry costing len(key)+overhead (at least one entry per shard
+// whatever its cost).
+func newLRU[V any](capacity int, maxBytes, overhead int64) *lru[V] {
 	per := (capacity + lruShards - 1) / lruShards
 	if per < 1 {
 		per = 1
 	}
-	l := &lru[V]{seed: maphash.MakeSeed(), shards: make([]lruShard[V], lruShards), shardCap: per}
+	l := &lru[V]{seed: maphash.MakeSeed(), shards: make([]lruShard[V], lruShards), shardCap: per,
+		shardBytes: maxBytes / lruShards, overhead: overhead}
 	for i := range l.shards {
 		l.shards[i].m = make(map[string]*lruNode[V])
 	}
@@ -63,6 +71,7 @@ func lruWith[V, R any](l *lru[V], key string, f func(v V, ok bool) (V, bool, R))
 	case !keep && n != nil:
 		s.unlink(n)
 		delete(s.m, key)
+		s.bytes -= l.cost(key)
 	case keep && n != nil:
 		n.val = nv
 		s.unlink(n)
@@ -71,13 +80,30 @@ func lruWith[V, R any](l *lru[V], key string, f func(v V, ok bool) (V, bool, R))
 		n = &lruNode[V]{key: key, val: nv}
 		s.m[key] = n
 		s.pushFront(n)
-		for len(s.m) > l.shardCap {
+		s.bytes += l.cost(key)
+		for (len(s.m) > l.shardCap || s.bytes > l.shardBytes) && s.tail != n {
 			old := s.tail
 			s.unlink(old)
 			delete(s.m, old.key)
+			s.bytes -= l.cost(old.key)
 		}
 	}
 	return r
+}
+
+// cost is what an entry of key counts against the byte cap.
+func (l *lru[V]) cost(key string) int64 { return int64(len(key)) + l.overhead }
+
+// size returns the number of bytes the entries count for.
+func (l *lru[V]) size() int64 {
+	var n int64
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		n += s.bytes
+		s.mu.Unlock()
+	}
+	return n
 }
 
 // len returns the number of entries.

@@ -15,9 +15,11 @@ import (
 // writes them back (store.Check.Force), at most every writeBackEvery; what
 // it cannot write stays queued for the next time.
 type writeBacks struct {
-	mu  sync.Mutex
-	m   map[string]writeBack
-	cap int
+	mu       sync.Mutex
+	m        map[string]writeBack
+	cap      int
+	bytes    int64 // len(key)+writeBackOverhead per entry of m
+	maxBytes int64
 
 	n       atomic.Int64 // len(m), read without the lock on every decision
 	running atomic.Bool
@@ -47,8 +49,33 @@ const writeBackEvery = 50 * time.Millisecond
 // writeBackBatch is the most checks one write-back store call carries.
 const writeBackBatch = 64
 
-func (w *writeBacks) init(capacity int) {
-	w.m, w.cap = make(map[string]writeBack), capacity
+func (w *writeBacks) init(capacity int, maxBytes int64) {
+	w.m, w.cap, w.maxBytes = make(map[string]writeBack), capacity, maxBytes
+}
+
+// full reports whether a new entry of key would overflow a cap. w.mu is held.
+func (w *writeBacks) full(key string) bool {
+	return len(w.m) >= w.cap || w.bytes+writeBackCost(key) > w.maxBytes
+}
+
+func writeBackCost(key string) int64 { return int64(len(key)) + writeBackOverhead }
+
+// put adds or replaces key's entry. w.mu is held.
+func (w *writeBacks) put(key string, e writeBack) {
+	if _, ok := w.m[key]; !ok {
+		w.bytes += writeBackCost(key)
+	}
+	w.m[key] = e
+	w.n.Store(int64(len(w.m)))
+}
+
+// del removes key's entry, if any. w.mu is held.
+func (w *writeBacks) del(key string) {
+	if _, ok := w.m[key]; ok {
+		delete(w.m, key)
+		w.bytes -= writeBackCost(key)
+		w.n.Store(int64(len(w.m)))
+	}
 }
 
 // add queues c's key for write-back of what b admits.
@@ -61,15 +88,14 @@ func (w *writeBacks) add(c *store.Check, b *bucket, now int64) {
 		// The key's bucket was evicted and made anew: carry the old one's
 		// pending hits over.
 		b.restore(e.b.drain(now), now)
-	case !ok && len(w.m) >= w.cap:
+	case !ok && w.full(c.Key):
 		w.lost.Add(c.Hits)
 		b.drain(now)
 		return
 	}
 	check := *c
 	check.Hits, check.Refund, check.Shadow = 0, false, false
-	w.m[c.Key] = writeBack{check: check, b: b}
-	w.n.Store(int64(len(w.m)))
+	w.put(c.Key, writeBack{check: check, b: b})
 }
 
 // requeue queues e again after a write-back the store did not take; its
@@ -77,17 +103,15 @@ func (w *writeBacks) add(c *store.Check, b *bucket, now int64) {
 func (w *writeBacks) requeue(e writeBack) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.m[e.check.Key]; !ok && len(w.m) < w.cap {
-		w.m[e.check.Key] = e
-		w.n.Store(int64(len(w.m)))
+	if _, ok := w.m[e.check.Key]; !ok && !w.full(e.check.Key) {
+		w.put(e.check.Key, e)
 	}
 }
 
 // drop forgets key's pending write-back (its counter was reset).
 func (w *writeBacks) drop(key string) {
 	w.mu.Lock()
-	delete(w.m, key)
-	w.n.Store(int64(len(w.m)))
+	w.del(key)
 	w.mu.Unlock()
 }
 
@@ -97,8 +121,7 @@ func (w *writeBacks) takeKey(key string) (writeBack, bool) {
 	defer w.mu.Unlock()
 	e, ok := w.m[key]
 	if ok {
-		delete(w.m, key)
-		w.n.Store(int64(len(w.m)))
+		w.del(key)
 	}
 	return e, ok
 }
@@ -112,6 +135,7 @@ func (w *writeBacks) take() []writeBack {
 		out = append(out, e)
 	}
 	clear(w.m)
+	w.bytes = 0
 	w.n.Store(0)
 	return out
 }
