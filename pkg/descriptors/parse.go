@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -35,66 +33,6 @@ var (
 		"algorithm", "burst", "on_error", "response_body", "content_type"}
 	replacesFields = []string{"name"}
 )
-
-// Load reads every *.yaml and *.yml file of dir (not recursively; symbolic
-// links are followed, so a Kubernetes ConfigMap mount works) and parses them
-// with Parse. Entries whose names start with '.' (such as a ConfigMap's
-// "..data" and "..2024_01_01..." entries), directories and files with other
-// extensions are skipped, each with a line in ignored. Errors names each file
-// by its path in dir. The error is an Errors when validation fails, and a
-// wrapped I/O error when dir cannot be read. An empty directory gives a
-// Config without domains.
-func Load(dir string) (cfg *Config, ignored []string, err error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, nil, fmt.Errorf("load %s: %w", dir, err)
-	}
-	files := make(map[string][]byte)
-	var errs Errors
-	for _, e := range entries {
-		name := e.Name()
-		path := filepath.Join(dir, name)
-		if strings.HasPrefix(name, ".") {
-			ignored = append(ignored, fmt.Sprintf("ignoring %s: hidden entry", path))
-			continue
-		}
-		fi, err := os.Stat(path) // follows symbolic links
-		if err != nil {
-			errs = append(errs, &ConfigError{File: path, Msg: err.Error()})
-			continue
-		}
-		if fi.IsDir() {
-			ignored = append(ignored, fmt.Sprintf("ignoring %s: directory", path))
-			continue
-		}
-		switch strings.ToLower(filepath.Ext(name)) {
-		case ".yaml", ".yml":
-		default:
-			ignored = append(ignored, fmt.Sprintf("ignoring %s: not a .yaml or .yml file", path))
-			continue
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			errs = append(errs, &ConfigError{File: path, Msg: err.Error()})
-			continue
-		}
-		files[path] = data
-	}
-	cfg, err = Parse(files)
-	if err != nil {
-		var perrs Errors
-		if errors.As(err, &perrs) {
-			errs = append(errs, perrs...)
-		} else {
-			return nil, ignored, err
-		}
-	}
-	if len(errs) > 0 {
-		errs.sort()
-		return nil, ignored, errs
-	}
-	return cfg, ignored, nil
-}
 
 // Parse builds a Config from files, a map from file name (used in errors and
 // Rule.File) to YAML content, one domain per file. It returns every problem

@@ -38,7 +38,24 @@ type Options struct {
 	// Report, if set, is told about every attempt.
 	Report func(Result, *descriptors.Config)
 	Log    *slog.Logger // [discard]
+	// MaxFileBytes is the largest config file read; larger is a failure
+	// [descriptors.DefaultMaxFileBytes]. MaxFileBytesName names the limit
+	// in that error (the flag that sets it).
+	MaxFileBytes     int64
+	MaxFileBytesName string
+	// AllowEmpty lets a reload apply a config without domains. Without it,
+	// a directory that lost every domain is a failure: the last good config
+	// stays, rather than every limit vanishing with the files.
+	AllowEmpty bool
 }
+
+// load is descriptors.LoadWith; tests count its calls.
+var load = descriptors.LoadWith
+
+// racyWindow is how old the newest file of a rejected set must be before
+// its fingerprint is trusted to skip it: a file rewritten again within the
+// file system's timestamp granularity keeps its size and mtime.
+var racyWindow = 2 * time.Second
 
 // Watcher reloads a config directory. Use New, then Run.
 type Watcher struct {
@@ -46,6 +63,10 @@ type Watcher struct {
 	mu      sync.Mutex
 	hash    string // of the config in force
 	lastBad string // the errors last logged, so a broken file is logged once
+	// failed is the fingerprint (names, sizes, mtimes) of the file set last
+	// rejected: while the directory still has it, Reload fails without
+	// reading or parsing the files again. Empty when none is trusted.
+	failed string
 }
 
 // New returns a Watcher whose config in force is current.
@@ -120,11 +141,24 @@ func relevant(ev fsnotify.Event) bool {
 
 // Reload loads the directory now and applies it if it is valid and differs
 // from the config in force. A broken directory keeps the config in force;
-// its errors are logged once (as file:line: message) until they change.
+// its errors are logged once (as file:line: message) until they change. A
+// set of files already rejected is not read again until one of them changes
+// (name, size or modification time): it fails at the cost of a stat per file.
+// Without AllowEmpty, a directory without any domain is rejected too.
 func (w *Watcher) Reload() Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	cfg, _, err := descriptors.Load(w.opts.Dir)
+	fp, newest, fpErr := descriptors.Fingerprint(w.opts.Dir)
+	if fpErr == nil && fp == w.failed {
+		w.report(Failure, nil)
+		return Failure
+	}
+	w.failed = ""
+	cfg, _, err := load(w.opts.Dir, descriptors.LoadOptions{MaxFileBytes: w.opts.MaxFileBytes, MaxFileBytesName: w.opts.MaxFileBytesName})
+	if err == nil && len(cfg.Domains()) == 0 && !w.opts.AllowEmpty {
+		err = errors.New("the config directory " + w.opts.Dir + " has no domain left (no .yaml or .yml file with a domain): " +
+			"a reload to it would remove every limit (--allow-empty-config allows it)")
+	}
 	if err != nil {
 		msg := err.Error()
 		if msg != w.lastBad {
@@ -137,6 +171,9 @@ func (w *Watcher) Reload() Result {
 			} else {
 				w.opts.Log.Error("config reload rejected; keeping the last good config", "error", msg)
 			}
+		}
+		if fpErr == nil && time.Since(newest) >= racyWindow {
+			w.failed = fp
 		}
 		w.report(Failure, nil)
 		return Failure

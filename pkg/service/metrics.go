@@ -43,6 +43,7 @@ type Metrics struct {
 	detailed    *prometheus.CounterVec
 	latency     prometheus.Histogram
 	panics      prometheus.Counter
+	invalid     prometheus.Counter
 	maxDetailed int
 }
 
@@ -68,9 +69,13 @@ func NewMetrics(reg prometheus.Registerer, maxDetailed int) *Metrics {
 			Name: "rls_panics_total",
 			Help: "Panics recovered in gRPC handlers (each answered with codes.Internal).",
 		}),
+		invalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rls_invalid_requests_total",
+			Help: "Requests rejected as invalid (InvalidArgument): malformed, or beyond the --max-* bounds.",
+		}),
 		maxDetailed: maxDetailed,
 	}
-	reg.MustRegister(m.decisions, m.detailed, m.latency, m.panics)
+	reg.MustRegister(m.decisions, m.detailed, m.latency, m.panics, m.invalid)
 	return m
 }
 
@@ -78,6 +83,13 @@ func NewMetrics(reg prometheus.Registerer, maxDetailed int) *Metrics {
 func (m *Metrics) Panic() {
 	if m != nil {
 		m.panics.Inc()
+	}
+}
+
+// Invalid counts a request rejected as invalid.
+func (m *Metrics) Invalid() {
+	if m != nil {
+		m.invalid.Inc()
 	}
 }
 

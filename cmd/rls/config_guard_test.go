@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestServeRefusesAnEmptyConfigDir: start-up on a directory without any
+// domain fails with a message naming --allow-empty-config, unless it is set.
+func TestServeRefusesAnEmptyConfigDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "README.txt"), []byte("no config here"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := serve(context.Background(), testConfig(t, "--config-dir", dir), &logBuffer{})
+	if err == nil || !strings.Contains(err.Error(), "has no domain") || !strings.Contains(err.Error(), "--allow-empty-config (RLS_ALLOW_EMPTY_CONFIG)") {
+		t.Fatalf("serve on an empty directory: %v, want a refusal naming --allow-empty-config", err)
+	}
+
+	log := &logBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, testConfig(t, "--config-dir", dir, "--allow-empty-config"), log) }()
+	waitFor(t, "serving with --allow-empty-config", 5*time.Second, func() bool {
+		return listening(log.String(), "debug-addr") != ""
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve with --allow-empty-config: %v", err)
+	}
+}
+
+// failures reads rls_config_reloads_total{result="failure"} from /metrics.
+func failures(t *testing.T, httpAddr string) int {
+	t.Helper()
+	_, body := httpGet(t, "http://"+httpAddr+"/metrics")
+	m := regexp.MustCompile(`(?m)^rls_config_reloads_total\{result="failure"\} (\d+)$`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("no failure count in /metrics")
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// TestServeReloadGuards: with the flags wired, an oversized file is refused
+// by its size (naming the flag) and an emptied directory keeps the last good
+// config; both count as failures and /rlconfig keeps the domain.
+func TestServeReloadGuards(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "d.yaml")
+	if err := os.WriteFile(good, []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	log := &logBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, testConfig(t, "--config-dir", dir, "--config-poll", "50ms", "--config-max-bytes", "4096"), log)
+	}()
+	waitFor(t, "serving", 5*time.Second, func() bool { return listening(log.String(), "debug-addr") != "" })
+	httpAddr, debugAddr := listening(log.String(), "http-addr"), listening(log.String(), "debug-addr")
+	domainKept := func() bool {
+		_, body := httpGet(t, "http://"+debugAddr+"/rlconfig")
+		return strings.Contains(body, "domains [d]")
+	}
+
+	big := filepath.Join(dir, "big.yaml")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Truncate(big, 50<<20); err != nil {
+		t.Fatal(err)
+	}
+	want := "file is 52428800 bytes, more than the 4096 bytes of --config-max-bytes (RLS_CONFIG_MAX_BYTES); not read"
+	waitFor(t, "the big file refused", 5*time.Second, func() bool { return strings.Contains(log.String(), want) })
+	waitFor(t, "failures counted", 5*time.Second, func() bool { return failures(t, httpAddr) >= 2 })
+	if !domainKept() {
+		t.Fatal("the last good config is gone after the big file")
+	}
+	if err := os.Remove(big); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(good); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the empty directory refused", 5*time.Second, func() bool {
+		return strings.Contains(log.String(), "has no domain left")
+	})
+	before := failures(t, httpAddr)
+	waitFor(t, "more failures counted", 5*time.Second, func() bool { return failures(t, httpAddr) > before })
+	if !domainKept() {
+		t.Fatal("the last good config is gone after emptying the directory")
+	}
+	if n := strings.Count(log.String(), "has no domain left"); n != 1 {
+		t.Errorf("the empty directory logged %d times, want once", n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+}
