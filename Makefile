@@ -66,7 +66,8 @@ clean: ## remove build output
 # package's testdata/fuzz/<Target>/: commit them as seeds once fixed.
 FUZZTIME     ?= 5m
 FUZZ_TARGETS ?= ./pkg/descriptors:FuzzParse ./pkg/descriptors:FuzzKeyInjective \
-                ./pkg/service:FuzzShouldRateLimit ./pkg/store/redis:FuzzDifferential
+                ./pkg/service:FuzzShouldRateLimit ./pkg/service:FuzzDecodeRequest \
+                ./pkg/store/redis:FuzzDifferential
 
 .PHONY: fuzz soak
 
@@ -75,7 +76,9 @@ fuzz: ## fuzz each target for FUZZTIME (5m) in turn (FuzzDifferential needs redi
 	  echo "== $$name ($$pkg) for $(FUZZTIME)"; \
 	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -timeout 0 $$pkg; done
 
-soak: ## not in CI: SOAK_MINUTES (10) of load with Redis restarts and reloads, then 1M hostile keys
+soak: ## not in CI: SOAK_MINUTES (10) of load with Redis restarts and reloads, then 1M hostile keys and 4 KB values against byte budgets
 	./scripts/soak.sh
 	RLS_BOUNDS_KEYS=1000000 $(GO) test -race -count=1 -timeout 60m -v \
 	  -run '^TestMemoryBoundedUnderHostileCardinality$$' ./integration/
+	RLS_BYTES_FULL=1 $(GO) test -count=1 -timeout 30m -v \
+	  -run '^TestTablesBoundedByBytes$$' ./integration/

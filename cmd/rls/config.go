@@ -11,7 +11,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/service"
+	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 )
 
@@ -45,7 +48,8 @@ type Config struct {
 	RedisTLSKey                string
 	RedisTLSInsecureSkipVerify bool
 
-	MemoryMaxKeys int
+	MemoryMaxKeys  int
+	MemoryMaxBytes int64
 
 	MaxDescriptors    int
 	MaxEntries        int
@@ -53,10 +57,17 @@ type Config struct {
 	MaxValueBytes     int
 	MaxHits           uint64
 	GRPCMaxRecvBytes  int
+	GRPCMaxStreams    int
+	GRPCMaxConnIdle   time.Duration
+	GRPCMaxConnAge    time.Duration
+	HTTPIdleTimeout   time.Duration
+	MaxConns          int
 	Admin             bool
 	ResponseHeaders   bool
 	DetailedMetricMax int
 	ConfigPoll        time.Duration
+	ConfigMaxBytes    int64
+	AllowEmptyConfig  bool
 	GCPercent         int
 
 	OnStoreError   string
@@ -64,6 +75,7 @@ type Config struct {
 	MinFleetSize   int
 	OverLimitCache bool
 	LocalMaxKeys   int
+	LocalMaxBytes  int64
 }
 
 // envName returns the environment twin of a flag: --redis-url → RLS_REDIS_URL.
@@ -99,21 +111,30 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 0, "most Redis connections per node (opened on demand); 0 means 10 per CPU and at least 100")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", time.Second, "budget for one decision's Redis calls when the caller sent no gRPC deadline; when it sent one (Envoy always sends its timeout, 20ms by default) the budget is that deadline minus a small margin")
 	fs.IntVar(&c.MemoryMaxKeys, "memory-max-keys", 1_000_000, "memory store: most counters kept; the oldest are evicted beyond it")
+	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters kept (each key's length plus 160); the oldest are evicted beyond it")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", service.DefaultLimits.Descriptors, "most descriptors in one request; more is InvalidArgument")
 	fs.IntVar(&c.MaxEntries, "max-entries", service.DefaultLimits.Entries, "most entries in one descriptor; more is InvalidArgument")
 	fs.IntVar(&c.MaxKeyBytes, "max-key-bytes", service.DefaultLimits.KeyBytes, "longest descriptor entry key in bytes; longer is InvalidArgument")
 	fs.IntVar(&c.MaxValueBytes, "max-value-bytes", service.DefaultLimits.ValueBytes, "longest descriptor entry value (and domain) in bytes; longer is InvalidArgument")
 	fs.Uint64Var(&c.MaxHits, "max-hits", service.DefaultLimits.Hits, "largest hits_addend of a request or descriptor (at most 2^53); larger is InvalidArgument")
 	fs.IntVar(&c.GRPCMaxRecvBytes, "grpc-max-recv-bytes", 1<<20, "largest gRPC request message in bytes; larger is ResourceExhausted")
+	fs.IntVar(&c.GRPCMaxStreams, "grpc-max-streams", 256, "most concurrent gRPC calls on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); Envoy opens another connection beyond it")
+	fs.DurationVar(&c.GRPCMaxConnIdle, "grpc-max-conn-idle", 5*time.Minute, "close a gRPC connection (GOAWAY) with no call for this long; 0 disables")
+	fs.DurationVar(&c.GRPCMaxConnAge, "grpc-max-conn-age", 30*time.Minute, "close a gRPC connection (GOAWAY, ±10% jitter, then 10s for calls in flight) after this long; 0 disables")
+	fs.DurationVar(&c.HTTPIdleTimeout, "http-idle-timeout", time.Minute, "close a keep-alive connection of --http-addr or --debug-addr idle for this long")
+	fs.IntVar(&c.MaxConns, "max-conns", 1000, "most connections open at once on each port (gRPC, HTTP, debug); beyond it new ones are accepted and closed at once; 0 is no cap")
 	fs.BoolVar(&c.Admin, "admin", false, "serve rls.admin.v1.AdminService (Explain, ResetCounters) on the gRPC port; anyone who reaches the port can reset counters")
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-Limit/-Remaining/-Reset (draft-03) to every response and Retry-After to OVER_LIMIT ones")
 	fs.IntVar(&c.DetailedMetricMax, "detailed-metric-max", 100, "most distinct descriptor values counted per detailed_metric rule; the rest are counted as value=\"_other\"")
 	fs.DurationVar(&c.ConfigPoll, "config-poll", 10*time.Second, "re-read --config-dir this often even without file events (0 disables; file events always trigger a reload)")
+	fs.Int64Var(&c.ConfigMaxBytes, "config-max-bytes", descriptors.DefaultMaxFileBytes, "largest config file read, in bytes; a larger one is refused from its size, before it is read (the last good config stays)")
+	fs.BoolVar(&c.AllowEmptyConfig, "allow-empty-config", false, "allow a config directory without any domain: at start-up, and on a reload that would remove every domain (without it, start-up fails and such a reload keeps the last good config)")
 	fs.StringVar(&c.OnStoreError, "on-store-error", "fail_open", "what rules without on_error do when the store cannot answer: fail_open (local share of the limit) or fail_closed (deny)")
 	fs.IntVar(&c.FleetSize, "fleet-size", 0, "replicas sharing the limits, for the fail-open share (limit/fleet size); 0 learns it from heartbeats in Redis (memory store: 1)")
 	fs.IntVar(&c.MinFleetSize, "min-fleet-size", 1, "the least fleet size a learned size may be, and the size assumed before the first heartbeat answers (a replica started while Redis is down); set it to the Deployment's minimum replicas")
 	fs.BoolVar(&c.OverLimitCache, "over-limit-cache", true, "deny keys the store found over their limit locally until their retry time, without a store call")
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 100_000, "most keys kept by each local table (over-limit cache, fail-open buckets); least recently used evicted beyond it")
+	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes kept by the local tables (each key's length plus its entry's overhead): half for the over-limit cache, a quarter each for the fail-open buckets and the pending write-backs; least recently used evicted beyond it")
 	fs.IntVar(&c.GCPercent, "gc-percent", 400, "Go GC target (as GOGC) while the extra heap it allows stays under 64 MiB, falling toward 100 beyond; fewer collections, less CPU and a flatter tail; 0 or a GOGC environment variable leaves Go's setting alone")
 	return fs
 }
@@ -221,6 +242,34 @@ func (c *Config) Validate() error {
 	}
 	if c.ConfigPoll < 0 {
 		add(errors.New("--config-poll (RLS_CONFIG_POLL) is negative"))
+	}
+	for _, b := range []struct {
+		name string
+		v    int64
+	}{{"local-max-bytes", c.LocalMaxBytes}, {"memory-max-bytes", c.MemoryMaxBytes}} {
+		if b.v < 1<<20 {
+			add(fmt.Errorf("--%s (%s) must be at least 1 MiB (1048576)", b.name, envName(b.name)))
+		}
+	}
+	if c.ConfigMaxBytes < 1 {
+		add(errors.New("--config-max-bytes (RLS_CONFIG_MAX_BYTES) must be at least 1"))
+	}
+	if c.GRPCMaxStreams < 1 {
+		add(errors.New("--grpc-max-streams (RLS_GRPC_MAX_STREAMS) must be at least 1"))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"grpc-max-conn-idle", c.GRPCMaxConnIdle}, {"grpc-max-conn-age", c.GRPCMaxConnAge}} {
+		if d.v < 0 {
+			add(fmt.Errorf("%s is negative", flagRef(d.name)))
+		}
+	}
+	if c.HTTPIdleTimeout <= 0 {
+		add(errors.New("--http-idle-timeout (RLS_HTTP_IDLE_TIMEOUT) must be positive"))
+	}
+	if c.MaxConns < 0 {
+		add(errors.New("--max-conns (RLS_MAX_CONNS) is negative"))
 	}
 	if c.GCPercent < 0 {
 		add(errors.New("--gc-percent (RLS_GC_PERCENT) is negative"))

@@ -40,6 +40,8 @@ func TestInvalidSettingsNameTheFlag(t *testing.T) {
 		{[]string{"--fleet-size", "-1"}, nil, `--fleet-size (RLS_FLEET_SIZE) is negative`},
 		{[]string{"--redis-timeout", "0"}, nil, `--redis-timeout (RLS_REDIS_TIMEOUT) must be positive`},
 		{nil, map[string]string{"RLS_REDIS_TIMEOUT": "-5ms"}, `--redis-timeout (RLS_REDIS_TIMEOUT) must be positive`},
+		{[]string{"--local-max-bytes", "1000"}, nil, `--local-max-bytes (RLS_LOCAL_MAX_BYTES) must be at least 1 MiB`},
+		{nil, map[string]string{"RLS_MEMORY_MAX_BYTES": "0"}, `--memory-max-bytes (RLS_MEMORY_MAX_BYTES) must be at least 1 MiB`},
 	} {
 		args := append([]string{"--config-dir", "../../config"}, tc.args...)
 		_, err := parseConfig(args, func(k string) string { return tc.env[k] }, &bytes.Buffer{})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -14,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -93,6 +93,7 @@ type app struct {
 	watcher *reload.Watcher
 
 	grpcLis   net.Listener
+	conns     *connMetrics // open and refused connections per port
 	grpcSrv   *grpc.Server
 	healthSrv *health.Server
 	httpSrvs  []*http.Server // the HTTP and debug servers started
@@ -113,7 +114,7 @@ type app struct {
 // yet. On error, what build opened is closed (the store by closeStore).
 func (a *app) build() error {
 	a.logStart()
-	rules, err := loadRules(a.cfg.ConfigDir, a.log)
+	rules, err := loadRules(a.cfg, a.log)
 	if err != nil {
 		return err
 	}
@@ -142,14 +143,20 @@ func (a *app) logStart() {
 	}
 }
 
-// loadRules loads the descriptor config, logging its notes.
-func loadRules(dir string, log *slog.Logger) (*descriptors.Config, error) {
-	rules, notes, err := descriptors.Load(dir)
+// loadRules loads the descriptor config, logging its notes. A config
+// without any domain is refused unless --allow-empty-config: it would limit
+// nothing.
+func loadRules(cfg *Config, log *slog.Logger) (*descriptors.Config, error) {
+	rules, notes, err := descriptors.LoadWith(cfg.ConfigDir, loadOptions(cfg))
 	for _, n := range notes {
 		log.Info(n)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w", err)
+	}
+	if len(rules.Domains()) == 0 && !cfg.AllowEmptyConfig {
+		return nil, fmt.Errorf("load config: %s has no domain (no .yaml or .yml file with a domain), so rls would limit nothing; "+
+			"add the config, or pass %s to start without one", cfg.ConfigDir, flagRef("allow-empty-config"))
 	}
 	log.Info("config loaded", "domains", rules.Domains(), "hash", rules.Hash())
 	return rules, nil
@@ -187,21 +194,37 @@ func (a *app) buildGRPC() error {
 	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
 	}
+	a.conns = newConnMetrics(a.reg)
 	a.svcMetrics = service.NewMetrics(a.reg, a.cfg.DetailedMetricMax)
 	creds, err := grpcCreds(a.cfg, a.log)
 	if err != nil {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = lis
+	a.grpcLis = newCapListener(lis, "grpc-addr", a.cfg.MaxConns, a.conns, a.log)
 	a.grpcSrv = grpc.NewServer(append(creds, grpcOptions(a.cfg, a.svcMetrics, a.log)...)...)
 	return nil
 }
 
 // grpcOptions are the gRPC server's options besides TLS.
+//
+// Bounds against a hostile or broken peer: at most --grpc-max-streams calls
+// at once per connection (a peer that opens streams and never reads their
+// answers holds at most that many); a connection must finish its TLS
+// handshake and HTTP/2 preface within handshakeTimeout; one with no call
+// for --grpc-max-conn-idle, or older than --grpc-max-conn-age, is sent a
+// GOAWAY (Envoy opens a new connection for its next call) and closed once
+// its calls end, or after grpcMaxConnAgeGrace.
 func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle:     infiniteIfZero(cfg.GRPCMaxConnIdle),
+			MaxConnectionAge:      infiniteIfZero(cfg.GRPCMaxConnAge),
+			MaxConnectionAgeGrace: grpcMaxConnAgeGrace,
+		}),
+		grpc.MaxConcurrentStreams(uint32(min(cfg.GRPCMaxStreams, math.MaxUint32))),
+		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.MaxRecvMsgSize(cfg.GRPCMaxRecvBytes),
 		// Static flow-control windows: grpc-go otherwise estimates bandwidth
 		// with a PING per burst of received data, an extra frame to write
@@ -213,6 +236,9 @@ func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.Serve
 		// depth of a decision) rather than start one per call.
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.ChainUnaryInterceptor(service.RecoverUnary(m, log)),
+		// Protobuf, but RateLimitRequests may carry strings that are not UTF-8
+		// (Envoy forwards header bytes as they come): see service.DecodeRequest.
+		grpc.ForceServerCodecV2(service.Codec()),
 	}
 }
 
@@ -225,6 +251,8 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		FleetSize:    a.fleet.Size,
 		CacheSize:    cfg.LocalMaxKeys,
 		BucketsSize:  cfg.LocalMaxKeys,
+		CacheBytes:   cfg.LocalMaxBytes / 2,
+		BucketsBytes: cfg.LocalMaxBytes / 4,
 		DisableCache: !cfg.OverLimitCache,
 		Log:          a.log,
 	})
@@ -247,8 +275,11 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 // config goes to the service and the config metrics.
 func (a *app) buildReloader(rules *descriptors.Config) {
 	a.watcher = reload.New(rules, reload.Options{
-		Dir:  a.cfg.ConfigDir,
-		Poll: pollInterval(a.cfg.ConfigPoll),
+		Dir:              a.cfg.ConfigDir,
+		Poll:             pollInterval(a.cfg.ConfigPoll),
+		MaxFileBytes:     a.cfg.ConfigMaxBytes,
+		MaxFileBytesName: flagRef("config-max-bytes"),
+		AllowEmpty:       a.cfg.AllowEmptyConfig,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.set(c)
@@ -263,7 +294,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 // make rls unready (it decides in fallback); it shows as degraded on
 // /healthcheck and as NOT_SERVING of the gRPC health service "rls.store".
 func (a *app) registerGRPC() {
-	rlsv3.RegisterRateLimitServiceServer(a.grpcSrv, a.svc)
+	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.healthSrv = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpcSrv, a.healthSrv)
 	reflection.Register(a.grpcSrv)
@@ -332,7 +363,19 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("--%s: %w", name, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	lis = newCapListener(lis, name, a.cfg.MaxConns, a.conns, a.log)
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: handshakeTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout,
+		IdleTimeout:       a.cfg.HTTPIdleTimeout,
+	}
+	if name == "debug-addr" {
+		// /debug/pprof/profile and /trace write after ?seconds= (30 by
+		// default); pprof refuses a duration beyond WriteTimeout.
+		srv.WriteTimeout = debugWriteTimeout
+	}
 	a.httpSrvs = append(a.httpSrvs, srv)
 	a.servers.Go(func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -366,7 +409,7 @@ func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
 	switch {
 	case a.shuttingDown.Load():
 		http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
-	case !a.storeOK.Load() || a.lim.Degraded(5*time.Second):
+	case !a.storeOK.Load() || a.lim.Degraded(degradedWindow):
 		io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")
 	default:
 		io.WriteString(w, "OK\n")
@@ -456,7 +499,21 @@ func (a *app) stopHTTP() {
 	}
 }
 
-// watchReadiness reports SERVING while ready succeeds, probing once a second.
+// degradedWindow is how long after its last fallback decision /healthcheck
+// still says DEGRADED. Short, so health is OK again within about a second of
+// the store answering; during an outage the failing readiness probe keeps
+// it DEGRADED however sparse the traffic.
+const degradedWindow = time.Second
+
+// Readiness probe intervals: while the store answers, and while it does not
+// (often, so its return is seen within a fraction of a second).
+const (
+	probeEvery   = time.Second
+	probeFailing = 200 * time.Millisecond
+)
+
+// watchReadiness reports SERVING while ready succeeds, probing once a second
+// (every probeFailing while it fails).
 func watchReadiness(ctx context.Context, ready func(context.Context) error, set func(bool), log *slog.Logger) {
 	lastErr := ""
 	for {
@@ -475,12 +532,39 @@ func watchReadiness(ctx context.Context, ready func(context.Context) error, set 
 			log.Warn("store not ready", "err", err)
 		}
 		lastErr = msg
+		every := probeEvery
+		if err != nil {
+			every = probeFailing
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Second):
+		case <-time.After(every):
 		}
 	}
+}
+
+// HTTP servers' timeouts besides ReadHeaderTimeout (handshakeTimeout) and
+// IdleTimeout (--http-idle-timeout): a request is a GET without a body; the
+// largest answer is /metrics (Prometheus's own scrape timeout is 10 s by
+// default). The debug port allows pprof's profiles and traces up to 5 min.
+const (
+	httpReadTimeout   = 10 * time.Second
+	httpWriteTimeout  = 30 * time.Second
+	debugWriteTimeout = 5 * time.Minute
+)
+
+// grpcMaxConnAgeGrace is how long calls in flight on a connection past
+// --grpc-max-conn-age may take before it is closed.
+const grpcMaxConnAgeGrace = 10 * time.Second
+
+// infiniteIfZero maps a duration flag's 0 ("disabled") to keepalive's
+// infinity.
+func infiniteIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	return d
 }
 
 // Flow-control windows of the gRPC server (see grpc.InitialWindowSize).
@@ -516,9 +600,14 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 		}
 		return rs, rs.Ping, nil
 	default:
-		m := memory.New(memory.Options{MaxKeys: cfg.MemoryMaxKeys})
+		m := memory.New(memory.Options{MaxKeys: cfg.MemoryMaxKeys, MaxBytes: cfg.MemoryMaxBytes})
 		return m, func(context.Context) error { return nil }, nil
 	}
+}
+
+// loadOptions are the config files' bounds from the flags.
+func loadOptions(cfg *Config) descriptors.LoadOptions {
+	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MaxFileBytesName: flagRef("config-max-bytes")}
 }
 
 // pollInterval maps --config-poll to the watcher's option (0 disables).

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -152,6 +153,7 @@ func (s *Service) toStatus(err error) error {
 	var bad badRequest
 	switch {
 	case errors.As(err, &bad):
+		s.opts.Metrics.Invalid()
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
@@ -265,6 +267,8 @@ func nearLimit(remaining uint64, limit uint32) bool {
 
 // entriesOf returns a func rendering d's entries as key=value pairs joined
 // by '|', for detailed metrics (called only for detailed_metric rules).
+// Bytes that are not UTF-8 are written \xNN: Prometheus label values must
+// be valid UTF-8.
 func entriesOf(d *rlcommon.RateLimitDescriptor) func() string {
 	return func() string {
 		var b strings.Builder
@@ -272,13 +276,42 @@ func entriesOf(d *rlcommon.RateLimitDescriptor) func() string {
 			if i > 0 {
 				b.WriteByte('|')
 			}
-			b.WriteString(e.Key)
+			writePrintable(&b, e.Key)
 			b.WriteByte('=')
-			b.WriteString(e.Value)
+			writePrintable(&b, e.Value)
 		}
 		return b.String()
 	}
 }
+
+// printable returns s with every byte that is not part of valid UTF-8
+// written \xNN (as %q would, without quoting anything else): for request
+// strings shown in logs, metrics and the admin API, which must be UTF-8.
+// Valid strings are returned unchanged.
+func printable(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	writePrintable(&b, s)
+	return b.String()
+}
+
+func writePrintable(b *strings.Builder, s string) {
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		if r == utf8.RuneError && n == 1 {
+			b.WriteString(`\x`)
+			b.WriteByte(hexDigits[s[0]>>4])
+			b.WriteByte(hexDigits[s[0]&0xf])
+		} else {
+			b.WriteString(s[:n])
+		}
+		s = s[n:]
+	}
+}
+
+const hexDigits = "0123456789abcdef"
 
 func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
 
