@@ -176,6 +176,7 @@ func vmRSS(t testing.TB, pid int) int64 {
 	return v
 }
 
+// readVmRSS reads a process's resident set size (VmRSS) in bytes.
 func readVmRSS(pid int) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

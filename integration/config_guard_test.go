@@ -29,13 +29,13 @@ func cgCPU(t *testing.T, pid int) time.Duration {
 	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
-// cgRSS returns the process's VmRSS line from /proc/PID/status.
+// cgRSS returns the process's VmRSS in MiB, for logs.
 func cgRSS(t *testing.T, pid int) string {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if m := regexp.MustCompile(`VmRSS:\s+(\d+ kB)`).FindSubmatch(b); m != nil {
-		return string(m[1])
+	v, err := readVmRSS(pid)
+	if err != nil {
+		return "?"
 	}
-	return "?"
+	return fmt.Sprintf("%.1f MiB", float64(v)/(1<<20))
 }
 
 // cgBusy is the share of one core the process used over d.

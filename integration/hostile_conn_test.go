@@ -25,7 +25,6 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -62,21 +61,6 @@ func hcErrors(ss []ftSample) int {
 		}
 	}
 	return n
-}
-
-// hcRSS reads the process's resident set size (VmRSS) in bytes.
-func hcRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmRSS line")
 }
 
 // hcCountRefused reads and discards conn's frames, counting refused streams.
@@ -232,7 +216,7 @@ func TestHostileZeroWindowFlood(t *testing.T) {
 	p := startRLSFast(t, writeConfig(t, map[string]string{"hostile.yaml": hcConfig}))
 	pid := p.cmd.Process.Pid
 	should(t, p.client(), "hostile", desc("k", "v")) // warm the good client's connection
-	base, err := hcRSS(pid)
+	base, err := readVmRSS(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +226,7 @@ func TestHostileZeroWindowFlood(t *testing.T) {
 	var rssDone sync.WaitGroup
 	rssDone.Go(func() {
 		for {
-			if v, err := hcRSS(pid); err == nil && v > peak.Load() {
+			if v, err := readVmRSS(pid); err == nil && v > peak.Load() {
 				peak.Store(v)
 			}
 			select {
