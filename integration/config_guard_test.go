@@ -2,8 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -49,18 +47,11 @@ func cgBusy(t *testing.T, pid int, d time.Duration) float64 {
 // cgFailures reads rls_config_reloads_total{result="failure"}.
 func cgFailures(t *testing.T, p *rlsProc) int {
 	t.Helper()
-	resp, err := http.Get("http://" + p.HTTPAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`(?m)^rls_config_reloads_total\{result="failure"\} (\d+)$`).FindSubmatch(b)
-	if m == nil {
+	v, ok := series(scrape(t, p))[`rls_config_reloads_total{result="failure"}`]
+	if !ok {
 		t.Fatal("no rls_config_reloads_total failure series")
 	}
-	n, _ := strconv.Atoi(string(m[1]))
-	return n
+	return int(v)
 }
 
 // cgPlace writes body under a hidden name (ignored by rls), dates it back

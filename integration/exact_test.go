@@ -1,14 +1,11 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os/exec"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -100,30 +97,18 @@ func exBurnCPU(t *testing.T, n int) {
 // contains every label=value given.
 func exMetric(t *testing.T, p *rlsProc, name string, labels ...string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + p.HTTPAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	sum := 0.0
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != '{' && line[len(name)] != ' ') {
+	for k, v := range series(scrape(t, p)) {
+		if k != name && !strings.HasPrefix(k, name+"{") {
 			continue
 		}
 		match := true
 		for _, l := range labels {
-			match = match && strings.Contains(line, l)
+			match = match && strings.Contains(k, l)
 		}
-		if !match {
-			continue
+		if match {
+			sum += v
 		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err != nil {
-			t.Fatalf("metric line %q: %v", line, err)
-		}
-		sum += v
 	}
 	return sum
 }
