@@ -12,6 +12,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -27,11 +28,13 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/lua"
 )
 
 // ftConfig is the domain every fault test uses.
@@ -195,26 +198,26 @@ func ftCount(ss []ftSample, kind int, code rlsv3.RateLimitResponse_Code) (match,
 	return match, total
 }
 
-// ftHashInt reads one integer field of a Redis hash (-1 if absent).
-func ftHashInt(t *testing.T, s *redistest.Server, key, field string) int64 {
+// ftStoredCount reads the current window's count of a sliding-window key (-1 if
+// absent).
+func ftStoredCount(t *testing.T, s *redistest.Server, key string) int64 {
 	t.Helper()
 	c := s.Client()
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	m, err := c.HGetAll(ctx, key).Result()
-	if err != nil {
-		t.Fatalf("HGETALL %s: %v", key, err)
-	}
-	v, ok := m[field]
-	if !ok {
+	v, err := c.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
 		return -1
 	}
-	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		t.Fatalf("HGETALL %s: %s=%q", key, field, v)
+		t.Fatalf("GET %s: %v", key, err)
 	}
-	return n
+	st, err := lua.ParseState(v)
+	if err != nil {
+		t.Fatalf("%s: %v", key, err)
+	}
+	return int64(st.Count)
 }
 
 func ftScriptCalls(t *testing.T, s *redistest.Server) int64 {
@@ -307,7 +310,7 @@ func TestFaultRedisKilled(t *testing.T) {
 		should(t, c, "faults", desc("open", "o"))
 		should(t, c, "faults", desc("closed", "c"))
 	}
-	if n := ftHashInt(t, rs, closedKey, "cur_count"); n <= 0 {
+	if n := ftStoredCount(t, rs, closedKey); n <= 0 {
 		t.Fatalf("%s cur_count = %d before the kill, want > 0 (key name wrong?)", closedKey, n)
 	}
 
@@ -365,9 +368,9 @@ func TestFaultRedisKilled(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	n1 := ftHashInt(t, rs, closedKey, "cur_count")
+	n1 := ftStoredCount(t, rs, closedKey)
 	time.Sleep(time.Second)
-	n2 := ftHashInt(t, rs, closedKey, "cur_count")
+	n2 := ftStoredCount(t, rs, closedKey)
 	time.Sleep(200 * time.Millisecond)
 	all := l.stop()
 

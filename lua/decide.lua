@@ -1,4 +1,4 @@
--- decide.lua: decide a batch of rate-limit checks atomically on one shard.
+-- decide.lua: decide a batch of rate-limit requests atomically on one shard.
 --
 -- The arithmetic is pkg/store/store.go's, bit for bit: every fractional step
 -- is an IEEE-754 double operation in the order written there, so this script
@@ -9,7 +9,8 @@
 --
 -- The numbers below are named once, in the `local` lines after this
 -- header, and those names and values are lua/lua.go's constants (lua_test.go
--- checks that they and this header agree).
+-- checks that they and this header agree). Binary values are little-endian
+-- (struct.pack '<'); a double is an IEEE-754 binary64.
 --
 -- KEYS[i]  the store key of check i (all keys in one Redis Cluster hash slot).
 -- ARGV[1]  now in integer microseconds, or "" to take it from redis TIME.
@@ -17,46 +18,48 @@
 --          sets it; nothing in a request can.
 -- ARGV[2]  mode: "0" decide; "1" peek (every check is check-only, nothing
 --          is written).
--- then 6 values per check i, starting at ARGV[3 + 6*(i-1)]:
---          algorithm (0 sliding window, 1 token bucket, 2 fixed window),
---          limit, window seconds, burst (0 = limit), hits,
---          flags (the sum of 1 = refund, 2 = shadow, 4 = force).
+-- ARGV[3], ARGV[4], ...: one request each, its checks in order, 34 bytes
+--          per check: algorithm (byte: 0 sliding window, 1 token bucket,
+--          2 fixed window), flags (byte: the sum of 1 = refund, 2 = shadow,
+--          4 = force), then doubles: limit, window seconds, burst
+--          (0 = limit), hits. The requests' checks are KEYS in order.
 --
--- Reply: 4 values per check i, at 4*(i-1)+1: allowed (1/0), remaining,
--- retry_after_us, reset_us. Each is an integer reply when it is a whole
--- number in [0, 2^53), where Redis's Lua-number-to-integer conversion is
--- exact, else a decimal string formatted with '%.0f' (huge retry times,
--- and anything not finite), never truncated.
+-- Reply: one string, 25 bytes per check in KEYS order: allowed (byte 1/0),
+-- then doubles: remaining, retry_after_us, reset_us.
 --
--- Hash fields: sliding cur_window, cur_count, prev_count; token bucket
--- tokens, last_refill (microseconds); fixed window, count; all decimal
--- numbers as Redis writes a Lua number ('%.17g' before Redis 7.2, the
--- shortest round-trip form since), read back with tonumber. A key holds
--- one algorithm's fields: a write whose key held none of its algorithm's
--- fields also removes the other algorithms' (HDEL), every write sets the
--- algorithm's TTL (PEXPIRE), and a check of another algorithm starts
--- fresh, as in the memory store. A write never deletes the key, not even
--- for a moment: in a Redis Cluster slot being migrated (MIGRATING), a
--- script may only touch keys that exist on the node, so DEL then HSET
--- would fail half-way with the key deleted and its count lost.
+-- Requests: the Go store sends several concurrent requests of one slot in
+-- one call: one TIME, one MGET and at most one SET per key for all of them.
+-- Each request is decided as if it ran alone after the ones before it: its
+-- refunds and forced write-backs first, in order, always applied; then its
+-- other checks in order against the tentative state (duplicate keys count
+-- twice); if none of its consuming, non-shadow checks was denied, all its
+-- consumption stands, else none of it (the state is rolled back for the
+-- requests after it). Check-only checks never write. A forced check adds
+-- its hits whatever the budget (a token bucket goes down to 0 tokens, never
+-- below) and is allowed with the budget after it. At the end every key
+-- that some request changed is written once, with its final state.
 --
--- Batch: refunds and forced write-backs first, in order, written at once
--- (a check with both flags is a refund); then the other checks in order
--- against the tentative state (duplicate keys count twice); if no
--- consuming, non-shadow check was denied, every consumed (and refunded or
--- forced) key is written, else nothing more. Check-only checks never write.
--- A forced check adds its hits whatever the budget (a token bucket goes
--- down to 0 tokens, never below) and is allowed with the budget after it.
+-- State: one string per key, written with its TTL in one command
+-- (SET key value PX ttl): a tag byte, then doubles: 's' sliding window:
+-- window index, count, previous count; 't' token bucket: tokens, last
+-- refill (microseconds); 'f' fixed window: window index, count. A key
+-- holds one algorithm's state: a check of another algorithm (another tag,
+-- or a value of the wrong length or type) starts fresh, as in the memory
+-- store, and its write replaces the value. A write never deletes the key,
+-- not even for a moment: in a Redis Cluster slot being migrated
+-- (MIGRATING), a script may only touch keys that exist on the node, so DEL
+-- then SET would fail half-way with the count lost.
 --
--- Needs Redis >= 4 (multi-field HSET); TIME before writes needs effects
--- replication, the default since Redis 5 and requested below for 3.2-4.
+-- TIME before writes needs effects replication, the default since Redis 5
+-- and requested below for 3.2-4.
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
-local HEADER, PER, REPLY = 2, 6, 4
+local HEADER, CHECK_BYTES, RESULT_BYTES = 2, 34, 25
 local MODE_DECIDE, MODE_PEEK = '0', '1'
 local ALG_SLIDING, ALG_TOKEN_BUCKET, ALG_FIXED = 0, 1, 2
 local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE = 1, 2, 4
+local TAG_SLIDING, TAG_TOKEN_BUCKET, TAG_FIXED = 's', 't', 'f'
 local US = 1000000
 
 local now
@@ -69,98 +72,145 @@ end
 local peek = ARGV[2] == MODE_PEEK
 
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+local pack, sunpack = struct.pack, struct.unpack
+local BYTE_SLIDING, BYTE_TOKEN_BUCKET, BYTE_FIXED = TAG_SLIDING:byte(), TAG_TOKEN_BUCKET:byte(), TAG_FIXED:byte()
 
 local function fmt_int(x) return string.format('%.0f', x) end
 
--- out returns x for the reply: a number when Redis turns it into the
--- integer reply exactly, else its decimal string (see Reply above).
--- string.format is the costliest thing this script does per check.
-local function out(x)
-  if x >= 0 and x < 9007199254740992 and x == floor(x) then return x end
-  return fmt_int(x)
+-- ttl_arg returns the whole number of milliseconds x as a PX argument, a
+-- decimal string, formatted once per value and call: handing Redis a Lua
+-- number costs as much as the rest of a write.
+local ttl_args = {}
+local function ttl_arg(x)
+  local a = ttl_args[x]
+  if not a then
+    a = fmt_int(x)
+    ttl_args[x] = a
+  end
+  return a
 end
 
--- Per key: the tentative state of this batch, loaded once. A key holds the
--- state of one algorithm (every write replaces the whole hash); a check of
--- another algorithm than the state's starts from a fresh state, as in the
--- memory store.
-local states = {}
-local NONE = {}
+-- Per key: the stored value (false when missing or not a string), read
+-- with one MGET per 256 keys before anything else, and the tentative
+-- state of this call. A check of another algorithm than the state's
+-- starts from a fresh state, as in the memory store.
+local stored, states = {}, {}
+do
+  local n = #KEYS
+  for from = 1, n, 256 do
+    local to = min(n, from + 255)
+    local vs = redis.call('MGET', unpack(KEYS, from, to))
+    for i = from, to do stored[KEYS[i]] = vs[i - from + 1] end
+  end
+end
+
+-- The rollback journal of the request being decided, made when first
+-- needed: per key, the state before the request's tentative checks first
+-- changed or replaced it. A request of one tentative check consumes only
+-- when it is allowed, so only a replaced state (another algorithm) needs
+-- undoing: copy_states is false then, saving the copies. A state loaded
+-- by the request needs none: undone, it is the stored value again.
+local journal
+local tentative_phase, copy_states = false, false
+
+-- Per request: the state a check of another algorithm replaced, by key
+-- (the first one replaced), or nil when none was; and the request's serial
+-- number, which wrote[key] holds for a key the request wrote (a refund, a
+-- forced write-back, or consumption that stood). A key the request wrote
+-- is written with its final state, whatever replaced what; a replaced
+-- state of a key it did not write comes back after it, as nothing was
+-- stored.
+local replaced
+local req = 0
+local wrote = {}
+
+-- Keys to write at the end, in first-touch order: refunded, forced, or
+-- consumed by a request that stood.
+local dirty, dirty_keys = {}, {}
 
 local function load(key, alg, w, limit, burst)
   local s = states[key]
   if s and s.alg == alg then return s end
-  local fresh = s ~= nil
-  local function hmget(...)
-    if fresh then return NONE end
-    return redis.call('HMGET', key, ...)
+  if s then
+    if tentative_phase then
+      journal = journal or {}
+      if journal[key] == nil then journal[key] = s end
+    end
+    replaced = replaced or {}
+    if replaced[key] == nil then replaced[key] = s end
   end
+  -- Within a request, a check of another algorithm than the key's state
+  -- starts fresh (as the memory store does). Across requests, a state no
+  -- request wrote is the stored value, so read that again.
+  local v = false
+  if not s or (s.born ~= req and not dirty[key]) then v = stored[key] end
   local wus = w * US
   local cur_win = floor(now / wus)
-  s = { key = key, alg = alg, w = w, wus = wus, start = cur_win * wus }
+  local start = cur_win * wus
   if alg == ALG_TOKEN_BUCKET then
     local b = burst
     if b == 0 then b = limit end
-    s.b = b
-    s.r = limit / wus
-    local h = hmget('tokens', 'last_refill')
-    s.found = h[1] or h[2] -- HMGET gives false for a missing field
-    local tokens, last = tonumber(h[1]), tonumber(h[2])
-    if tokens == nil or last == nil then tokens, last = b, now end
-    s.tokens = min(b, tokens + (now - last) * s.r)
-    s.last = now
-  elseif alg == ALG_FIXED then
-    local h = hmget('window', 'count')
-    s.found = h[1] or h[2] -- HMGET gives false for a missing field
-    local win, count = tonumber(h[1]), tonumber(h[2]) or 0
-    if win ~= cur_win then count = 0 end
-    s.win, s.count = cur_win, count
-  else
-    local h = hmget('cur_window', 'cur_count', 'prev_count')
-    s.found = h[1] or h[2] or h[3] -- HMGET gives false for a missing field
-    local win = tonumber(h[1])
-    local cur, prev = tonumber(h[2]) or 0, tonumber(h[3]) or 0
-    if win == nil then
-      cur, prev = 0, 0
-    elseif win ~= cur_win then
-      if win == cur_win - 1 then prev = cur else prev = 0 end
-      cur = 0
+    local r = limit / wus
+    local _, tokens, last
+    if v and #v == 17 and v:byte(1) == BYTE_TOKEN_BUCKET then
+      _, tokens, last = sunpack('<Bdd', v)
+    else
+      tokens, last = b, now
     end
-    s.win, s.cur, s.prev = cur_win, cur, prev
+    s = { key = key, alg = alg, w = w, wus = wus, start = start, born = req,
+      b = b, r = r, tokens = min(b, tokens + (now - last) * r), last = now }
+  elseif alg == ALG_FIXED then
+    local _, win, count = nil, nil, 0
+    if v and #v == 17 and v:byte(1) == BYTE_FIXED then
+      _, win, count = sunpack('<Bdd', v)
+    end
+    if win ~= cur_win then count = 0 end
+    s = { key = key, alg = alg, w = w, wus = wus, start = start, born = req,
+      win = cur_win, count = count }
+  else
+    local _, win, cur, prev
+    if v and #v == 25 and v:byte(1) == BYTE_SLIDING then
+      _, win, cur, prev = sunpack('<Bddd', v)
+      if win ~= cur_win then
+        if win == cur_win - 1 then prev = cur else prev = 0 end
+        cur = 0
+      end
+    else
+      cur, prev = 0, 0
+    end
+    s = { key = key, alg = alg, w = w, wus = wus, start = start, born = req,
+      win = cur_win, cur = cur, prev = prev }
   end
   states[key] = s
   return s
 end
 
+-- save records s in the journal before a request's tentative check first
+-- changes it.
+local function save(s)
+  if not copy_states then return end
+  journal = journal or {}
+  if journal[s.key] == nil then
+    local c = {}
+    for k, v in pairs(s) do c[k] = v end
+    journal[s.key] = c
+  end
+end
 
 local function write(s)
   if s.alg == ALG_TOKEN_BUCKET then
-    redis.call('HSET', s.key, 'tokens', s.tokens, 'last_refill', s.last)
     local ttl_us = ceil(s.b / s.r) + US
-    -- A bucket refilling over centuries would pass PEXPIRE's range and
-    -- Redis would reject the whole script: 2^53 ms is "never" enough.
-    redis.call('PEXPIRE', s.key, fmt_int(min(ceil(ttl_us / 1000), 9007199254740992)))
+    -- A bucket refilling over centuries would pass PX's range and Redis
+    -- would reject the whole script: 2^53 ms is "never" enough.
+    redis.call('SET', s.key, pack('<Bdd', BYTE_TOKEN_BUCKET, s.tokens, s.last),
+      'PX', ttl_arg(min(ceil(ttl_us / 1000), 9007199254740992)))
   elseif s.alg == ALG_FIXED then
-    redis.call('HSET', s.key, 'window', s.win, 'count', s.count)
     local reset = s.wus - (now - s.start)
-    redis.call('PEXPIRE', s.key, fmt_int(ceil(reset / 1000)))
+    redis.call('SET', s.key, pack('<Bdd', BYTE_FIXED, s.win, s.count),
+      'PX', ttl_arg(ceil(reset / 1000)))
   else
-    redis.call('HSET', s.key, 'cur_window', s.win, 'cur_count', s.cur, 'prev_count', s.prev)
-    redis.call('PEXPIRE', s.key, fmt_int(2 * s.w * 1000))
-  end
-  if not s.found then
-    -- The key held no state of this algorithm, so it may hold another's:
-    -- remove those fields. A key that did hold this algorithm's fields
-    -- holds no other's, since every write that changed a key's algorithm
-    -- removed the previous one's.
-    if s.alg == ALG_TOKEN_BUCKET then
-      redis.call('HDEL', s.key, 'cur_window', 'cur_count', 'prev_count', 'window', 'count')
-    elseif s.alg == ALG_FIXED then
-      redis.call('HDEL', s.key, 'cur_window', 'cur_count', 'prev_count', 'tokens', 'last_refill')
-    else
-      redis.call('HDEL', s.key, 'tokens', 'last_refill', 'window', 'count')
-    end
-    s.found = true
+    redis.call('SET', s.key, pack('<Bddd', BYTE_SLIDING, s.win, s.cur, s.prev),
+      'PX', ttl_arg(2 * s.w * 1000))
   end
 end
 
@@ -274,37 +324,16 @@ local function force(s, h)
   end
 end
 
--- has reports whether flags holds bit.
-local function has(flags, bit) return floor(flags / bit) % 2 == 1 end
-
-local n = #KEYS
-local checks = {}
-for i = 1, n do
-  local base = HEADER + PER * (i - 1)
-  local flags = tonumber(ARGV[base + 6])
-  local c = {
-    alg = tonumber(ARGV[base + 1]), -- unknown values act as 0 (sliding)
-    limit = tonumber(ARGV[base + 2]),
-    w = tonumber(ARGV[base + 3]),
-    burst = tonumber(ARGV[base + 4]),
-    hits = tonumber(ARGV[base + 5]),
-    refund = has(flags, FLAG_REFUND),
-    shadow = has(flags, FLAG_SHADOW),
-  }
-  c.force = not c.refund and has(flags, FLAG_FORCE)
-  if c.alg ~= ALG_TOKEN_BUCKET and c.alg ~= ALG_FIXED then c.alg = ALG_SLIDING end
-  if peek then c.hits, c.refund, c.force = 0, false, false end
-  c.early = c.refund or c.force -- applied and written before the others
-  checks[i] = c
-end
+-- The flags byte's bits (FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE), by value
+-- 0 to 7 (higher bits are ignored). Literal tables: computing them costs
+-- more than the rest of a small call (lua_test.go checks them).
+local IS_REFUND = { [0] = false, true, false, true, false, true, false, true }
+local IS_SHADOW = { [0] = false, false, true, true, false, false, true, true }
+local IS_FORCE = { [0] = false, false, false, false, true, true, true, true }
 
 local reply = {}
 local function result(i, allowed, remaining, retry, rst)
-  local o = REPLY * (i - 1)
-  reply[o + 1] = allowed and 1 or 0
-  reply[o + 2] = out(remaining)
-  reply[o + 3] = out(retry)
-  reply[o + 4] = out(rst)
+  reply[i] = pack('<Bddd', allowed and 1 or 0, remaining, retry, rst)
 end
 
 -- A token bucket with limit 0 never refills: it denies everything (RetryAfter
@@ -312,61 +341,114 @@ end
 -- neither reads nor writes state.
 local function dead(c) return c.alg == ALG_TOKEN_BUCKET and c.limit == 0 end
 
--- Keys to write, in first-touch order: refunded or consumed.
-local dirty, dirty_keys = {}, {}
 local function touch(key)
+  wrote[key] = req
   if not dirty[key] then
     dirty[key] = true
     dirty_keys[#dirty_keys + 1] = key
   end
 end
 
--- Refunds and forced write-backs first; always written.
-for i = 1, n do
-  local c = checks[i]
-  if c.early and dead(c) then
-    result(i, true, 0, 0, 0)
-  elseif c.early then
-    local s = load(KEYS[i], c.alg, c.w, c.limit, c.burst)
-    if c.refund then refund(s, c.hits) else force(s, c.hits) end
-    touch(KEYS[i])
-    result(i, true, budget(s, c.limit), 0, reset(s))
-  end
-end
-for _, key in ipairs(dirty_keys) do write(states[key]) end
-
--- Then the others in order, against the tentative state.
-local veto = false
-for i = 1, n do
-  local c = checks[i]
-  if not c.early and dead(c) then
-    if c.hits > 0 and not c.shadow then veto = true end
-    result(i, false, 0, c.w * US, 0)
-  elseif not c.early then
-    local s = load(KEYS[i], c.alg, c.w, c.limit, c.burst)
-    local r = budget(s, c.limit)
-    local h = c.hits
-    if h == 0 then
-      if r >= 1 then
-        result(i, true, r, 0, reset(s))
-      else
-        result(i, false, r, retry_after(s, c.limit, 1), reset(s))
-      end
-    elseif h <= r then
-      consume(s, h)
+-- decide_request decides checks first..last, one request.
+local function decide_request(checks, first, last)
+  req = req + 1
+  replaced = nil
+  -- Refunds and forced write-backs first; they always stand.
+  local tentative = 0
+  for i = first, last do
+    local c = checks[i]
+    if c.early and dead(c) then
+      result(i, true, 0, 0, 0)
+    elseif c.early then
+      local s = load(KEYS[i], c.alg, c.w, c.limit, c.burst)
+      if c.refund then refund(s, c.hits) else force(s, c.hits) end
       touch(KEYS[i])
-      result(i, true, r - h, 0, reset(s))
+      result(i, true, budget(s, c.limit), 0, reset(s))
     else
-      if not c.shadow then veto = true end
-      result(i, false, r, retry_after(s, c.limit, h), reset(s))
+      tentative = tentative + 1
     end
   end
+  -- Then the others in order, against the tentative state.
+  journal, tentative_phase, copy_states = nil, true, tentative > 1
+  local veto, consumed = false, nil
+  for i = first, last do
+    local c = checks[i]
+    if not c.early and dead(c) then
+      if c.hits > 0 and not c.shadow then veto = true end
+      result(i, false, 0, c.w * US, 0)
+    elseif not c.early then
+      local s = load(KEYS[i], c.alg, c.w, c.limit, c.burst)
+      local r = budget(s, c.limit)
+      local h = c.hits
+      if h == 0 then
+        if r >= 1 then
+          result(i, true, r, 0, reset(s))
+        else
+          result(i, false, r, retry_after(s, c.limit, 1), reset(s))
+        end
+      elseif h <= r then
+        save(s)
+        consume(s, h)
+        consumed = consumed or {}
+        consumed[#consumed + 1] = i
+        result(i, true, r - h, 0, reset(s))
+      else
+        if not c.shadow then veto = true end
+        result(i, false, r, retry_after(s, c.limit, h), reset(s))
+      end
+    end
+  end
+  if veto then
+    -- None of it: restore what the request changed or replaced.
+    if consumed and not copy_states then
+      error('decide.lua: a request of one tentative check consumed and was vetoed')
+    end
+    if journal then
+      for key, s in pairs(journal) do states[key] = s end
+    end
+  else
+    if consumed then
+      for _, i in ipairs(consumed) do touch(KEYS[i]) end
+    end
+    if replaced then
+      for key, s in pairs(replaced) do
+        if wrote[key] ~= req then states[key] = s end
+      end
+    end
+  end
+  journal, tentative_phase, copy_states = nil, false, false
 end
 
--- All consumption or none; refunded and forced keys are rewritten with their
--- final state.
-if not veto and not peek then
+-- Decode every request's checks, then decide the requests in order.
+local checks = {}
+local bounds = {}
+local n = 0
+for a = HEADER + 1, #ARGV do
+  local blob = ARGV[a]
+  local m = #blob / CHECK_BYTES
+  if m ~= floor(m) then error('decide.lua: a request of ' .. #blob .. ' bytes') end
+  local first = n + 1
+  for j = 0, m - 1 do
+    local alg, fl, limit, w, burst, hits = sunpack('<BBdddd', blob, j * CHECK_BYTES + 1)
+    fl = fl % 8
+    if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
+    local rf, fo = IS_REFUND[fl], IS_FORCE[fl] and not IS_REFUND[fl]
+    if peek then hits, rf, fo = 0, false, false end
+    n = n + 1
+    checks[n] = { alg = alg, limit = limit, w = w, burst = burst, hits = hits,
+      refund = rf, force = fo, shadow = IS_SHADOW[fl],
+      early = rf or fo } -- applied before the request's others
+  end
+  bounds[#bounds + 1] = first
+  bounds[#bounds + 1] = n
+end
+if n ~= #KEYS then error('decide.lua: ' .. n .. ' checks for ' .. #KEYS .. ' keys') end
+for b = 1, #bounds, 2 do
+  if bounds[b] <= bounds[b + 1] then decide_request(checks, bounds[b], bounds[b + 1]) end
+end
+
+if not peek then
   for _, key in ipairs(dirty_keys) do write(states[key]) end
 end
 
-return reply
+return table.concat(reply)

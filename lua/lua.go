@@ -4,6 +4,9 @@ package lua
 
 import (
 	_ "embed"
+	"encoding/binary"
+	"fmt"
+	"math"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -14,25 +17,28 @@ import (
 //go:embed decide.lua
 var DecideSource string
 
-// Decide decides one hash slot's batch of checks atomically: refunds and
-// forced write-backs first, then every other check in order against the
-// batch's tentative state, all consumption written or none. Call it with Run (EVALSHA, then EVAL on
-// NOSCRIPT). A *redis.Script is safe for concurrent use.
+// Decide decides one hash slot's requests, each atomically and in order:
+// a request's refunds and forced write-backs first, then its other checks
+// in order against the tentative state, all of its consumption or none;
+// then every changed key is written once. Call it by its Hash (EVALSHA,
+// then EVAL on NOSCRIPT). A *redis.Script is safe for concurrent use.
 var Decide = redis.NewScript(DecideSource)
 
 // Decide's ARGV header, per-check layout, codes and flag bits: the one list
 // shared by Go and decide.lua, which names each value in a `local` line
 // that lua_test.go checks against these.
 const (
-	// HeaderArgs is the number of ARGV values before the first check: the
+	// HeaderArgs is the number of ARGV values before the first request: the
 	// test clock ("" = redis TIME) and the mode (HEADER in decide.lua).
 	HeaderArgs = 2
-	// ArgsPerCheck is the number of ARGV values per check: algorithm, limit,
-	// window seconds, burst, hits, flags (PER).
-	ArgsPerCheck = 6
-	// ReplyPerCheck is the number of reply values per check: allowed,
-	// remaining, retry_after_us, reset_us (REPLY).
-	ReplyPerCheck = 4
+	// CheckBytes is the size of one check in a request's ARGV value:
+	// algorithm and flags bytes, then limit, window seconds, burst and hits
+	// as little-endian doubles (CHECK_BYTES).
+	CheckBytes = 34
+	// ResultBytes is the size of one check's result in the reply: allowed
+	// byte, then remaining, retry_after_us and reset_us as little-endian
+	// doubles (RESULT_BYTES).
+	ResultBytes = 25
 
 	// ModeDecide is the mode that decides and writes (MODE_DECIDE).
 	ModeDecide = "0"
@@ -65,3 +71,99 @@ var FleetSource string
 // Fleet refreshes one replica's heartbeat in the fleet's sorted set and
 // returns the number of live replicas (see fleet.lua).
 var Fleet = redis.NewScript(FleetSource)
+
+// The tag bytes of decide.lua's stored state (TAG_* in decide.lua).
+const (
+	TagSliding     = 's'
+	TagTokenBucket = 't'
+	TagFixed       = 'f'
+)
+
+// State is one key's counter state as decide.lua stores it: a tag byte and
+// little-endian IEEE-754 doubles (see decide.lua's header). Tests and
+// tools read and write it with ParseState and Encode.
+type State struct {
+	Algorithm int // AlgSliding, AlgTokenBucket or AlgFixed
+	// Sliding window: Window (the window's index, now / window), Count and
+	// Prev (the previous window's count). Fixed window: Window and Count.
+	Window, Count, Prev float64
+	// Token bucket: Tokens, and LastRefill in Unix microseconds.
+	Tokens, LastRefill float64
+}
+
+// ParseState decodes a value decide.lua stored.
+func ParseState(v string) (State, error) {
+	f := func(i int) float64 { return double(v[1+8*i:]) }
+	switch {
+	case len(v) == 25 && v[0] == TagSliding:
+		return State{Algorithm: AlgSliding, Window: f(0), Count: f(1), Prev: f(2)}, nil
+	case len(v) == 17 && v[0] == TagTokenBucket:
+		return State{Algorithm: AlgTokenBucket, Tokens: f(0), LastRefill: f(1)}, nil
+	case len(v) == 17 && v[0] == TagFixed:
+		return State{Algorithm: AlgFixed, Window: f(0), Count: f(1)}, nil
+	}
+	return State{}, fmt.Errorf("not a decide.lua state: %q", v)
+}
+
+// Encode returns s as decide.lua stores it.
+func (s State) Encode() string {
+	var tag byte
+	var fs []float64
+	switch s.Algorithm {
+	case AlgTokenBucket:
+		tag, fs = TagTokenBucket, []float64{s.Tokens, s.LastRefill}
+	case AlgFixed:
+		tag, fs = TagFixed, []float64{s.Window, s.Count}
+	default:
+		tag, fs = TagSliding, []float64{s.Window, s.Count, s.Prev}
+	}
+	b := []byte{tag}
+	for _, x := range fs {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
+	}
+	return string(b)
+}
+
+// AppendCheck appends one check, as decide.lua reads it from a request's
+// ARGV value, to b. Numbers above 2^53 round to the nearest double, as
+// they did when the script read them as decimal strings.
+func AppendCheck(b []byte, alg, flags byte, limit, windowSeconds, burst, hits uint64) []byte {
+	b = append(b, alg, flags)
+	for _, v := range [...]uint64{limit, windowSeconds, burst, hits} {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
+	}
+	return b
+}
+
+// Result is one check's result as decide.lua replies it.
+type Result struct {
+	Allowed                     bool
+	Remaining, RetryUS, ResetUS float64
+}
+
+// ParseResults decodes a reply of n checks' results.
+func ParseResults(reply string, n int) ([]Result, error) {
+	if len(reply) != n*ResultBytes {
+		return nil, fmt.Errorf("a reply of %d bytes for %d checks", len(reply), n)
+	}
+	rs := make([]Result, n)
+	for i := range rs {
+		rs[i] = ResultAt(reply, i)
+	}
+	return rs, nil
+}
+
+// ResultAt decodes the result of check i from a reply long enough to hold
+// it.
+func ResultAt(reply string, i int) Result {
+	r := reply[i*ResultBytes : (i+1)*ResultBytes]
+	return Result{Allowed: r[0] == 1, Remaining: double(r[1:]), RetryUS: double(r[9:]), ResetUS: double(r[17:])}
+}
+
+// double decodes the little-endian IEEE-754 double at the start of s.
+func double(s string) float64 {
+	_ = s[7]
+	u := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+	return math.Float64frombits(u)
+}

@@ -27,6 +27,9 @@ func luaLocals(t *testing.T, src string) map[string]string {
 	re := regexp.MustCompile(`(?m)^local ([A-Z_]+(?:, [A-Z_]+)*) = (.+)$`)
 	m := map[string]string{}
 	for _, line := range re.FindAllStringSubmatch(src, -1) {
+		if strings.HasPrefix(line[2], "{") {
+			continue // a table (TestDecideFlagTables)
+		}
 		names, values := strings.Split(line[1], ", "), strings.Split(line[2], ", ")
 		if len(names) != len(values) {
 			t.Fatalf("decide.lua: %q names %d values for %d names", line[0], len(values), len(names))
@@ -45,8 +48,8 @@ func TestDecideConstants(t *testing.T) {
 	locals := luaLocals(t, DecideSource)
 	for name, want := range map[string]string{
 		"HEADER":           strconv.Itoa(HeaderArgs),
-		"PER":              strconv.Itoa(ArgsPerCheck),
-		"REPLY":            strconv.Itoa(ReplyPerCheck),
+		"CHECK_BYTES":      strconv.Itoa(CheckBytes),
+		"RESULT_BYTES":     strconv.Itoa(ResultBytes),
 		"MODE_DECIDE":      ModeDecide,
 		"MODE_PEEK":        ModePeek,
 		"ALG_SLIDING":      strconv.Itoa(AlgSliding),
@@ -55,6 +58,9 @@ func TestDecideConstants(t *testing.T) {
 		"FLAG_REFUND":      strconv.Itoa(FlagRefund),
 		"FLAG_SHADOW":      strconv.Itoa(FlagShadow),
 		"FLAG_FORCE":       strconv.Itoa(FlagForce),
+		"TAG_SLIDING":      string(rune(TagSliding)),
+		"TAG_TOKEN_BUCKET": string(rune(TagTokenBucket)),
+		"TAG_FIXED":        string(rune(TagFixed)),
 	} {
 		got, ok := locals[name]
 		if !ok {
@@ -67,10 +73,10 @@ func TestDecideConstants(t *testing.T) {
 	header := DecideSource[:strings.Index(DecideSource, "\nif ")]
 	for _, want := range []string{
 		fmt.Sprintf(`ARGV[2] mode: "%s" decide; "%s" peek`, ModeDecide, ModePeek),
-		fmt.Sprintf("then %d values per check i, starting at ARGV[%d + %d*(i-1)]", ArgsPerCheck, HeaderArgs+1, ArgsPerCheck),
-		fmt.Sprintf("algorithm (%d sliding window, %d token bucket, %d fixed window)", AlgSliding, AlgTokenBucket, AlgFixed),
-		fmt.Sprintf("flags (the sum of %d = refund, %d = shadow, %d = force)", FlagRefund, FlagShadow, FlagForce),
-		fmt.Sprintf("Reply: %d values per check i, at %d*(i-1)+1", ReplyPerCheck, ReplyPerCheck),
+		fmt.Sprintf("ARGV[%d], ARGV[%d], ...: one request each", HeaderArgs+1, HeaderArgs+2),
+		fmt.Sprintf("%d bytes per check: algorithm (byte: %d sliding window, %d token bucket, %d fixed window)", CheckBytes, AlgSliding, AlgTokenBucket, AlgFixed),
+		fmt.Sprintf("flags (byte: the sum of %d = refund, %d = shadow, %d = force)", FlagRefund, FlagShadow, FlagForce),
+		fmt.Sprintf("Reply: one string, %d bytes per check", ResultBytes),
 	} {
 		if !strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(header, "--", "")), " "), want) {
 			t.Errorf("decide.lua's header does not say %q", want)
@@ -80,5 +86,38 @@ func TestDecideConstants(t *testing.T) {
 	// The code uses the names, not the numbers.
 	if m := regexp.MustCompile(`alg [~=]= [0-9]|flags / [0-9]|flags % [0-9]`).FindString(DecideSource); m != "" {
 		t.Errorf("decide.lua compares with a bare number (%q) instead of a named constant", m)
+	}
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	for _, s := range []State{
+		{Algorithm: AlgSliding, Window: 29408640, Count: 17, Prev: 3},
+		{Algorithm: AlgTokenBucket, Tokens: 1.5, LastRefill: 1751538000250123},
+		{Algorithm: AlgFixed, Window: 1751538000, Count: 1 << 53},
+	} {
+		got, err := ParseState(s.Encode())
+		if err != nil || got != s {
+			t.Errorf("ParseState(Encode(%+v)) = %+v, %v", s, got, err)
+		}
+	}
+	for _, v := range []string{"", "s", "x" + strings.Repeat("\x00", 24), "t" + strings.Repeat("\x00", 24)} {
+		if _, err := ParseState(v); err == nil {
+			t.Errorf("ParseState(%q) succeeded", v)
+		}
+	}
+}
+
+// TestDecideFlagTables checks decide.lua's literal flag tables against the
+// flag bits.
+func TestDecideFlagTables(t *testing.T) {
+	for name, bit := range map[string]int{"IS_REFUND": FlagRefund, "IS_SHADOW": FlagShadow, "IS_FORCE": FlagForce} {
+		vals := make([]string, 8)
+		for f := range 8 {
+			vals[f] = strconv.FormatBool(f&bit != 0)
+		}
+		want := fmt.Sprintf("local %s = { [0] = %s }", name, strings.Join(vals, ", "))
+		if !strings.Contains(DecideSource, want) {
+			t.Errorf("decide.lua does not say %q", want)
+		}
 	}
 }

@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
 )
 
@@ -26,14 +29,29 @@ func TestVectors(t *testing.T) {
 		// rate = 82*0.6 + 30 = 79.2, R = ceil(20.8) = 21, one hit leaves 20.
 		key := "rl:{seed}:route"
 		win := t0/1_000_000 + 5
-		rc.HSet(ctx, key, "cur_window", win, "cur_count", 30, "prev_count", 82)
+		rc.Set(ctx, key, lua.State{Algorithm: lua.AlgSliding, Window: float64(win), Count: 30, Prev: 82}.Encode(), 0)
 		clk.Set(win*1_000_000 + 400_000)
 		r := decide(t, s, store.Check{Key: key, Limit: 100, Window: time.Second, Hits: 1})[0]
 		if want := (store.Result{Allowed: true, Remaining: 20, Reset: 600 * time.Millisecond}); r != want {
 			t.Errorf("got %+v, want %+v", r, want)
 		}
-		if v, _ := rc.HGet(ctx, key, "cur_count").Result(); v != "31" {
-			t.Errorf("cur_count = %q, want 31", v)
+		if st := stateOf(t, rc, key); st != (lua.State{Algorithm: lua.AlgSliding, Window: float64(win), Count: 31, Prev: 82}) {
+			t.Errorf("state %+v, want window %d, count 31, prev 82", st, win)
+		}
+	})
+
+	t.Run("another type or layout starts fresh", func(t *testing.T) {
+		// A key holding something else (here the hash of rls before the
+		// one-string layout) counts from zero and is replaced.
+		key := "rl:{vec}:old"
+		rc.HSet(ctx, key, "cur_window", t0/1_000_000, "cur_count", 30, "prev_count", 82)
+		clk.Set(t0)
+		r := decide(t, s, store.Check{Key: key, Limit: 100, Window: time.Second, Hits: 1})[0]
+		if !r.Allowed || r.Remaining != 99 {
+			t.Errorf("got %+v, want allowed with 99 remaining", r)
+		}
+		if st := stateOf(t, rc, key); st.Count != 1 {
+			t.Errorf("state %+v, want count 1", st)
 		}
 	})
 
@@ -43,7 +61,7 @@ func TestVectors(t *testing.T) {
 		// RetryAfter = 400001 µs.
 		key := "rl:{vec}:retry"
 		win := t0/1_000_000 + 20
-		rc.HSet(ctx, key, "cur_window", win-1, "cur_count", 10, "prev_count", 0)
+		rc.Set(ctx, key, lua.State{Algorithm: lua.AlgSliding, Window: float64(win - 1), Count: 10}.Encode(), 0)
 		clk.Set(win * 1_000_000)
 		r := decide(t, s, store.Check{Key: key, Limit: 10, Window: time.Second, Hits: 5})[0]
 		if want := (store.Result{RetryAfter: 400_001 * time.Microsecond, Reset: time.Second}); r != want {
@@ -76,11 +94,8 @@ func TestVectors(t *testing.T) {
 		if !r.Allowed || r.Remaining != 1 {
 			t.Errorf("after 250ms: got %+v, want allowed with 1 remaining", r)
 		}
-		if v, _ := rc.HGet(ctx, c.Key, "tokens").Result(); v != "1.5" {
-			t.Errorf("tokens = %q, want 1.5", v)
-		}
-		if v, _ := rc.HGet(ctx, c.Key, "last_refill").Result(); v != "1751538000250123" {
-			t.Errorf("last_refill = %q, want 1751538000250123", v)
+		if st := stateOf(t, rc, c.Key); st.Tokens != 1.5 || st.LastRefill != 1751538000250123 {
+			t.Errorf("state %+v, want 1.5 tokens, last refill 1751538000250123", st)
 		}
 	})
 
@@ -101,8 +116,8 @@ func TestVectors(t *testing.T) {
 		if !res[0].Allowed || res[1].Allowed {
 			t.Errorf("shadow: got %+v", res)
 		}
-		if v, _ := rc.HGet(ctx, a.Key, "count").Result(); v != "2" {
-			t.Errorf("a count = %q, want 2", v)
+		if st := stateOf(t, rc, a.Key); st.Count != 2 {
+			t.Errorf("a count = %v, want 2", st.Count)
 		}
 		if n, _ := rc.Exists(ctx, b.Key).Result(); n != 0 {
 			t.Error("a denied shadow check wrote its key")
@@ -122,8 +137,8 @@ func TestVectors(t *testing.T) {
 		if !res[0].Allowed || res[0].Remaining != 1 || !res[1].Allowed || res[1].Remaining != 2 || res[2].Allowed {
 			t.Errorf("refund: got %+v", res)
 		}
-		if v, _ := rc.HGet(ctx, a.Key, "count").Result(); v != "1" {
-			t.Errorf("after refund a count = %q, want 1", v)
+		if st := stateOf(t, rc, a.Key); st.Count != 1 {
+			t.Errorf("after refund a count = %v, want 1", st.Count)
 		}
 	})
 }
@@ -381,4 +396,18 @@ func TestSlot(t *testing.T) {
 			t.Errorf("Slot(%q) = %d, want %d", key, got, want)
 		}
 	}
+}
+
+// stateOf reads and decodes the counter state at key.
+func stateOf(t *testing.T, rc *redis.Client, key string) lua.State {
+	t.Helper()
+	v, err := rc.Get(context.Background(), key).Result()
+	if err != nil {
+		t.Fatalf("GET %s: %v", key, err)
+	}
+	st, err := lua.ParseState(v)
+	if err != nil {
+		t.Fatalf("%s: %v", key, err)
+	}
+	return st
 }

@@ -24,16 +24,21 @@ import (
 // caller's own goroutine: no added latency and no goroutine hand-off at low
 // load. A call that finds every slot busy is queued; as soon as any send on
 // that node returns, everything queued (up to MaxBatch calls) leaves as ONE
-// pipeline (its EVALSHAs in one write), sent by one of the node's flusher
-// goroutines (MaxInFlight of them, started with the coalescer and stopped
-// by Close). Each caller keeps its own result, error and deadline.
+// send by one of the node's flusher goroutines (MaxInFlight of them,
+// started with the coalescer and stopped by Close): the calls of one hash
+// slot (all of them outside cluster mode) are merged into one script call,
+// each call one request in it (decide.lua decides them in order, each
+// alone: one TIME, one MGET and one SET per key for the lot), and the
+// script calls of several slots go as one pipeline. Each caller keeps its
+// own result, error and deadline; a script or protocol error of a merged
+// call reaches all its callers.
 //
 // Breaker accounting: the node's circuit breaker counts round trips, not
-// callers. Each send (a lone call or a pipeline) asks the breaker once
+// callers. Each send (a lone call or a batch) asks the breaker once
 // (Allow) before it writes and reports once (Done) when it returns (see
 // outcome in errors.go): a failure when the node gave no answer to it (a
 // network error, no reply within the send's own deadline, which for a
-// pipeline is the last of its callers' deadlines, or an outage reply such
+// batch is the last of its callers' deadlines, or an outage reply such
 // as LOADING), else a success, even if some of its callers had already
 // given up, and even if the answer was a script or protocol error (the
 // node answered; the bug is ours). So one slow or lost round trip carrying
@@ -72,6 +77,7 @@ type call struct {
 	checks  []*store.Check  // in batch order
 	results []*store.Result // results[j] receives checks[j]'s result
 	keys    []string
+	blob    []byte // the request's checks (decide.lua's ARGV layout)
 	args    []any
 
 	// Set while queued.
@@ -79,7 +85,7 @@ type call struct {
 	state atomic.Int32
 	done  chan struct{} // capacity 1; receives once when state becomes done
 
-	reply []any
+	reply string
 	err   error
 }
 
@@ -94,8 +100,8 @@ func putCall(c *call) {
 	clear(c.results)
 	clear(c.keys)
 	clear(c.args)
-	c.checks, c.results, c.keys, c.args = c.checks[:0], c.results[:0], c.keys[:0], c.args[:0]
-	c.ctx, c.reply, c.err = nil, nil, nil
+	c.checks, c.results, c.keys, c.args, c.blob = c.checks[:0], c.results[:0], c.keys[:0], c.args[:0], c.blob[:0]
+	c.ctx, c.reply, c.err = nil, "", nil
 	c.state.Store(callPending)
 	callPool.Put(c)
 }
@@ -141,14 +147,14 @@ func newCoalescer(br *breaker.Breaker, direct redis.Scripter, single redis.Unive
 
 // do runs c's script call and returns its reply. It returns when the reply
 // arrives or ctx ends, whichever is first; the error then wraps ctx's.
-func (co *coalescer) do(ctx context.Context, c *call) ([]any, error) {
+func (co *coalescer) do(ctx context.Context, c *call) (string, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return "", err
 	}
 	co.mu.Lock()
 	if co.closed {
 		co.mu.Unlock()
-		return nil, redis.ErrClosed
+		return "", redis.ErrClosed
 	}
 	if co.inflight < co.limit {
 		co.inflight++
@@ -156,7 +162,7 @@ func (co *coalescer) do(ctx context.Context, c *call) ([]any, error) {
 		tk, ok := co.br.Allow()
 		if !ok {
 			co.release(nil)
-			return nil, errOpen
+			return "", errOpen
 		}
 		reply, err := runDecide(ctx, co.direct, c.keys, c.args)
 		co.br.Done(tk, outcome(ctx, err))
@@ -172,7 +178,7 @@ func (co *coalescer) do(ctx context.Context, c *call) ([]any, error) {
 		return c.reply, c.err
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(callPending, callAbandoned) {
-			return nil, fmt.Errorf("still queued behind the node's %d sends in flight: %w", co.limit, ctx.Err())
+			return "", fmt.Errorf("still queued behind the node's %d sends in flight: %w", co.limit, ctx.Err())
 		}
 		<-c.done // delivered just now: use it
 		return c.reply, c.err
@@ -221,12 +227,12 @@ func (co *coalescer) finish(spent []*call) []*call {
 // keep queueing.
 func (co *coalescer) flusher() {
 	defer co.wg.Done()
-	var cmds []*redis.Cmd
+	var sc scratch
 	for {
 		select {
 		case b := <-co.work:
 			for b != nil {
-				cmds = co.send(b, cmds)
+				co.send(b, &sc)
 				b = co.finish(b)
 			}
 		case <-co.quit:
@@ -235,40 +241,117 @@ func (co *coalescer) flusher() {
 	}
 }
 
-// send runs a batch as one pipeline (a batch of one as a plain call) and
-// delivers every call's reply. Calls whose caller is gone are not sent.
-func (co *coalescer) send(b []*call, cmds []*redis.Cmd) []*redis.Cmd {
+// maxMergedChecks bounds the checks of one merged script call, so that no
+// single evaluation holds Redis for long.
+const maxMergedChecks = 512
+
+// unit is one script call of a batch: the calls it decides, one request
+// each, and their keys and request arguments concatenated behind the first
+// call's header.
+type unit struct {
+	calls []*call
+	keys  []string
+	args  []any
+	slot  int // cluster mode: the calls' hash slot
+}
+
+// scratch is a flusher's reusable memory.
+type scratch struct {
+	units []unit
+	cmds  []*redis.Cmd
+}
+
+// merge groups b's calls into units: calls of the same mode and clock
+// (and, in cluster mode, the same hash slot) share a script call, up to
+// maxMergedChecks checks each.
+func (co *coalescer) merge(b []*call, sc *scratch, cluster bool) []unit {
+	us := sc.units[:0]
+	for _, c := range b {
+		slot := 0
+		if cluster {
+			slot = Slot(c.keys[0])
+		}
+		k := -1
+		for i := range us {
+			u := &us[i]
+			if u.slot == slot && u.args[0] == c.args[0] && u.args[1] == c.args[1] &&
+				len(u.keys)+len(c.keys) <= maxMergedChecks {
+				k = i
+				break
+			}
+		}
+		if k < 0 {
+			if len(us) < cap(us) {
+				us = us[:len(us)+1]
+			} else {
+				us = append(us, unit{})
+			}
+			k = len(us) - 1
+			u := &us[k]
+			u.calls, u.keys, u.args, u.slot = u.calls[:0], u.keys[:0], u.args[:0], slot
+			u.args = append(u.args, c.args[:lua.HeaderArgs]...)
+		}
+		u := &us[k]
+		u.calls = append(u.calls, c)
+		u.keys = append(u.keys, c.keys...)
+		u.args = append(u.args, c.args[lua.HeaderArgs:]...)
+	}
+	sc.units = us
+	return us
+}
+
+// release clears us's references so that delivered calls can be recycled.
+func releaseUnits(us []unit) {
+	for i := range us {
+		clear(us[i].calls)
+		clear(us[i].keys)
+		clear(us[i].args)
+	}
+}
+
+// send runs a batch (a batch of one as a plain call; else its calls merged
+// into as few script calls as the slots allow, pipelined when more than
+// one) and delivers every call's reply. Calls whose caller is gone are not
+// sent.
+func (co *coalescer) send(b []*call, sc *scratch) {
 	b, deadline := co.live(b)
 	if len(b) == 0 {
-		return cmds
+		return
 	}
 	tk, ok := co.br.Allow()
 	if !ok {
 		for _, c := range b {
-			co.deliver(c, nil, errOpen)
+			co.deliver(c, "", errOpen)
 		}
-		return cmds
+		return
 	}
-	// The pipeline serves callers with different deadlines: it runs until
-	// the last of them, its own deadline.
+	// The batch serves callers with different deadlines: it runs until the
+	// last of them, its own deadline.
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	var cl redis.Scripter = co.single
-	if p := co.batch.Load(); p != nil {
-		cl = p
+	batch := co.batch.Load()
+	if batch != nil {
+		cl = batch
 	}
 	if len(b) == 1 {
 		c := b[0]
 		reply, err := runDecide(ctx, cl, c.keys, c.args)
 		co.br.Done(tk, outcome(ctx, err))
 		co.deliver(c, reply, err)
-		return cmds
+		return
 	}
-	var o breaker.Outcome
-	cmds, o = co.sendPipeline(ctx, b, cmds)
+	us := co.merge(b, sc, batch != nil)
+	defer releaseUnits(us)
+	if len(us) == 1 {
+		u := &us[0]
+		reply, err := runDecide(ctx, cl, u.keys, u.args)
+		co.br.Done(tk, outcome(ctx, err))
+		co.split(u, reply, err)
+		return
+	}
+	o := co.sendPipeline(ctx, us, sc)
 	co.br.Done(tk, o)
-	clear(cmds)
-	return cmds[:0]
 }
 
 // live drops from b (in place) the calls whose caller is gone, failing
@@ -282,7 +365,7 @@ func (co *coalescer) live(b []*call) ([]*call, time.Time) {
 			continue
 		}
 		if err := c.ctx.Err(); err != nil {
-			co.deliver(c, nil, err)
+			co.deliver(c, "", err)
 			continue
 		}
 		b[n] = c
@@ -297,37 +380,57 @@ func (co *coalescer) live(b []*call) ([]*call, time.Time) {
 	return b[:n], deadline
 }
 
-// sendPipeline sends b (two calls or more) as one pipeline, re-sends once
-// the calls that met NOSCRIPT (the script cache was flushed or the node is
+// split delivers a unit's reply (or error) to its calls: each call's
+// replies follow the previous call's, in the unit's order.
+func (co *coalescer) split(u *unit, reply string, err error) {
+	if err == nil && len(reply) != lua.ResultBytes*len(u.keys) {
+		err = fmt.Errorf("%w: the script replied %d bytes for %d checks", store.ErrProtocol, len(reply), len(u.keys))
+	}
+	off := 0
+	for _, c := range u.calls {
+		if err != nil {
+			co.deliver(c, "", err)
+			continue
+		}
+		n := lua.ResultBytes * len(c.keys)
+		co.deliver(c, reply[off:off+n], nil)
+		off += n
+	}
+}
+
+// sendPipeline sends us (two units or more) as one pipeline, re-sends once
+// the units that met NOSCRIPT (the script cache was flushed or the node is
 // new: the first as EVAL, which caches the script, and the rest as EVALSHA
 // behind it in the same pipeline), delivers every reply and returns the
 // round trip's outcome for the breaker.
-func (co *coalescer) sendPipeline(ctx context.Context, b []*call, cmds []*redis.Cmd) ([]*redis.Cmd, breaker.Outcome) {
+func (co *coalescer) sendPipeline(ctx context.Context, us []unit, sc *scratch) breaker.Outcome {
 	o := breaker.Success
-	cmds = co.pipeline(ctx, b, cmds, false)
+	cmds := co.pipeline(ctx, us, sc.cmds, false)
 	retry := 0
-	for i, c := range b {
+	for i := range us {
 		if err := cmds[i].Err(); !noScript(err) {
 			o = worse(o, outcome(ctx, err))
 		} else {
-			b[retry], b[i] = c, b[retry]
+			us[retry], us[i] = us[i], us[retry]
 			cmds[retry], cmds[i] = cmds[i], cmds[retry]
 			retry++
 		}
 	}
-	for i := retry; i < len(b); i++ {
+	for i := retry; i < len(us); i++ {
 		reply, err := scriptReply(cmds[i])
-		co.deliver(b[i], reply, err)
+		co.split(&us[i], reply, err)
 	}
 	if retry > 0 {
-		cmds = co.pipeline(ctx, b[:retry], cmds, true)
+		cmds = co.pipeline(ctx, us[:retry], cmds, true)
 		for i := 0; i < retry; i++ {
 			reply, err := scriptReply(cmds[i])
 			o = worse(o, outcome(ctx, err))
-			co.deliver(b[i], reply, err)
+			co.split(&us[i], reply, err)
 		}
 	}
-	return cmds, o
+	clear(cmds)
+	sc.cmds = cmds[:0]
+	return o
 }
 
 // worse returns the outcome of a round trip made of two: refused if either
@@ -345,9 +448,9 @@ func worse(a, b breaker.Outcome) breaker.Outcome {
 	return breaker.Success
 }
 
-// pipeline sends b's script calls in one pipeline (the first as EVAL when
-// eval is set) and returns their commands, in b's order, in cmds.
-func (co *coalescer) pipeline(ctx context.Context, b []*call, cmds []*redis.Cmd, eval bool) []*redis.Cmd {
+// pipeline sends us's script calls in one pipeline (the first as EVAL when
+// eval is set) and returns their commands, in us's order, in cmds.
+func (co *coalescer) pipeline(ctx context.Context, us []unit, cmds []*redis.Cmd, eval bool) []*redis.Cmd {
 	var p redis.Pipeliner
 	if cl := co.batch.Load(); cl != nil {
 		p = cl.Pipeline()
@@ -355,11 +458,12 @@ func (co *coalescer) pipeline(ctx context.Context, b []*call, cmds []*redis.Cmd,
 		p = co.single.Pipeline()
 	}
 	cmds = cmds[:0]
-	for i, c := range b {
+	for i := range us {
+		u := &us[i]
 		if i == 0 && eval {
-			cmds = append(cmds, p.Eval(ctx, lua.DecideSource, c.keys, c.args...))
+			cmds = append(cmds, p.Eval(ctx, lua.DecideSource, u.keys, u.args...))
 		} else {
-			cmds = append(cmds, p.EvalSha(ctx, lua.Decide.Hash(), c.keys, c.args...))
+			cmds = append(cmds, p.EvalSha(ctx, lua.Decide.Hash(), u.keys, u.args...))
 		}
 	}
 	_, _ = p.Exec(ctx) // every command carries its own error
@@ -367,7 +471,7 @@ func (co *coalescer) pipeline(ctx context.Context, b []*call, cmds []*redis.Cmd,
 }
 
 // deliver hands a queued call its outcome unless its caller is gone.
-func (co *coalescer) deliver(c *call, reply []any, err error) {
+func (co *coalescer) deliver(c *call, reply string, err error) {
 	if !c.state.CompareAndSwap(callPending, callDone) {
 		return
 	}
@@ -387,7 +491,7 @@ func (co *coalescer) close() {
 	co.queue = nil
 	co.mu.Unlock()
 	for _, c := range q {
-		co.deliver(c, nil, redis.ErrClosed)
+		co.deliver(c, "", redis.ErrClosed)
 	}
 	close(co.quit)
 	co.wg.Wait()
@@ -395,7 +499,7 @@ func (co *coalescer) close() {
 		select {
 		case b := <-co.work:
 			for _, c := range b {
-				co.deliver(c, nil, redis.ErrClosed)
+				co.deliver(c, "", redis.ErrClosed)
 			}
 		default:
 			return
@@ -424,7 +528,7 @@ func redirected(err error) bool {
 // runDecide runs decide.lua by its SHA, sending the source only when the
 // node answers NOSCRIPT, as redis.Script.Run does, without its allocation
 // per call for an error that is nil.
-func runDecide(ctx context.Context, c redis.Scripter, keys []string, args []any) ([]any, error) {
+func runDecide(ctx context.Context, c redis.Scripter, keys []string, args []any) (string, error) {
 	cmd := c.EvalSha(ctx, lua.Decide.Hash(), keys, args...)
 	if noScript(cmd.Err()) {
 		cmd = c.Eval(ctx, lua.DecideSource, keys, args...)
@@ -432,16 +536,16 @@ func runDecide(ctx context.Context, c redis.Scripter, keys []string, args []any)
 	return scriptReply(cmd)
 }
 
-// scriptReply returns a script call's reply, which must be an array; any
+// scriptReply returns a script call's reply, which must be a string; any
 // other reply is a protocol error.
-func scriptReply(cmd *redis.Cmd) ([]any, error) {
+func scriptReply(cmd *redis.Cmd) (string, error) {
 	v, err := cmd.Result()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	reply, ok := v.([]any)
+	reply, ok := v.(string)
 	if !ok {
-		return nil, fmt.Errorf("%w: the script replied %T, not an array", store.ErrProtocol, v)
+		return "", fmt.Errorf("%w: the script replied %T, not a string", store.ErrProtocol, v)
 	}
 	return reply, nil
 }

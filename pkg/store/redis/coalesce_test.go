@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,7 +46,8 @@ func uniqueCheck(prefix string, i int) store.Check {
 
 // TestCoalescing checks the flush policy on one node: sequential calls go
 // out alone, at once; 100 calls arriving while the node's sends are busy
-// leave as one pipeline, and every caller gets its own result.
+// leave as one script call deciding all of them, and every caller gets its
+// own result.
 func TestCoalescing(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c, sent := counted(srv.Addr)
@@ -103,15 +105,15 @@ func TestCoalescing(t *testing.T) {
 			}
 		}
 		after, statsAfter := sent.stats(), srv.CommandStats(ctx)
-		if d := statsAfter["evalsha"] - statsBefore["evalsha"]; d != n {
-			t.Errorf("EVALSHA calls: %d, want %d", d, n)
+		if d := statsAfter["evalsha"] - statsBefore["evalsha"]; d != 3 {
+			t.Errorf("EVALSHA calls: %d, want 3 (2 alone, then 1 deciding the other %d)", d, n-2)
 		}
 		sends := after.Sends() - before.Sends()
 		if sends != 3 {
-			t.Errorf("%d calls made %d round trips, want 3 (2 alone, then 1 pipeline of 98)", n, sends)
+			t.Errorf("%d calls made %d round trips, want 3", n, sends)
 		}
-		if d := after.Pipelines - before.Pipelines; d != 1 || after.MaxBatch != n-2 {
-			t.Errorf("pipelines %d (largest %d), want 1 of %d", d, after.MaxBatch, n-2)
+		if d := after.Merged - before.Merged; d != 1 || after.MaxMerged != n-2 || after.Requests-before.Requests != n {
+			t.Errorf("merged script calls %d (largest %d requests, %d in all), want 1 of %d", d, after.MaxMerged, after.Requests-before.Requests, n-2)
 		}
 		t.Logf("%d concurrent calls: %d round trips, %d EVALSHA", n, sends, statsAfter["evalsha"]-statsBefore["evalsha"])
 	})
@@ -139,8 +141,8 @@ func TestCoalescing(t *testing.T) {
 		srv.Resume()
 		wg.Wait()
 		st := sent.stats()
-		if failed.Load() != 0 || st.Pipelines != 3 || st.MaxBatch != 10 {
-			t.Errorf("failed %d, stats %+v; want 0 failed and 3 pipelines of 10", failed.Load(), st)
+		if failed.Load() != 0 || st.Merged != 3 || st.MaxMerged != 10 || st.Requests != 32 {
+			t.Errorf("failed %d, stats %+v; want 0 failed and 3 script calls of 10 requests", failed.Load(), st)
 		}
 	})
 }
@@ -193,11 +195,11 @@ func TestCoalescedDeadline(t *testing.T) {
 	b := start(1, 10*time.Second)
 	cc := start(2, 900*time.Millisecond)
 	waitQueue(t, co, 2, 1)
-	// A times out; B and C then leave as one pipeline, which hangs too:
-	// C's deadline passes while it is in that pipeline.
+	// A times out; B and C then leave as one script call, which hangs too:
+	// C's deadline passes while it is in that call.
 	expectTimeout("A (in flight alone)", <-a, 400*time.Millisecond)
 	waitQueue(t, co, 0, 1)
-	expectTimeout("C (in a pipeline)", <-cc, 900*time.Millisecond)
+	expectTimeout("C (in a merged call)", <-cc, 900*time.Millisecond)
 	// D queues and gives up before anything returns.
 	d := start(3, 200*time.Millisecond)
 	expectTimeout("D (queued)", <-d, 200*time.Millisecond)
@@ -206,8 +208,8 @@ func TestCoalescedDeadline(t *testing.T) {
 	if ob.err != nil || !ob.res.Allowed || ob.res.Remaining != 100_000-2 {
 		t.Errorf("B: %+v, %v; want allowed with %d remaining", ob.res, ob.err, 100_000-2)
 	}
-	if st := sent.stats(); st.Pipelines != 1 || st.MaxBatch != 2 {
-		t.Errorf("stats %+v, want one pipeline of B and C", st)
+	if st := sent.stats(); st.Merged != 1 || st.MaxMerged != 2 {
+		t.Errorf("stats %+v, want one script call deciding B and C", st)
 	}
 	// The store still works, and D (abandoned while queued) was not sent:
 	// its key was never written.
@@ -218,8 +220,8 @@ func TestCoalescedDeadline(t *testing.T) {
 }
 
 // TestPipelineNoScript checks that a pipeline meeting NOSCRIPT (SCRIPT FLUSH,
-// a new node) re-sends those calls once, loading the script with one EVAL,
-// and that flushing the script cache mid-traffic fails no decision.
+// a new node) re-sends those script calls once, loading the script with one
+// EVAL, and that flushing the script cache mid-traffic fails no decision.
 func TestPipelineNoScript(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c, sent := counted(srv.Addr)
@@ -233,9 +235,12 @@ func TestPipelineNoScript(t *testing.T) {
 		if err := c.ScriptFlush(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
-		before := srv.CommandStats(ctx)
-		// Drive the pipeline path directly: 20 queued calls, one batch.
+		before, sentBefore := srv.CommandStats(ctx), sent.stats()
+		// Drive the pipeline path directly: 20 queued calls, one batch, in
+		// two script calls (calls with another clock argument are not
+		// merged), so one pipeline.
 		const n = 20
+		clock := strconv.FormatInt(time.Now().UnixMicro(), 10)
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		batch := make([]*call, n)
@@ -243,22 +248,27 @@ func TestPipelineNoScript(t *testing.T) {
 			cl := getCall()
 			ch := uniqueCheck("noscript", i)
 			cl.keys = append(cl.keys, ch.Key)
-			cl.args = append(cl.args, "", lua.ModeDecide, "0", "100000", "3600", "0", fmt.Sprint(i+1), "0")
+			now := ""
+			if i%2 == 1 {
+				now = clock
+			}
+			cl.args = append(cl.args, now, lua.ModeDecide, lua.AppendCheck(nil, lua.AlgSliding, 0, 100_000, 3600, 0, uint64(i+1)))
 			cl.ctx = cctx
 			batch[i] = cl
 		}
 		calls := append([]*call(nil), batch...)
-		co.send(batch, nil)
+		co.send(batch, &scratch{})
 		for i, cl := range calls {
 			select {
 			case <-cl.done:
 			default:
 				t.Fatalf("call %d not delivered", i)
 			}
-			if cl.err != nil || len(cl.reply) != lua.ReplyPerCheck {
-				t.Fatalf("call %d: %v, %v", i, cl.reply, cl.err)
+			rs, err := lua.ParseResults(cl.reply, 1)
+			if cl.err != nil || err != nil {
+				t.Fatalf("call %d: %q, %v, %v", i, cl.reply, cl.err, err)
 			}
-			r, err := decodeResult(cl.reply)
+			r := decodeResult(rs[0])
 			if err != nil || !r.Allowed || r.Remaining != 100_000-uint64(i+1) {
 				t.Errorf("call %d: %+v, %v", i, r, err)
 			}
@@ -267,8 +277,8 @@ func TestPipelineNoScript(t *testing.T) {
 		if d := after["eval"] - before["eval"]; d != 1 {
 			t.Errorf("%d EVAL calls, want 1", d)
 		}
-		if st := sent.stats(); st.NoScript != 1 {
-			t.Errorf("%d pipelines re-sent after NOSCRIPT, want 1", st.NoScript)
+		if st := sent.stats(); st.NoScript-sentBefore.NoScript != 1 || st.Pipelines-sentBefore.Pipelines != 2 {
+			t.Errorf("%d pipelines (%d re-sent after NOSCRIPT), want 2 (1)", st.Pipelines-sentBefore.Pipelines, st.NoScript-sentBefore.NoScript)
 		}
 	})
 
@@ -312,10 +322,10 @@ func TestPipelineNoScript(t *testing.T) {
 		}
 		halt()
 		after := sent.stats()
-		t.Logf("%d decisions, %d failed, %d round trips, %d pipelines, %d re-sent after NOSCRIPT", decided.Load(), failed.Load(),
-			after.Sends()-before.Sends(), after.Pipelines-before.Pipelines, after.NoScript-before.NoScript)
-		if after.Pipelines == before.Pipelines {
-			t.Errorf("50 callers made no pipeline")
+		t.Logf("%d decisions, %d failed, %d round trips, %d merged script calls, %d re-sent after NOSCRIPT", decided.Load(), failed.Load(),
+			after.Sends()-before.Sends(), after.Merged-before.Merged, after.NoScript-before.NoScript)
+		if after.Merged == before.Merged {
+			t.Errorf("50 callers made no merged script call")
 		}
 	})
 }
@@ -498,4 +508,61 @@ func migrateSlot(ctx context.Context, c *redistest.Cluster, ids map[*redistest.S
 		nc.Close()
 	}
 	return nil
+}
+
+// TestMergedRequestsStayApart checks that requests merged into one script
+// call are decided one by one, in order, each all-or-nothing: a denied
+// request consumes nothing even from a key that the requests before and
+// after it consume.
+func TestMergedRequestsStayApart(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c, sent := counted(srv.Addr)
+	defer c.Close()
+	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 128})
+	ctx := context.Background()
+	x := store.Check{Key: "rl:{apart}:x", Algorithm: store.FixedWindow, Limit: 4, Window: time.Hour}
+	y := store.Check{Key: "rl:{apart}:y", Algorithm: store.FixedWindow, Limit: 1, Window: time.Hour}
+	hits := func(c store.Check, h uint64) store.Check { c.Hits = h; return c }
+	decide(t, s, hits(y, 1)) // y is used up
+
+	srv.Pause()
+	reqs := [][]store.Check{
+		{hits(x, 2)},             // allowed: x 2 of 4
+		{hits(x, 1), hits(y, 1)}, // denied by y: x (itself within its limit) not consumed
+		{hits(x, 2)},             // allowed: x 4 of 4
+		{hits(x, 1)},             // denied
+	}
+	blocker := make(chan error, 1)
+	go func() { blocker <- s.Decide(ctx, []store.Check{hits(x, 0)}, make([]store.Result, 1)) }()
+	co := nodeCoalescer(t, s, "")
+	waitQueue(t, co, 0, 1)
+	res := make([][]store.Result, len(reqs))
+	errs := make([]error, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		res[i] = make([]store.Result, len(r))
+		wg.Go(func() { errs[i] = s.Decide(ctx, r, res[i]) })
+		waitQueue(t, co, i+1, 1) // queued in this order
+	}
+	srv.Resume()
+	wg.Wait()
+	if err := <-blocker; err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	got := fmt.Sprint(res[0][0].Allowed, res[0][0].Remaining, res[1][0].Allowed, res[1][1].Allowed,
+		res[2][0].Allowed, res[2][0].Remaining, res[3][0].Allowed, res[3][0].Remaining)
+	if want := "true 2 true false true 0 false 0"; got != want {
+		t.Errorf("results %s, want %s: %+v", got, want, res)
+	}
+	if st := sent.stats(); st.Merged != 1 || st.MaxMerged != int64(len(reqs)) {
+		t.Errorf("stats %+v, want the %d requests in one script call", st, len(reqs))
+	}
+	if n := stateOf(t, c, x.Key).Count; n != 4 {
+		t.Errorf("x count %v, want 4", n)
+	}
 }

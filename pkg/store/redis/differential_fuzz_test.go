@@ -5,12 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 )
@@ -184,6 +186,16 @@ func FuzzDifferential(f *testing.F) {
 			2, 2, 4, 0, 5, 0, 6, 0,
 			2, 0, 12, 0x0D, 2, 0x80, 0, 0},
 	}
+	seeds = append(seeds,
+		// merged: at one instant, a fixed window (limit 3) gets a request of
+		// 2 hits, then one of 2 hits on it and 1 on a second key (denied, so
+		// rolled back), then 1 hit, then 1 more (denied)
+		[]byte{0, 0, 0, 1, 11, 0, 11, 0, 2, 0, 8, 0, 2, 1, 8, 0, 1, 0, 2, 0, 4, 0, 2, 0, 4, 0},
+		// merged: a sliding window (limit 3) and a request that changes its
+		// algorithm and is denied, then one of the old algorithm, then a
+		// forced write-back and a refund
+		[]byte{0, 0, 0, 0, 9, 0, 2, 1, 8, 0xF8, 2, 0, 4, 0, 2, 1, 4, 0x0C, 12, 1},
+	)
 	for _, s := range seeds {
 		f.Add(s)
 	}
@@ -211,24 +223,48 @@ func FuzzDifferential(f *testing.F) {
 		defer client.Del(ctx, names...)
 
 		var history strings.Builder
-		for i, st := range steps {
+		for i := 0; i < len(steps); {
 			clk.Set(advances[i](clk.Now().UnixMicro()))
-			got := make([]store.Result, len(st.checks))
-			want := make([]store.Result, len(st.checks))
-			var gerr, werr error
-			if st.peek {
-				gerr, werr = rs.Peek(ctx, st.checks, got), ms.Peek(ctx, st.checks, want)
-			} else {
-				gerr, werr = rs.Decide(ctx, st.checks, got), ms.Decide(ctx, st.checks, want)
+			// Steps at the same instant after a Decide step are decided in
+			// one script call by Redis, as the coalescer merges concurrent
+			// requests, and one by one by the memory store.
+			n := 1
+			for !steps[i].peek && i+n < len(steps) && n < 4 && !steps[i+n].peek && steps[i+n].advance == "+0" {
+				n++
 			}
-			fmt.Fprintf(&history, "step %d (%s, now %d, peek %v): %+v\n  -> %+v\n", i, st.advance, clk.Now().UnixMicro(), st.peek, st.checks, want)
+			group := steps[i : i+n]
+			got := make([][]store.Result, n)
+			want := make([][]store.Result, n)
+			for g, st := range group {
+				got[g] = make([]store.Result, len(st.checks))
+				want[g] = make([]store.Result, len(st.checks))
+			}
+			var gerr, werr error
+			switch {
+			case group[0].peek:
+				gerr, werr = rs.Peek(ctx, group[0].checks, got[0]), ms.Peek(ctx, group[0].checks, want[0])
+			case n == 1:
+				gerr, werr = rs.Decide(ctx, group[0].checks, got[0]), ms.Decide(ctx, group[0].checks, want[0])
+			default:
+				gerr = decideMerged(ctx, rs, group, got)
+				for g, st := range group {
+					if err := ms.Decide(ctx, st.checks, want[g]); err != nil {
+						werr = err
+					}
+				}
+			}
+			for g, st := range group {
+				fmt.Fprintf(&history, "step %d (%s, now %d, peek %v, merged %v): %+v\n  -> %+v\n", i+g, st.advance, clk.Now().UnixMicro(), st.peek, n > 1, st.checks, want[g])
+			}
 			if gerr != nil || werr != nil {
 				t.Fatalf("step %d: redis err %v, memory err %v\n%s", i, gerr, werr, history.String())
 			}
-			for j := range got {
-				if got[j] != want[j] {
-					t.Fatalf("step %d check %d %+v:\nredis  %+v\nmemory %+v\nkeys %+v\nhistory:\n%s",
-						i, j, st.checks[j], got[j], want[j], keys, history.String())
+			for g, st := range group {
+				for j := range got[g] {
+					if got[g][j] != want[g][j] {
+						t.Fatalf("step %d check %d %+v:\nredis  %+v\nmemory %+v\nkeys %+v\nhistory:\n%s",
+							i+g, j, st.checks[j], got[g][j], want[g][j], keys, history.String())
+					}
 				}
 			}
 			pipe := client.Pipeline()
@@ -238,8 +274,40 @@ func FuzzDifferential(f *testing.F) {
 			if _, err := pipe.Exec(ctx); err != nil {
 				t.Fatalf("persist: %v", err)
 			}
+			i += n
 		}
 	})
+}
+
+// decideMerged decides steps' batches as separate requests in one script
+// call, as the coalescer sends concurrent calls, into results.
+func decideMerged(ctx context.Context, rs *Store, steps []diffStep, results [][]store.Result) error {
+	now := strconv.FormatInt(rs.now().UnixMicro(), 10)
+	calls := make([]*call, len(steps))
+	for i, st := range steps {
+		c := &call{done: make(chan struct{}, 1)}
+		for j := range st.checks {
+			c.add(&st.checks[j], &results[i][j])
+		}
+		c.encode(lua.ModeDecide, now)
+		calls[i] = c
+	}
+	co := &coalescer{}
+	us := co.merge(calls, &scratch{}, false)
+	if len(us) != 1 {
+		return fmt.Errorf("%d batches made %d script calls, want 1", len(steps), len(us))
+	}
+	reply, err := runDecide(ctx, rs.client, us[0].keys, us[0].args)
+	co.split(&us[0], reply, err)
+	for _, c := range calls {
+		if c.err != nil {
+			return c.err
+		}
+		if err := c.decode(c.reply); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // TestDecodeDiff pins the decoding the seeds rely on.

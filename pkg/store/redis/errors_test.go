@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/store"
 )
@@ -223,26 +224,24 @@ func TestQueueWaitsAreNotFailures(t *testing.T) {
 	}
 }
 
-// TestScriptErrorIsProtocol: a script error (HMGET on a key holding a list:
-// WRONGTYPE, corrupt data) is ErrProtocol, not ErrUnavailable, marks no
-// result Undecided, and leaves the breaker closed however often it
-// happens, alone or in pipelines.
+// TestScriptErrorIsProtocol: a script error (here the script refusing a
+// request argument that a hook cut short, as corrupt data would be) is
+// ErrProtocol, not ErrUnavailable, marks no result Undecided, and leaves
+// the breaker closed however often it happens, alone or in pipelines.
 func TestScriptErrorIsProtocol(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client()
 	defer c.Close()
+	c.AddHook(argCutter{})
 	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1,
 		Breaker: breaker.Options{Threshold: 1, FailWindow: time.Nanosecond}})
 	ctx := context.Background()
-	bad := store.Check{Key: "rl:{bad}:x", Limit: 10, Window: time.Second, Hits: 1}
-	if err := c.RPush(ctx, bad.Key, "not", "a", "hash").Err(); err != nil {
-		t.Fatal(err)
-	}
+	bad := store.Check{Key: "rl:{bad}:x", Limit: 10, Window: time.Second, Hits: 3}
 	expect := func(name string, err error, r store.Result) {
 		t.Helper()
 		if !errors.Is(err, store.ErrProtocol) || errors.Is(err, store.ErrUnavailable) || r.Undecided ||
-			!strings.Contains(fmt.Sprint(err), "WRONGTYPE") {
-			t.Errorf("%s: %+v, %v; want a WRONGTYPE ErrProtocol, not ErrUnavailable, not Undecided", name, r, err)
+			!strings.Contains(fmt.Sprint(err), "decide.lua: a request of 33 bytes") {
+			t.Errorf("%s: %+v, %v; want the script's error as ErrProtocol, not ErrUnavailable, not Undecided", name, r, err)
 		}
 	}
 	for i := 0; i < 5; i++ {
@@ -274,8 +273,37 @@ func TestScriptErrorIsProtocol(t *testing.T) {
 	if st := s.BreakerStates()[""]; st != breaker.Closed {
 		t.Errorf("breaker %v after script errors; want closed", st)
 	}
-	// A good key still decides.
+	// A good check still decides.
 	decide(t, s, store.Check{Key: "rl:{bad}:y", Limit: 10, Window: time.Second, Hits: 1})
+}
+
+// argCutter is a go-redis hook that cuts the last byte off the last
+// argument of script calls whose checks ask for 3 hits.
+type argCutter struct{}
+
+func (argCutter) cut(cmd redis.Cmder) {
+	if !isScript(cmd) {
+		return
+	}
+	args := cmd.Args()
+	if b, ok := args[len(args)-1].([]byte); ok && len(b) == lua.CheckBytes && b[len(b)-1] == lua.AppendCheck(nil, 0, 0, 0, 0, 0, 3)[lua.CheckBytes-1] {
+		args[len(args)-1] = b[:len(b)-1]
+	}
+}
+func (argCutter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h argCutter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.cut(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h argCutter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.cut(c)
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // replyRewriter is a go-redis hook that replaces the reply of every script
@@ -296,16 +324,16 @@ func (h replyRewriter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return next
 }
 
-// TestBadReplyIsProtocol: a reply of the wrong type, length or value type
-// is ErrProtocol, and the breaker does not count it as a failure.
+// TestBadReplyIsProtocol: a reply of the wrong type or length is
+// ErrProtocol, and the breaker does not count it as a failure.
 func TestBadReplyIsProtocol(t *testing.T) {
 	srv := redistest.StartServer(t)
 	check := []store.Check{{Key: "rl:{reply}:x", Limit: 10, Window: time.Second, Hits: 1}}
 	for name, rewrite := range map[string]func(any) any{
-		"not an array":    func(any) any { return int64(1) },
-		"too short":       func(v any) any { return v.([]any)[:3] },
-		"not a number":    func(any) any { return []any{int64(1), "lots", int64(0), int64(0)} },
-		"wrong item type": func(any) any { return []any{int64(1), []any{}, int64(0), int64(0)} },
+		"not a string": func(any) any { return int64(1) },
+		"an array":     func(v any) any { return []any{v} },
+		"too short":    func(v any) any { return v.(string)[:lua.ResultBytes-1] },
+		"too long":     func(v any) any { return v.(string) + "x" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := srv.Client()

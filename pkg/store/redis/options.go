@@ -60,12 +60,13 @@ type Options struct {
 	// Timeout bounds each Decide, Peek and Delete call as a whole when its
 	// context has no deadline; 0 means DefaultTimeout (--redis-timeout).
 	Timeout time.Duration
-	// MaxInFlight is how many sends (a lone script call or a pipeline of
-	// them) may be in flight to one Redis node at a time; calls that arrive
-	// while all are busy are coalesced into one pipeline sent as soon as one
-	// returns. 0 means DefaultMaxInFlight; at most MaxMaxInFlight.
+	// MaxInFlight is how many sends (a lone script call, or a batch of
+	// calls) may be in flight to one Redis node at a time; calls that arrive
+	// while all are busy are coalesced into one batch sent as soon as one
+	// returns: one script call per hash slot, pipelined when the batch spans
+	// several slots. 0 means DefaultMaxInFlight; at most MaxMaxInFlight.
 	MaxInFlight int
-	// MaxBatch caps the script calls in one pipeline; 0 means
+	// MaxBatch caps the calls (requests) in one batch; 0 means
 	// DefaultMaxBatch.
 	MaxBatch int
 	// TLSConfig, when not nil, enables TLS with this configuration (cloned;

@@ -11,7 +11,8 @@
 // Concurrent script calls to one node are coalesced (see coalesce.go): a
 // call sent while the node has a free send slot (Options.MaxInFlight) goes
 // out at once, alone; calls that arrive while every slot is busy leave
-// together as one pipeline as soon as a send returns.
+// together as soon as a send returns, merged into one script call per hash
+// slot, each still decided alone and in order.
 //
 // In cluster mode a batch whose keys span several slots is decided per slot,
 // in parallel: each slot group is atomic, but the batch as a whole is not (a
@@ -56,7 +57,6 @@ type Store struct {
 	owned   bool // Close closes client
 	timeout time.Duration
 	now     func() time.Time // test clock; nil means Redis TIME
-	args    argCache         // script arguments, formatted and boxed once
 
 	brOpts   breaker.Options
 	onChange func(node string, from, to breaker.State)
@@ -255,7 +255,7 @@ func (c *call) add(check *store.Check, result *store.Result) {
 // eval runs the script once for c's checks and stores their results, or
 // marks them Undecided when the node cannot answer. It recycles c.
 func (s *Store) eval(ctx context.Context, b budget, mode string, now any, c *call) error {
-	c.encode(&s.args, mode, now)
+	c.encode(mode, now)
 	reply, err := s.send(ctx, c)
 	if err == nil {
 		err = c.decode(reply)
@@ -278,12 +278,12 @@ func (s *Store) eval(ctx context.Context, b budget, mode string, now any, c *cal
 // and, when let through, is sent alone as a probe; while it is open the
 // call fails at once. A call whose slot moved (MOVED, ASK) is re-sent
 // through the cluster client.
-func (s *Store) send(ctx context.Context, c *call) ([]any, error) {
+func (s *Store) send(ctx context.Context, c *call) (string, error) {
 	co, node, err := s.coalescer(ctx, c.keys[0])
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	var reply []any
+	var reply string
 	if br := co.br; br.State() == breaker.Closed {
 		reply, err = co.do(ctx, c)
 	} else if tk, ok := br.Allow(); ok {
@@ -293,7 +293,7 @@ func (s *Store) send(ctx context.Context, c *call) ([]any, error) {
 		err = errOpen
 	}
 	if errors.Is(err, errOpen) {
-		return nil, circuitOpen(node)
+		return "", circuitOpen(node)
 	}
 	if s.cluster && redirected(err) && ctx.Err() == nil {
 		// The slot moved or is moving (resharding): the cluster client
@@ -304,32 +304,25 @@ func (s *Store) send(ctx context.Context, c *call) ([]any, error) {
 }
 
 // encode sets c's keys and script arguments (see decide.lua) from its
-// checks.
-func (c *call) encode(cache *argCache, mode string, now any) {
+// checks: the header, then one request.
+func (c *call) encode(mode string, now any) {
 	keys := slices.Grow(c.keys[:0], len(c.checks))
-	args := slices.Grow(c.args[:0], lua.HeaderArgs+lua.ArgsPerCheck*len(c.checks))
+	blob := slices.Grow(c.blob[:0], lua.CheckBytes*len(c.checks))
 	modeArg := argModeDecide
 	if mode == lua.ModePeek {
 		modeArg = argModePeek
 	}
-	args = append(args, now, modeArg)
 	for _, ch := range c.checks {
 		keys = append(keys, ch.Key)
-		args = append(args,
-			cache.arg(algorithmCode(ch.Algorithm)),
-			cache.arg(ch.Limit),
-			cache.arg(uint64(ch.Window/time.Second)),
-			cache.arg(ch.Burst),
-			cache.arg(ch.Hits),
-			cache.arg(flags(ch)),
-		)
+		blob = lua.AppendCheck(blob, algorithmCode(ch.Algorithm), flags(ch), ch.Limit, uint64(ch.Window/time.Second), ch.Burst, ch.Hits)
 	}
-	c.keys, c.args = keys, args
+	c.keys, c.blob = keys, blob
+	c.args = append(c.args[:0], now, modeArg, blob)
 }
 
 // algorithmCode is a's code in the script; unknown algorithms act as the
 // default, sliding window, as in the memory store.
-func algorithmCode(a store.Algorithm) uint64 {
+func algorithmCode(a store.Algorithm) byte {
 	switch a {
 	case store.TokenBucket:
 		return lua.AlgTokenBucket
@@ -340,8 +333,8 @@ func algorithmCode(a store.Algorithm) uint64 {
 }
 
 // flags is ch's flags value in the script.
-func flags(ch *store.Check) uint64 {
-	var f uint64
+func flags(ch *store.Check) byte {
+	var f byte
 	if ch.Refund {
 		f |= lua.FlagRefund
 	}
@@ -355,16 +348,12 @@ func flags(ch *store.Check) uint64 {
 }
 
 // decode stores the script's reply in c's results.
-func (c *call) decode(reply []any) error {
-	if len(reply) != lua.ReplyPerCheck*len(c.checks) {
-		return fmt.Errorf("%w: the script replied %d values for %d checks", store.ErrProtocol, len(reply), len(c.checks))
+func (c *call) decode(reply string) error {
+	if len(reply) != lua.ResultBytes*len(c.checks) {
+		return fmt.Errorf("%w: the script replied %d bytes for %d checks", store.ErrProtocol, len(reply), len(c.checks))
 	}
-	for j, ch := range c.checks {
-		r, err := decodeResult(reply[lua.ReplyPerCheck*j : lua.ReplyPerCheck*(j+1)])
-		if err != nil {
-			return fmt.Errorf("%w: the reply for %s: %w", store.ErrProtocol, ch.Key, err)
-		}
-		*c.results[j] = r
+	for j := range c.checks {
+		*c.results[j] = decodeResult(lua.ResultAt(reply, j))
 	}
 	return nil
 }
@@ -385,55 +374,26 @@ func validate(c *store.Check) error {
 	return nil
 }
 
-// decodeResult decodes one check's four reply values (see decide.lua's
-// Reply: integers, or decimal strings beyond 2^53).
-func decodeResult(v []any) (store.Result, error) {
-	var r store.Result
-	allowed, err := replyUint(v[0])
-	if err != nil {
-		return r, err
+// decodeResult converts one check's result from the script's doubles.
+func decodeResult(r lua.Result) store.Result {
+	return store.Result{
+		Allowed:    r.Allowed,
+		Remaining:  toUint(r.Remaining),
+		RetryAfter: micros(toUint(r.RetryUS)),
+		Reset:      micros(toUint(r.ResetUS)),
 	}
-	r.Allowed = allowed == 1
-	if r.Remaining, err = replyUint(v[1]); err != nil {
-		return r, err
-	}
-	retry, err := replyUint(v[2])
-	if err != nil {
-		return r, err
-	}
-	reset, err := replyUint(v[3])
-	if err != nil {
-		return r, err
-	}
-	r.RetryAfter, r.Reset = micros(retry), micros(reset)
-	return r, nil
 }
 
-// replyUint reads a non-negative integer reply or decimal string; negative
-// values become 0 and values beyond uint64 (or "inf") saturate.
-func replyUint(v any) (uint64, error) {
-	var s string
-	switch v := v.(type) {
-	case int64:
-		return uint64(max(v, 0)), nil
-	case string:
-		s = v
-	default:
-		return 0, fmt.Errorf("unexpected reply value %T", v)
-	}
-	if u, err := strconv.ParseUint(s, 10, 64); err == nil {
-		return u, nil
-	}
-	f, err := strconv.ParseFloat(s, 64)
+// toUint converts a whole number from the script to uint64: negative
+// values and NaN become 0, values beyond uint64 saturate.
+func toUint(f float64) uint64 {
 	switch {
-	case err != nil && !errors.Is(err, strconv.ErrRange):
-		return 0, fmt.Errorf("reply value %q is not a number", s)
 	case math.IsNaN(f) || f <= 0:
-		return 0, nil
+		return 0
 	case f >= math.MaxUint64:
-		return math.MaxUint64, nil
+		return math.MaxUint64
 	}
-	return uint64(f), nil
+	return uint64(f)
 }
 
 // micros converts microseconds to a Duration, saturating.

@@ -2,16 +2,21 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/lua"
 )
 
 // sendCounter is a go-redis hook that counts what a store sends to Redis,
 // seen from the clients that talk to the nodes (the store keeps no counters
 // of its own): script calls (EVALSHA, EVAL) sent alone, pipelines of script
-// calls and their sizes, pipelines that begin with EVAL (re-sent after
-// NOSCRIPT), and script calls a node answered with MOVED or ASK.
+// calls and their sizes, requests per script call (the coalescer merges
+// concurrent requests into one call), script calls sent as EVAL (re-sent
+// after NOSCRIPT), and script calls a node answered with MOVED or ASK.
 type sendCounter struct {
 	mu sync.Mutex
 	st sendStats
@@ -23,8 +28,29 @@ type sendStats struct {
 	Pipelines int64 // pipelines holding script calls
 	Calls     int64 // script calls, alone or in pipelines
 	MaxBatch  int64 // most script calls in one pipeline
-	NoScript  int64 // pipelines that begin with EVAL
+	Merged    int64 // script calls deciding two requests or more
+	Requests  int64 // requests decided by script calls
+	MaxMerged int64 // most requests in one script call
+	NoScript  int64 // EVAL calls alone, and pipelines that begin with EVAL
 	Redirects int64 // script calls answered with MOVED or ASK
+}
+
+// requests counts the requests a script call decides: its ARGV values
+// after the header, one per request.
+func requests(cmd redis.Cmder) int64 {
+	args := cmd.Args() // evalsha sha numkeys keys... argv...
+	nk, _ := strconv.Atoi(fmt.Sprint(args[2]))
+	return int64(len(args) - 3 - nk - lua.HeaderArgs)
+}
+
+// count adds one script call's requests.
+func (s *sendStats) count(cmd redis.Cmder) {
+	n := requests(cmd)
+	s.Requests += n
+	if n > 1 {
+		s.Merged++
+	}
+	s.MaxMerged = max(s.MaxMerged, n)
 }
 
 // Sends is the number of round trips that carried script calls.
@@ -54,6 +80,10 @@ func (h *sendCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			h.mu.Lock()
 			h.st.Alone++
 			h.st.Calls++
+			h.st.count(cmd)
+			if cmd.Name() == "eval" {
+				h.st.NoScript++
+			}
 			if isRedirect(cmd.Err()) {
 				h.st.Redirects++
 			}
@@ -68,8 +98,10 @@ func (h *sendCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		err := next(ctx, cmds)
 		var n, redirects int64
 		first := ""
+		var counts sendStats
 		for _, c := range cmds {
 			if isScript(c) {
+				counts.count(c)
 				if n == 0 {
 					first = c.Name()
 				}
@@ -88,6 +120,9 @@ func (h *sendCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 				h.st.NoScript++
 			}
 			h.st.Redirects += redirects
+			h.st.Requests += counts.Requests
+			h.st.Merged += counts.Merged
+			h.st.MaxMerged = max(h.st.MaxMerged, counts.MaxMerged)
 			h.mu.Unlock()
 		}
 		return err

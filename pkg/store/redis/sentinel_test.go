@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
 )
 
@@ -37,7 +38,11 @@ func TestSentinel(t *testing.T) {
 	// well beyond that.
 	rc := replica.Client()
 	defer rc.Close()
-	waitFor(t, 20*time.Second, func() bool { v, _ := rc.HGet(ctx, check.Key, "count").Result(); return v == "3" })
+	waitFor(t, 20*time.Second, func() bool {
+		v, _ := rc.Get(ctx, check.Key).Result()
+		st, err := lua.ParseState(v)
+		return err == nil && st.Count == 3
+	})
 
 	master.Stop()
 	// Sentinel notices after 1 s and promotes the replica; decisions fail
