@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -233,8 +232,12 @@ func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.Serve
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
 		// Reuse handler goroutines (whose stacks have already grown to the
-		// depth of a decision) rather than start one per call.
-		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		// depth of a decision) rather than start one per call. A handler
+		// waits on Redis for most of its call, so a worker per core would
+		// be busy nearly always and calls would start goroutines anyway
+		// (grpc-go does when no worker is free): keep enough for the
+		// calls usually in flight.
+		grpc.NumStreamWorkers(uint32(streamWorkers)),
 		grpc.ChainUnaryInterceptor(service.RecoverUnary(m, log)),
 		// Protobuf, but RateLimitRequests may carry strings that are not UTF-8
 		// (Envoy forwards header bytes as they come): see service.DecodeRequest.
@@ -572,6 +575,10 @@ const (
 	streamWindow = 1 << 20
 	connWindow   = 16 << 20
 )
+
+// streamWorkers is the number of goroutines kept to run gRPC calls; a call
+// that finds none free runs on a goroutine of its own.
+const streamWorkers = 128
 
 // grpcCreds returns the gRPC server's TLS option when --grpc-tls-cert is
 // set: certificates (and the client CA of mutual TLS) are re-read from disk
