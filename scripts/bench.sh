@@ -84,6 +84,9 @@ for _ in range(1000):
     print(p); break
 '; }
 wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 not up"; exit 1; }
+# wait_server PORT LOG: a server's gRPC port, or its log and the end of the run.
+wait_server() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done
+  echo "server on port $1 not up; its log:"; tail -n 30 "$2"; exit 1; }
 
 if [ "$MICRO_COUNT" -gt 0 ]; then
 echo "== micro-benchmarks (count $MICRO_COUNT)"
@@ -140,7 +143,7 @@ start_rls() {
   GRPC=$(free_port); HTTP=$(free_port)
   bin/rls serve --config-dir "$WORK/config" --grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" \
     --debug-addr '' --log-level warn "$@" > "$WORK/rls-$GRPC.log" 2>&1 &
-  RLS=$!; PIDS+=($RLS); wait_port "$GRPC"; sleep 0.5
+  RLS=$!; PIDS+=($RLS); wait_server "$GRPC" "$WORK/rls-$GRPC.log"; sleep 0.5
 }
 # start_peer REDIS_PORT: envoyproxy/ratelimit on the single Redis, its local
 # over-limit cache on (64 MiB), everything else at its defaults (pool of 10
@@ -156,9 +159,16 @@ start_peer() {
   env -i PATH="$PATH" HOME="$HOME" "${PEER_FIXED_ENV[@]}" REDIS_URL="127.0.0.1:$1" \
     HOST=127.0.0.1 PORT="$HTTP" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$dbg" GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC" \
     $PEER_ENV "$PEER_BIN" > "$WORK/peer-$GRPC.log" 2>&1 &
-  SRV=$!; PIDS+=($SRV); wait_port "$GRPC"; sleep 0.5
+  SRV=$!; PIDS+=($SRV); wait_server "$GRPC" "$WORK/peer-$GRPC.log"; sleep 0.5
 }
-stop_pids() { for p in "$@"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }
+# stop_pids PID...: stop and reap them, and forget them, so that the exit trap
+# never signals a PID the system may since have given to another process.
+stop_pids() {
+  local p q keep=()
+  for p in "$@"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for q in "${PIDS[@]:-}"; do [[ -n "$q" && " $* " != *" $q "* ]] && keep+=("$q"); done
+  PIDS=("${keep[@]:-}")
+}
 
 # scenario name | rls-bench flags | ghz data
 scenarios=(
