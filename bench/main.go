@@ -331,9 +331,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	cliBefore := selfCPU()
+	hostBefore, hostErr := readHostTicks()
 	fmt.Fprintf(stderr, "rls-bench: measuring (%s loop)\n", mode)
 	res := l.run(ctx, phase{dur: dur, n: o.n, rate: o.rate})
 	cliAfter := selfCPU()
+	hostAfter, hostErr2 := readHostTicks()
 
 	st := &res.st
 	el := res.elapsed.Seconds()
@@ -401,6 +403,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		rep.ServerMetrics = metricDeltas(metBefore, after)
+	}
+	if hostErr == nil && hostErr2 == nil {
+		ours := rep.Client.Cores
+		if rep.Server != nil {
+			ours += rep.Server.Cores
+		}
+		if rep.Redis != nil {
+			ours += rep.Redis.Cores
+		}
+		rep.Host = newHostCPU(hostBefore, hostAfter, el, ours)
 	}
 	if o.json {
 		return writeJSON(stdout, rep)

@@ -41,6 +41,8 @@ type Report struct {
 	Client         CPU        `json:"client_cpu"`
 	Server         *ServerCPU `json:"server,omitempty"`
 	Redis          *Redis     `json:"redis,omitempty"`
+	// The whole machine over the measured phase (Linux).
+	Host *HostCPU `json:"host_cpu,omitempty"`
 	// -metrics-url: change of rls's own counters over the measured phase.
 	ServerMetrics map[string]float64 `json:"server_metrics,omitempty"`
 }
@@ -226,6 +228,9 @@ func writeText(w io.Writer, r *Report) error {
 			p("redis keys     %d after the run; MEMORY USAGE mean %.0f B over %d sampled; used_memory %d -> %d B (%.0f B/key)\n",
 				k.DBSize, k.MeanBytes, k.Sampled, k.UsedMemoryFrom, k.UsedMemoryTo, k.UsedMemoryPerKey)
 		}
+	}
+	if h := r.Host; h != nil {
+		p("machine cpu    %.2f cores busy, %.2f of them other processes'\n", h.BusyCores, h.OtherCores)
 	}
 	if len(r.ServerMetrics) > 0 {
 		names := make([]string, 0, len(r.ServerMetrics))

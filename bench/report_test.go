@@ -43,6 +43,7 @@ func sampleReport() *Report {
 		Client:        newCPU(1, 2, 1000),
 		Server:        &ServerCPU{Pids: []int{1, 2}, CPU: newCPU(0.5, 2, 1000)},
 		ServerMetrics: map[string]float64{"rls_fallback_decisions_total": 250, "rls_local_cache_hits_total": 0},
+		Host:          &HostCPU{BusyCores: 1.9, OtherCores: 0.75},
 		Redis: &Redis{Addr: "127.0.0.1:6379", CPU: newCPU(0.1, 2, 1000), Commands: 2000, CommandsPerDecision: 2, Evalsha: 1000, EvalshaPerDecision: 1, Calls: map[string]uint64{"evalsha": 1000, "time": 1000},
 			CommandstatsCalls: 2000, CommandstatsPerDecision: 2,
 			Keys: &RedisKeys{DBSize: 1000, Sampled: 500, MeanBytes: 96.4, UsedMemoryFrom: 1_000_000, UsedMemoryTo: 1_150_000, UsedMemoryPerKey: 150}},
@@ -65,6 +66,7 @@ func TestWriteText(t *testing.T) {
 		"rls metrics    rls_fallback_decisions_total +250 rls_local_cache_hits_total +0",
 		"WARNING        250 checks (25.0% of decisions)", "evalsha 1000 (1.00/decision); evalsha=1000 time=1000",
 		"redis calls    2000 in commandstats (2.00/decision)",
+		"machine cpu    1.90 cores busy, 0.75 of them other processes'",
 		"redis keys     1000 after the run; MEMORY USAGE mean 96 B over 500 sampled; used_memory 1000000 -> 1150000 B (150 B/key)",
 	} {
 		if !strings.Contains(out, want) {

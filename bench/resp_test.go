@@ -145,6 +145,9 @@ func TestRunKeySample(t *testing.T) {
 	f := &fakeRedis{keys: []string{"a", "bb"}, info: sampleInfo}
 	raddr := startFakeRedis(t, f)
 	r, _ := runJSON(t, "-addr", addr, "-domain", "bench", "-n", "100", "-warmup", "0", "-redis-addr", raddr, "-redis-key-sample", "10")
+	if r.Host == nil || r.Host.BusyCores < 0 {
+		t.Errorf("host cpu: %+v", r.Host)
+	}
 	k := r.Redis.Keys
 	if k == nil || k.DBSize != 2 || k.Sampled != 2 || k.MeanBytes != 51.5 || k.UsedMemoryFrom != 1038480 || k.UsedMemoryTo != 1038480 || k.UsedMemoryPerKey != 0 {
 		t.Fatalf("%+v", k)

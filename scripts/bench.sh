@@ -39,7 +39,7 @@ GOBIN=$(go env GOPATH)/bin
 export PATH="$GOBIN:$PATH"
 START=$(date +%s)
 # The command as given, for the report: the BENCH_ variables set, then make's target.
-CMD=$({ env | grep -E '^BENCH_[A-Z_]+=' || true; } | sort | sed -E "s/^([A-Z_]+)=(.*)$/\1='\2'/" | tr '\n' ' ')
+CMD=$({ env | grep -E '^BENCH_[A-Z_]+=' | grep -v '^BENCH_REPORT_PRINT=' || true; } | sort | sed -E "s/^([A-Z_]+)=(.*)$/\1='\2'/" | tr '\n' ' ')
 CMD="${CMD}make bench"
 
 command -v redis-server >/dev/null || { echo "redis-server missing: run make deps"; exit 1; }
@@ -193,7 +193,9 @@ PY
 bench_run() { # OUTFILE ARGS...: one measured run, its one-line summary on stdout
   local f=$1; shift
   bin/rls-bench -c 50 -connections 1 -duration "$DUR" -warmup "$WARMUP" "$@" -json > "$f"
-  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); e=sum((r.get("errors") or {}).values()); print("  ", sys.argv[1].rsplit("/",1)[-1], round(r["decisions_per_second"]), "dec/s p99", r["latency_us"]["p99"], "us", ("errors %d" % e) if e else "")' "$f"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); e=sum((r.get("errors") or {}).values()); h=r.get("host_cpu") or {}
+print("  ", sys.argv[1].rsplit("/",1)[-1], round(r["decisions_per_second"]), "dec/s p99", r["latency_us"]["p99"], "us;",
+      "other processes %.2f cores" % h.get("other_cores", float("nan")), ("errors %d" % e) if e else "")' "$f"
 }
 
 for st in $STORES; do
@@ -251,5 +253,5 @@ for st in $STORES; do
   meta "$st"
 done
 
-python3 scripts/bench_report.py "$OUT" "$DOC"
+BENCH_REPORT_PRINT=${BENCH_REPORT_PRINT:-$QUICK} python3 scripts/bench_report.py "$OUT" "$DOC"
 echo "== wrote $DOC in $(( $(date +%s) - START )) s"

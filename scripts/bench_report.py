@@ -111,6 +111,7 @@ METRICS = [
     ("keys in Redis after the run (DBSIZE)", lambda r: _keys(r, "dbsize"), 0),
     ("used_memory change per key, B (≥500 keys only)", _mem_delta, 0),
     ("generator CPU µs/decision", lambda r: (r.get("client_cpu") or {}).get("cpu_us_per_decision"), 1),
+    ("other processes' CPU during the run, cores (machine busy − server − Redis − generator; 2 in all)", lambda r: (r.get("host_cpu") or {}).get("other_cores"), 2),
 ]
 
 # Issue 15's targets: metric label, scenarios, comparison, bound.
