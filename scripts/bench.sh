@@ -69,7 +69,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { free_ports 1; }
+# free_ports N: N distinct free ports (all held open together while chosen).
+free_ports() { python3 -c '
+import socket, sys
+ss = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"; }
 # A cluster node also listens on its port + 10000 (the cluster bus), so its
 # port must be below 55536 with that one free too.
 free_cluster_port() { python3 -c '
@@ -84,9 +90,23 @@ for _ in range(1000):
     print(p); break
 '; }
 wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 not up"; exit 1; }
-# wait_server PORT LOG: a server's gRPC port, or its log and the end of the run.
-wait_server() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done
-  echo "server on port $1 not up; its log:"; tail -n 30 "$2"; exit 1; }
+# wait_server PID PORT LOG: the server's gRPC port, or its log and the end of
+# the run. The server must still be alive half a second after the port
+# answers: a server that failed to bind exits, and the port is someone else's.
+wait_server() {
+  local ok=""
+  for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null && { ok=1; break; }; sleep 0.05; done
+  sleep 0.5
+  if [ -n "$ok" ] && kill -0 "$1" 2>/dev/null; then
+    # The peer listens with SO_REUSEPORT: another process on the same port
+    # would silently take half the connections. Only ours may listen there.
+    if command -v ss >/dev/null && [ "$(ss -Hltnp "sport = :$2" | grep -o 'pid=[0-9]*' | sort -u | tr '\n' ' ')" != "pid=$1 " ]; then
+      echo "port $2 is not the server's (pid $1) alone:"; ss -ltnp "sport = :$2"; exit 1
+    fi
+    return 0
+  fi
+  echo "server (pid $1) not up on port $2; its log:"; tail -n 30 "$3"; exit 1
+}
 
 if [ "$MICRO_COUNT" -gt 0 ]; then
 echo "== micro-benchmarks (count $MICRO_COUNT)"
@@ -140,10 +160,10 @@ start_redis_cluster() {
   REDIS_ADDR=${addrs[0]}; REDIS_ARGS=(--store redis --redis-mode cluster --redis-url "$seeds")
 }
 start_rls() {
-  GRPC=$(free_port); HTTP=$(free_port)
+  read -r GRPC HTTP <<<"$(free_ports 2)"
   bin/rls serve --config-dir "$WORK/config" --grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" \
     --debug-addr '' --log-level warn "$@" > "$WORK/rls-$GRPC.log" 2>&1 &
-  RLS=$!; PIDS+=($RLS); wait_server "$GRPC" "$WORK/rls-$GRPC.log"; sleep 0.5
+  RLS=$!; PIDS+=($RLS); wait_server "$RLS" "$GRPC" "$WORK/rls-$GRPC.log"
 }
 # start_peer REDIS_PORT: envoyproxy/ratelimit on the single Redis, its local
 # over-limit cache on (64 MiB), everything else at its defaults (pool of 10
@@ -154,12 +174,12 @@ PEER_FIXED_ENV=(USE_STATSD=false LOG_LEVEL=warn
   RUNTIME_ROOT="$WORK/peer" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true
   REDIS_SOCKET_TYPE=tcp LOCAL_CACHE_SIZE_IN_BYTES=67108864)
 start_peer() {
-  GRPC=$(free_port); HTTP=$(free_port); local dbg; dbg=$(free_port)
+  local dbg; read -r GRPC HTTP dbg <<<"$(free_ports 3)"
   # shellcheck disable=SC2086
   env -i PATH="$PATH" HOME="$HOME" "${PEER_FIXED_ENV[@]}" REDIS_URL="127.0.0.1:$1" \
     HOST=127.0.0.1 PORT="$HTTP" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$dbg" GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC" \
     $PEER_ENV "$PEER_BIN" > "$WORK/peer-$GRPC.log" 2>&1 &
-  SRV=$!; PIDS+=($SRV); wait_server "$GRPC" "$WORK/peer-$GRPC.log"; sleep 0.5
+  SRV=$!; PIDS+=($SRV); wait_server "$SRV" "$GRPC" "$WORK/peer-$GRPC.log"
 }
 # stop_pids PID...: stop and reap them, and forget them, so that the exit trap
 # never signals a PID the system may since have given to another process.
