@@ -167,7 +167,8 @@ start_rls() {
 }
 # start_peer REDIS_PORT: envoyproxy/ratelimit on the single Redis, its local
 # over-limit cache on (64 MiB), everything else at its defaults (pool of 10
-# connections, REDIS_PIPELINE_WINDOW 0, 300 s of expiry jitter, GOGC 100).
+# connections, REDIS_PIPELINE_WINDOW 0, 300 s of expiry jitter, stats
+# flushed to a logging sink every 10 s, GOGC 100).
 # env -i: nothing from the caller's environment reaches it but PATH, HOME and
 # BENCH_PEER_ENV.
 PEER_FIXED_ENV=(USE_STATSD=false LOG_LEVEL=warn

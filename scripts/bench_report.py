@@ -182,7 +182,8 @@ def side_by_side(out_dir, meta):
                    f"`{meta['peer_env']}{(' ' + meta['peer_extra_env']) if meta.get('peer_extra_env') else ''}` "
                    "plus `REDIS_URL=127.0.0.1:<port>` and `GRPC_HOST`/`HOST`/`DEBUG_HOST=127.0.0.1` with free `GRPC_PORT`/`PORT`/`DEBUG_PORT`; "
                    "everything else at its defaults (`REDIS_TYPE=SINGLE`, `REDIS_POOL_SIZE=10`, `REDIS_PIPELINE_WINDOW=0`, "
-                   "`EXPIRATION_JITTER_MAX_SECONDS=300`, `NEAR_LIMIT_RATIO=0.8`, GOGC 100). Its local over-limit cache is on (64 MiB).")
+                   "`EXPIRATION_JITTER_MAX_SECONDS=300`, `NEAR_LIMIT_RATIO=0.8`, stats flushed every 10 s to a logging sink, GOGC 100). "
+                   "Its local over-limit cache is on (64 MiB).")
         out.append("- rls: `bin/rls serve --store redis --redis-url redis://127.0.0.1:<port> --log-level warn --debug-addr ''` "
                    "built from this worktree, every other flag at its default.")
         out.append("- Every figure of this section comes from this run: none is compared with a figure of another day.")
