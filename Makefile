@@ -7,7 +7,7 @@ export CGO_ENABLED ?= 1
 GOBIN    ?= $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: help build run test unit deps lint tidy proto bench clean
+.PHONY: help build run test unit deps lint tidy proto bench bench-quick clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -44,8 +44,11 @@ lint: ## gofmt and go vet (and staticcheck when installed)
 	$(GO) vet ./...
 	@if command -v staticcheck >/dev/null; then staticcheck ./...; fi
 
-bench: deps ## micro-benchmarks and end-to-end scenarios (memory, Redis, Cluster) into docs/BENCHMARKS.md
+bench: deps ## micro-benchmarks, end-to-end scenarios (memory, Cluster; Redis side by side with envoyproxy/ratelimit) into docs/BENCHMARKS.md (~10 min)
 	bash scripts/bench.sh
+
+bench-quick: deps ## rls and envoyproxy/ratelimit side by side on one Redis, 3 s runs, one round, into bin/bench-quick/ (~2 min)
+	BENCH_QUICK=1 bash scripts/bench.sh
 
 proto: ## regenerate proto/ Go code with buf and local plugins, and lint it
 	@command -v buf >/dev/null || $(GO) install github.com/bufbuild/buf/cmd/buf@v1.75.0

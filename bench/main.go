@@ -48,12 +48,13 @@ func main() {
 }
 
 const (
-	maxDuration = 10 * time.Minute
-	maxWarmup   = time.Minute
-	maxWorkers  = 4096
-	maxConns    = 256
-	maxKeys     = 10_000_000
-	maxRate     = 10_000_000
+	maxDuration  = 10 * time.Minute
+	maxWarmup    = time.Minute
+	maxWorkers   = 4096
+	maxConns     = 256
+	maxKeys      = 10_000_000
+	maxRate      = 10_000_000
+	maxKeySample = 100_000
 )
 
 type options struct {
@@ -76,6 +77,7 @@ type options struct {
 	timeout     time.Duration
 	pids        []int
 	redisAddr   string
+	keySample   int
 	metricsURL  string
 	json        bool
 }
@@ -134,6 +136,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.timeout, "timeout", time.Second, "per-request deadline (0: none)")
 	fs.Var(pidsFlag{&o.pids}, "server-pid", "`pid` of an rls process whose CPU to measure (repeatable, or comma-separated)")
 	fs.StringVar(&o.redisAddr, "redis-addr", "", "Redis `host:port` (loopback) whose INFO cpu/stats/commandstats to measure")
+	fs.IntVar(&o.keySample, "redis-key-sample", 0, "after the run, DBSIZE and the mean MEMORY USAGE of up to `n` keys found by SCAN\n"+
+		"on -redis-addr, with INFO used_memory before the warm-up and after the run (0: none)")
 	fs.StringVar(&o.metricsURL, "metrics-url", "", "rls Prometheus `URL` (loopback), e.g. http://127.0.0.1:8080/metrics: report the change of\n"+
 		"rls_fallback_decisions_total, rls_local_cache_hits_total and rls_store_errors_total (decisions not made by the store)")
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON")
@@ -166,6 +170,12 @@ func (o *options) validate(set map[string]bool) error {
 		if err := checkLoopback("redis-addr", o.redisAddr); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if o.keySample < 0 || o.keySample > maxKeySample {
+		bad("-redis-key-sample %d: want 0..%d", o.keySample, maxKeySample)
+	}
+	if o.keySample > 0 && o.redisAddr == "" {
+		bad("-redis-key-sample needs -redis-addr")
 	}
 	if o.metricsURL != "" {
 		if err := checkMetricsURL(o.metricsURL); err != nil {
@@ -272,8 +282,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	var redPreflight redisInfo
 	if o.redisAddr != "" {
-		if _, err := fetchRedisInfo(ctx, o.redisAddr); err != nil {
+		if redPreflight, err = fetchRedisInfo(ctx, o.redisAddr); err != nil {
 			return err
 		}
 	}
@@ -320,9 +331,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	cliBefore := selfCPU()
+	hostBefore, hostErr := readHostTicks()
 	fmt.Fprintf(stderr, "rls-bench: measuring (%s loop)\n", mode)
 	res := l.run(ctx, phase{dur: dur, n: o.n, rate: o.rate})
 	cliAfter := selfCPU()
+	hostAfter, hostErr2 := readHostTicks()
 
 	st := &res.st
 	el := res.elapsed.Seconds()
@@ -372,6 +385,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		rep.Redis = redisDelta(o.redisAddr, redBefore, after, el, st.decisions())
+		if o.keySample > 0 {
+			k, err := sampleKeys(context.WithoutCancel(ctx), o.redisAddr, o.keySample)
+			if err != nil {
+				return err
+			}
+			k.UsedMemoryFrom, k.UsedMemoryTo = redPreflight.mem, after.mem
+			if k.DBSize > 0 {
+				k.UsedMemoryPerKey = (float64(after.mem) - float64(redPreflight.mem)) / float64(k.DBSize)
+			}
+			rep.Redis.Keys = k
+		}
 	}
 	if o.metricsURL != "" {
 		after, err := fetchMetrics(context.WithoutCancel(ctx), o.metricsURL)
@@ -379,6 +403,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		rep.ServerMetrics = metricDeltas(metBefore, after)
+	}
+	if hostErr == nil && hostErr2 == nil {
+		ours := rep.Client.Cores
+		if rep.Server != nil {
+			ours += rep.Server.Cores
+		}
+		if rep.Redis != nil {
+			ours += rep.Redis.Cores
+		}
+		rep.Host = newHostCPU(hostBefore, hostAfter, el, ours)
 	}
 	if o.json {
 		return writeJSON(stdout, rep)

@@ -41,6 +41,8 @@ type Report struct {
 	Client         CPU        `json:"client_cpu"`
 	Server         *ServerCPU `json:"server,omitempty"`
 	Redis          *Redis     `json:"redis,omitempty"`
+	// The whole machine over the measured phase (Linux).
+	Host *HostCPU `json:"host_cpu,omitempty"`
 	// -metrics-url: change of rls's own counters over the measured phase.
 	ServerMetrics map[string]float64 `json:"server_metrics,omitempty"`
 }
@@ -87,16 +89,23 @@ type ServerCPU struct {
 
 // Redis is what INFO says Redis did during the measured phase.
 type Redis struct {
-	Addr                string            `json:"addr"`
-	CPU                                   // used_cpu_sys + used_cpu_user
-	Commands            uint64            `json:"commands"` // total_commands_processed, minus our INFO calls
-	CommandsPerDecision float64           `json:"commands_per_decision"`
-	Evalsha             uint64            `json:"evalsha"`
-	EvalshaPerDecision  float64           `json:"evalsha_per_decision"`
-	Calls               map[string]uint64 `json:"calls"` // per command, INFO excluded
+	Addr                string  `json:"addr"`
+	CPU                         // used_cpu_sys + used_cpu_user
+	Commands            uint64  `json:"commands"` // total_commands_processed, minus our INFO calls
+	CommandsPerDecision float64 `json:"commands_per_decision"`
+	// The sum of INFO commandstats' calls over every command but INFO: what
+	// Redis executed, each command a script ran counted like one a client
+	// sent (so EVALSHA and the commands inside it are all counted).
+	CommandstatsCalls       uint64            `json:"commandstats_calls"`
+	CommandstatsPerDecision float64           `json:"commandstats_calls_per_decision"`
+	Evalsha                 uint64            `json:"evalsha"`
+	EvalshaPerDecision      float64           `json:"evalsha_per_decision"`
+	Calls                   map[string]uint64 `json:"calls"` // per command, INFO excluded
 	// Connections Redis accepted during the phase, our INFO connection
 	// excluded: a client that keeps its pool open makes none.
 	NewConnections uint64 `json:"new_connections"`
+	// -redis-key-sample: the keys left in Redis after the run and their size.
+	Keys *RedisKeys `json:"keys,omitempty"`
 }
 
 func newCPU(seconds, elapsed float64, decisions uint64) CPU {
@@ -117,6 +126,7 @@ func redisDelta(addr string, before, after redisInfo, elapsed float64, decisions
 	for cmd, n := range after.calls {
 		if b := before.calls[cmd]; n > b && cmd != "info" {
 			r.Calls[cmd] = n - b
+			r.CommandstatsCalls += n - b
 		}
 	}
 	infos := after.calls["info"] - before.calls["info"]
@@ -130,6 +140,7 @@ func redisDelta(addr string, before, after redisInfo, elapsed float64, decisions
 	if decisions > 0 {
 		r.CommandsPerDecision = float64(r.Commands) / float64(decisions)
 		r.EvalshaPerDecision = float64(r.Evalsha) / float64(decisions)
+		r.CommandstatsPerDecision = float64(r.CommandstatsCalls) / float64(decisions)
 	}
 	return r
 }
@@ -212,6 +223,14 @@ func writeText(w io.Writer, r *Report) error {
 			p(" %s=%d", c, x.Calls[c])
 		}
 		p("\n")
+		p("redis calls    %d in commandstats (%.2f/decision)\n", x.CommandstatsCalls, x.CommandstatsPerDecision)
+		if k := x.Keys; k != nil {
+			p("redis keys     %d after the run; MEMORY USAGE mean %.0f B over %d sampled; used_memory %d -> %d B (%.0f B/key)\n",
+				k.DBSize, k.MeanBytes, k.Sampled, k.UsedMemoryFrom, k.UsedMemoryTo, k.UsedMemoryPerKey)
+		}
+	}
+	if h := r.Host; h != nil {
+		p("machine cpu    %.2f cores busy, %.2f of them other processes'\n", h.BusyCores, h.OtherCores)
 	}
 	if len(r.ServerMetrics) > 0 {
 		names := make([]string, 0, len(r.ServerMetrics))

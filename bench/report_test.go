@@ -11,7 +11,8 @@ func TestRedisDelta(t *testing.T) {
 	before := redisInfo{cpu: 1, commands: 100, conns: 10, calls: map[string]uint64{"evalsha": 40, "info": 5, "ping": 1}}
 	after := redisInfo{cpu: 1.5, commands: 331, conns: 12, calls: map[string]uint64{"evalsha": 140, "info": 6, "ping": 1, "time": 100, "hello": 30}}
 	r := redisDelta("127.0.0.1:6379", before, after, 2, 100)
-	if r.Commands != 230 || r.CommandsPerDecision != 2.3 || r.Evalsha != 100 || r.EvalshaPerDecision != 1 {
+	if r.Commands != 230 || r.CommandsPerDecision != 2.3 || r.Evalsha != 100 || r.EvalshaPerDecision != 1 ||
+		r.CommandstatsCalls != 230 || r.CommandstatsPerDecision != 2.3 {
 		t.Fatalf("%+v", r)
 	}
 	if r.Seconds != 0.5 || r.UsPerDecision != 5000 || r.Cores != 0.25 || r.NewConnections != 1 {
@@ -42,7 +43,10 @@ func sampleReport() *Report {
 		Client:        newCPU(1, 2, 1000),
 		Server:        &ServerCPU{Pids: []int{1, 2}, CPU: newCPU(0.5, 2, 1000)},
 		ServerMetrics: map[string]float64{"rls_fallback_decisions_total": 250, "rls_local_cache_hits_total": 0},
-		Redis:         &Redis{Addr: "127.0.0.1:6379", CPU: newCPU(0.1, 2, 1000), Commands: 2000, CommandsPerDecision: 2, Evalsha: 1000, EvalshaPerDecision: 1, Calls: map[string]uint64{"evalsha": 1000, "time": 1000}},
+		Host:          &HostCPU{BusyCores: 1.9, OtherCores: 0.75},
+		Redis: &Redis{Addr: "127.0.0.1:6379", CPU: newCPU(0.1, 2, 1000), Commands: 2000, CommandsPerDecision: 2, Evalsha: 1000, EvalshaPerDecision: 1, Calls: map[string]uint64{"evalsha": 1000, "time": 1000},
+			CommandstatsCalls: 2000, CommandstatsPerDecision: 2,
+			Keys: &RedisKeys{DBSize: 1000, Sampled: 500, MeanBytes: 96.4, UsedMemoryFrom: 1_000_000, UsedMemoryTo: 1_150_000, UsedMemoryPerKey: 150}},
 	}
 }
 
@@ -61,6 +65,9 @@ func TestWriteText(t *testing.T) {
 		"redis cpu      0.10 CPU-s",
 		"rls metrics    rls_fallback_decisions_total +250 rls_local_cache_hits_total +0",
 		"WARNING        250 checks (25.0% of decisions)", "evalsha 1000 (1.00/decision); evalsha=1000 time=1000",
+		"redis calls    2000 in commandstats (2.00/decision)",
+		"machine cpu    1.90 cores busy, 0.75 of them other processes'",
+		"redis keys     1000 after the run; MEMORY USAGE mean 96 B over 500 sampled; used_memory 1000000 -> 1150000 B (150 B/key)",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("text report lacks %q:\n%s", want, out)
@@ -93,7 +100,8 @@ func TestWriteJSON(t *testing.T) {
 	if s := m["server"].(map[string]any); s["cpu_us_per_decision"] != 500.0 {
 		t.Fatalf("server: %v", s)
 	}
-	if r := m["redis"].(map[string]any); r["evalsha_per_decision"] != 1.0 || r["commands_per_decision"] != 2.0 {
+	if r := m["redis"].(map[string]any); r["evalsha_per_decision"] != 1.0 || r["commands_per_decision"] != 2.0 ||
+		r["commandstats_calls_per_decision"] != 2.0 || r["keys"].(map[string]any)["memory_usage_mean_bytes"] != 96.4 {
 		t.Fatalf("redis: %v", r)
 	}
 }

@@ -81,10 +81,11 @@ type redisInfo struct {
 	cpu      float64 // used_cpu_sys + used_cpu_user, seconds
 	commands uint64  // total_commands_processed
 	conns    uint64  // total_connections_received
+	mem      uint64  // used_memory, bytes
 	calls    map[string]uint64
 }
 
-// parseRedisInfo reads an INFO reply (sections cpu, stats, commandstats).
+// parseRedisInfo reads an INFO reply (sections cpu, stats, memory, commandstats).
 func parseRedisInfo(s string) (redisInfo, error) {
 	ri := redisInfo{calls: map[string]uint64{}}
 	var haveCPU, haveCmds int
@@ -108,6 +109,12 @@ func parseRedisInfo(s string) (redisInfo, error) {
 			}
 			ri.commands = n
 			haveCmds++
+		case k == "used_memory":
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return ri, fmt.Errorf("INFO %s: %v", k, err)
+			}
+			ri.mem = n
 		case k == "total_connections_received":
 			n, err := strconv.ParseUint(v, 10, 64)
 			if err != nil {

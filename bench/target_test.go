@@ -35,7 +35,7 @@ func TestParseProcStat(t *testing.T) {
 }
 
 const sampleInfo = "# Server\r\nredis_version:7.0.15\r\n\r\n# Stats\r\ntotal_connections_received:3\r\ntotal_commands_processed:1042\r\n\r\n" +
-	"# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:0.750000\r\nused_cpu_sys_children:0.000000\r\n\r\n" +
+	"# Memory\r\nused_memory:1038480\r\nused_memory_human:1014.14K\r\n\r\n# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:0.750000\r\nused_cpu_sys_children:0.000000\r\n\r\n" +
 	"# Commandstats\r\ncmdstat_evalsha:calls=1000,usec=5000,usec_per_call=5.00,rejected_calls=0,failed_calls=0\r\ncmdstat_info:calls=2,usec=100,usec_per_call=50.00,rejected_calls=0,failed_calls=0\r\n"
 
 func TestParseRedisInfo(t *testing.T) {
@@ -43,7 +43,7 @@ func TestParseRedisInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ri.cpu != 2 || ri.commands != 1042 || ri.calls["evalsha"] != 1000 || ri.calls["info"] != 2 || ri.conns != 3 {
+	if ri.cpu != 2 || ri.commands != 1042 || ri.calls["evalsha"] != 1000 || ri.calls["info"] != 2 || ri.conns != 3 || ri.mem != 1038480 {
 		t.Fatalf("%+v", ri)
 	}
 	if _, err := parseRedisInfo("# Stats\r\ntotal_commands_processed:1\r\n"); err == nil {

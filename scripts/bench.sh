@@ -1,27 +1,61 @@
 #!/usr/bin/env bash
-# make bench: Go micro-benchmarks, then issue 7's end-to-end scenarios on the
-# memory store, a single Redis node and a 3-master Redis Cluster, measured
+# make bench: Go micro-benchmarks, then issue 7's end-to-end scenarios, measured
 # with the repository's load generator (rls-bench, its own module in bench/,
-# calling through grpc-go's client) and, when installed, ghz.
-# Everything runs on 127.0.0.1 and stops by itself; every process started is
-# stopped by PID. Raw results go to $BENCH_OUT (docs/bench), the summary to
-# $BENCH_DOC (docs/BENCHMARKS.md, the part between the BEGIN/END markers).
+# calling through grpc-go's client):
+#   - memory store and a 3-master Redis Cluster: rls alone;
+#   - a single Redis node: rls and envoyproxy/ratelimit (the peer, issue 15)
+#     side by side, on the same Redis with the same generator, each run on a
+#     freshly started server and a flushed Redis, in ABBA rounds
+#     (peer, rls, rls, peer), never both servers at once.
+# The peer is installed with `go install` into a cache directory (not into
+# go.mod) the first time. Everything runs on 127.0.0.1 and stops by itself;
+# every process started is stopped by PID. Raw results go to $BENCH_OUT
+# (docs/bench), the summary to $BENCH_DOC (docs/BENCHMARKS.md, the part
+# between the BEGIN/END markers).
 #
-#   BENCH_DURATION=15s BENCH_STORES="memory redis cluster" BENCH_MICRO_COUNT=5 make bench
+#   BENCH_DURATION=10s BENCH_ROUNDS=1 BENCH_STORES="memory redis cluster" BENCH_MICRO_COUNT=5 make bench
+#   BENCH_QUICK=1 make bench      # = make bench-quick: 3 s runs, one round, single Redis only, into bin/bench-quick/
+#   BENCH_PEER_ENV="REDIS_PIPELINE_WINDOW=150us" make bench   # extra env for the peer, recorded in the report
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DUR=${BENCH_DURATION:-15s}
-STORES=${BENCH_STORES:-memory redis cluster}
-OUT=${BENCH_OUT:-docs/bench}
-MICRO_COUNT=${BENCH_MICRO_COUNT:-5}
-DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
+QUICK=${BENCH_QUICK:-0}
+if [ "$QUICK" = 1 ]; then
+  DUR=${BENCH_DURATION:-3s}; WARMUP=${BENCH_WARMUP:-1s}; ROUNDS=${BENCH_ROUNDS:-1}
+  STORES=${BENCH_STORES:-redis}; MICRO_COUNT=${BENCH_MICRO_COUNT:-0}
+  OUT=${BENCH_OUT:-bin/bench-quick}; DOC=${BENCH_DOC:-$OUT/BENCHMARKS.md}
+else
+  DUR=${BENCH_DURATION:-10s}; WARMUP=${BENCH_WARMUP:-2s}; ROUNDS=${BENCH_ROUNDS:-1}
+  STORES=${BENCH_STORES:-memory redis cluster}; MICRO_COUNT=${BENCH_MICRO_COUNT:-5}
+  OUT=${BENCH_OUT:-docs/bench}; DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
+fi
+PEER_ENV=${BENCH_PEER_ENV:-}
+# envoyproxy/ratelimit's main branch at 3fb7025 (2026-01-22), the version
+# issue 15 compares with; its binary is the service_cmd package.
+PEER_MOD=github.com/envoyproxy/ratelimit
+PEER_VERSION=${BENCH_PEER_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}
+CACHE=${BENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rls-bench}
+PEER_BIN=$CACHE/ratelimit@$PEER_VERSION/service_cmd
 GOBIN=$(go env GOPATH)/bin
 export PATH="$GOBIN:$PATH"
+START=$(date +%s)
+# The command as given, for the report: the BENCH_ variables set, then make's target.
+CMD=$({ env | grep -E '^BENCH_[A-Z_]+=' | grep -v '^BENCH_REPORT_PRINT=' || true; } | sort | sed -E "s/^([A-Z_]+)=(.*)$/\1='\2'/" | tr '\n' ' ')
+CMD="${CMD}make bench"
 
 command -v redis-server >/dev/null || { echo "redis-server missing: run make deps"; exit 1; }
 go build -o bin/rls ./cmd/rls
 (cd bench && go build -o ../bin/rls-bench .)
 mkdir -p "$OUT"
+# A quick run renders into a copy of BENCHMARKS.md: its short runs never replace the committed figures.
+if [ "$QUICK" = 1 ] && [ -z "${BENCH_DOC:-}" ]; then cp docs/BENCHMARKS.md "$DOC"; fi
+if [[ " $STORES " == *" redis "* ]] && [ ! -x "$PEER_BIN" ]; then
+  echo "== installing $PEER_MOD@$PEER_VERSION into $(dirname "$PEER_BIN") (once)"
+  mkdir -p "$(dirname "$PEER_BIN")"
+  GOBIN=$(cd "$(dirname "$PEER_BIN")" && pwd) GOFLAGS= go install "$PEER_MOD/src/service_cmd@$PEER_VERSION"
+fi
+# This run's stores are measured again: their old results go, so that no
+# figure of another run is rendered as one of this run.
+for st in $STORES; do rm -f "$OUT/$st"-*.json "$OUT/ghz-$st"-*.json "$OUT/meta-$st.json"; done
 # grpc-*.json were the rows of grpc-go's client when the generator's default
 # was a hand-written HTTP/2 client; there is one client now, and leftovers
 # would be rendered as rows of this run.
@@ -35,7 +69,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { free_ports 1; }
+# free_ports N: N distinct free ports (all held open together while chosen).
+free_ports() { python3 -c '
+import socket, sys
+ss = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"; }
 # A cluster node also listens on its port + 10000 (the cluster bus), so its
 # port must be below 55536 with that one free too.
 free_cluster_port() { python3 -c '
@@ -50,12 +90,31 @@ for _ in range(1000):
     print(p); break
 '; }
 wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 not up"; exit 1; }
+# wait_server PID PORT LOG: the server's gRPC port, or its log and the end of
+# the run. The server must still be alive half a second after the port
+# answers: a server that failed to bind exits, and the port is someone else's.
+wait_server() {
+  local ok=""
+  for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null && { ok=1; break; }; sleep 0.05; done
+  sleep 0.5
+  if [ -n "$ok" ] && kill -0 "$1" 2>/dev/null; then
+    # The peer listens with SO_REUSEPORT: another process on the same port
+    # would silently take half the connections. Only ours may listen there.
+    if command -v ss >/dev/null && [ "$(ss -Hltnp "sport = :$2" | grep -o 'pid=[0-9]*' | sort -u | tr '\n' ' ')" != "pid=$1 " ]; then
+      echo "port $2 is not the server's (pid $1) alone:"; ss -ltnp "sport = :$2"; exit 1
+    fi
+    return 0
+  fi
+  echo "server (pid $1) not up on port $2; its log:"; tail -n 30 "$3"; exit 1
+}
 
+if [ "$MICRO_COUNT" -gt 0 ]; then
 echo "== micro-benchmarks (count $MICRO_COUNT)"
 go test -run '^$' -bench 'BenchmarkMatch|BenchmarkAppendKey' -benchmem -count "$MICRO_COUNT" ./pkg/descriptors/ | tee "$OUT/micro.txt"
 go test -run '^$' -bench 'BenchmarkMemoryDecide$' -benchmem -count "$MICRO_COUNT" ./pkg/store/memory/ | tee -a "$OUT/micro.txt"
 go test -run '^$' -bench 'BenchmarkDecision|BenchmarkHandler' -benchmem -count "$MICRO_COUNT" ./pkg/service/ | tee -a "$OUT/micro.txt"
 go test -run '^$' -bench 'BenchmarkCachedDenial' -benchmem -count "$MICRO_COUNT" ./pkg/limiter/ | tee -a "$OUT/micro.txt"
+fi
 
 mkdir -p "$WORK/config"
 cat > "$WORK/config/bench.yaml" <<'YAML'
@@ -73,6 +132,10 @@ descriptors:
   - key: api_key
     rate_limit: {name: tiny, unit: hour, requests_per_unit: 1}
 YAML
+# The peer reads the same files: with RUNTIME_WATCH_ROOT=false it loads
+# $RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config/*.yaml.
+mkdir -p "$WORK/peer/ratelimit/config"
+cp "$WORK"/config/*.yaml "$WORK/peer/ratelimit/config/"
 
 start_redis_single() {
   local port; port=$(free_port)
@@ -97,12 +160,36 @@ start_redis_cluster() {
   REDIS_ADDR=${addrs[0]}; REDIS_ARGS=(--store redis --redis-mode cluster --redis-url "$seeds")
 }
 start_rls() {
-  GRPC=$(free_port); HTTP=$(free_port)
+  read -r GRPC HTTP <<<"$(free_ports 2)"
   bin/rls serve --config-dir "$WORK/config" --grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" \
     --debug-addr '' --log-level warn "$@" > "$WORK/rls-$GRPC.log" 2>&1 &
-  RLS=$!; PIDS+=($RLS); wait_port "$GRPC"; sleep 0.5
+  RLS=$!; PIDS+=($RLS); wait_server "$RLS" "$GRPC" "$WORK/rls-$GRPC.log"
 }
-stop_pids() { for p in "$@"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; }
+# start_peer REDIS_PORT: envoyproxy/ratelimit on the single Redis, its local
+# over-limit cache on (64 MiB), everything else at its defaults (pool of 10
+# connections, REDIS_PIPELINE_WINDOW 0, 300 s of expiry jitter, stats
+# flushed to a logging sink every 10 s, GOGC 100).
+# env -i: nothing from the caller's environment reaches it but PATH, HOME and
+# BENCH_PEER_ENV.
+PEER_FIXED_ENV=(USE_STATSD=false LOG_LEVEL=warn
+  RUNTIME_ROOT="$WORK/peer" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false RUNTIME_IGNOREDOTFILES=true
+  REDIS_SOCKET_TYPE=tcp LOCAL_CACHE_SIZE_IN_BYTES=67108864)
+start_peer() {
+  local dbg; read -r GRPC HTTP dbg <<<"$(free_ports 3)"
+  # shellcheck disable=SC2086
+  env -i PATH="$PATH" HOME="$HOME" "${PEER_FIXED_ENV[@]}" REDIS_URL="127.0.0.1:$1" \
+    HOST=127.0.0.1 PORT="$HTTP" DEBUG_HOST=127.0.0.1 DEBUG_PORT="$dbg" GRPC_HOST=127.0.0.1 GRPC_PORT="$GRPC" \
+    $PEER_ENV "$PEER_BIN" > "$WORK/peer-$GRPC.log" 2>&1 &
+  SRV=$!; PIDS+=($SRV); wait_server "$SRV" "$GRPC" "$WORK/peer-$GRPC.log"
+}
+# stop_pids PID...: stop and reap them, and forget them, so that the exit trap
+# never signals a PID the system may since have given to another process.
+stop_pids() {
+  local p q keep=()
+  for p in "$@"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for q in "${PIDS[@]:-}"; do [[ -n "$q" && " $* " != *" $q "* ]] && keep+=("$q"); done
+  PIDS=("${keep[@]:-}")
+}
 
 # scenario name | rls-bench flags | ghz data
 scenarios=(
@@ -113,6 +200,25 @@ scenarios=(
   "e_fixed_5000|-domain bench -dist roundrobin -keys 1000 -rate 5000|"
 )
 
+# meta STORE: how this store's results were taken, for the report.
+meta() {
+  python3 - "$OUT/meta-$1.json" "$1" "$DUR" "$WARMUP" "$ROUNDS" "$QUICK" "$PEER_VERSION" "$PEER_ENV" \
+    "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo +changes)" "$CMD" "${PEER_FIXED_ENV[*]//"$WORK"/\$WORK}" <<'PY'
+import json, sys, time
+f, store, dur, warm, rounds, quick, pv, penv, commit, cmd, fixed = sys.argv[1:]
+json.dump({"store": store, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "duration": dur, "warmup": warm,
+           "rounds": int(rounds), "quick": quick == "1", "commit": commit, "command": cmd, "peer_version": pv,
+           "peer_env": fixed, "peer_extra_env": penv}, open(f, "w"), indent=1)
+PY
+}
+bench_run() { # OUTFILE ARGS...: one measured run, its one-line summary on stdout
+  local f=$1; shift
+  bin/rls-bench -c 50 -connections 1 -duration "$DUR" -warmup "$WARMUP" "$@" -json > "$f"
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); e=sum((r.get("errors") or {}).values()); h=r.get("host_cpu") or {}
+print("  ", sys.argv[1].rsplit("/",1)[-1], round(r["decisions_per_second"]), "dec/s p99", r["latency_us"]["p99"], "us;",
+      "other processes %.2f cores" % h.get("other_cores", float("nan")), ("errors %d" % e) if e else "")' "$f"
+}
+
 for st in $STORES; do
   echo "== store: $st"
   REDIS_PIDS=(); REDIS_ADDR=""; REDIS_ARGS=()
@@ -120,16 +226,43 @@ for st in $STORES; do
     memory) ;;
     redis) start_redis_single ;;
     cluster) start_redis_cluster ;;
+    *) echo "unknown store $st"; exit 1 ;;
   esac
+  if [ "$st" = redis ]; then
+    # Side by side: per scenario, ROUNDS rounds of peer, rls, rls, peer; each
+    # run on a flushed Redis and a server started for it alone.
+    port=${REDIS_ADDR##*:}
+    for sc in "${scenarios[@]}"; do
+      IFS='|' read -r name flags _ <<<"$sc"
+      n=0
+      for _r in $(seq "$ROUNDS"); do
+        for srv in peer rls rls peer; do
+          n=$((n + 1))
+          redis-cli -p "$port" FLUSHALL >/dev/null
+          extra=(-redis-addr "$REDIS_ADDR" -redis-key-sample 1000)
+          if [ "$srv" = peer ]; then
+            start_peer "$port"
+          else
+            start_rls "${REDIS_ARGS[@]}"; SRV=$RLS
+            extra+=(-metrics-url "http://127.0.0.1:$HTTP/metrics")
+          fi
+          # shellcheck disable=SC2086
+          bench_run "$OUT/$st-$name-$n-$srv.json" -addr "127.0.0.1:$GRPC" $flags -server-pid "$SRV" "${extra[@]}"
+          stop_pids "$SRV"
+        done
+      done
+    done
+    stop_pids "${REDIS_PIDS[@]}"
+    meta "$st"
+    continue
+  fi
   start_rls "${REDIS_ARGS[@]}"
   for sc in "${scenarios[@]}"; do
     IFS='|' read -r name flags data <<<"$sc"
     extra=(-server-pid "$RLS" -metrics-url "http://127.0.0.1:$HTTP/metrics")
     [ -n "$REDIS_ADDR" ] && extra+=(-redis-addr "$REDIS_ADDR")
     # shellcheck disable=SC2086
-    bin/rls-bench -addr "127.0.0.1:$GRPC" -c 50 -connections 1 -duration "$DUR" -warmup 2s $flags "${extra[@]}" -json \
-      > "$OUT/$st-$name.json"
-    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[2], round(r["decisions_per_second"]), "dec/s p99", r["latency_us"]["p99"], "us")' "$OUT/$st-$name.json" "$name"
+    bench_run "$OUT/$st-$name.json" -addr "127.0.0.1:$GRPC" $flags "${extra[@]}"
     if command -v ghz >/dev/null && [ -n "$data" ]; then
       ghz --insecure --call envoy.service.ratelimit.v3.RateLimitService.ShouldRateLimit -c 50 --connections 1 \
         -z "$DUR" -d "$data" --format json "127.0.0.1:$GRPC" 2>/dev/null \
@@ -138,7 +271,8 @@ for st in $STORES; do
     fi
   done
   stop_pids "$RLS" "${REDIS_PIDS[@]}"
+  meta "$st"
 done
 
-python3 scripts/bench_report.py "$OUT" "$DOC"
-echo "== wrote $DOC"
+BENCH_REPORT_PRINT=${BENCH_REPORT_PRINT:-$QUICK} python3 scripts/bench_report.py "$OUT" "$DOC"
+echo "== wrote $DOC in $(( $(date +%s) - START )) s"
