@@ -40,12 +40,21 @@
 -- that some request changed is written once, with its final state.
 --
 -- State: one string per key, written with its TTL in one command
--- (SET key value PX ttl): a tag byte, then doubles: 's' sliding window:
--- window index, count, previous count; 't' token bucket: tokens, last
--- refill (microseconds); 'f' fixed window: window index, count. A key
--- holds one algorithm's state: a check of another algorithm (another tag,
--- or a value of the wrong length or type) starts fresh, as in the memory
--- store, and its write replaces the value. A write never deletes the key,
+-- (SET key value PX ttl), in one of two forms. Compact, a decimal integer
+-- (Redis stores it in the key's object itself, as small as a counter of
+-- envoyproxy/ratelimit), for a sliding window whose counts are below 2^24
+-- (COMPACT_COUNTS): (count * 2^24 + previous count) * 8 + window index
+-- mod 4; for a fixed window whose count is below 2^48 (COMPACT_FIXED):
+-- count * 8 + 4 + window index mod 4. The window index mod 4 is enough
+-- because a sliding key expires two windows after its last write and a
+-- fixed one when its window ends, on the clock of `now`; so the compact
+-- form is written only when `now` is Redis's TIME. Otherwise a tag byte,
+-- then doubles: 's' sliding window: window index, count, previous count;
+-- 't' token bucket: tokens, last refill (microseconds); 'f' fixed window:
+-- window index, count. A key holds one algorithm's state: a check of
+-- another algorithm (another tag or form, or a value of the wrong length
+-- or type) starts fresh, as in the memory store, and its write replaces
+-- the value. A write never deletes the key,
 -- not even for a moment: in a Redis Cluster slot being migrated
 -- (MIGRATING), a script may only touch keys that exist on the node, so DEL
 -- then SET would fail half-way with the count lost.
@@ -60,6 +69,7 @@ local MODE_DECIDE, MODE_PEEK = '0', '1'
 local ALG_SLIDING, ALG_TOKEN_BUCKET, ALG_FIXED = 0, 1, 2
 local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE = 1, 2, 4
 local TAG_SLIDING, TAG_TOKEN_BUCKET, TAG_FIXED = 's', 't', 'f'
+local COMPACT_COUNTS, COMPACT_FIXED = 16777216, 281474976710656
 local US = 1000000
 
 local now
@@ -70,10 +80,14 @@ else
   now = tonumber(t[1]) * US + tonumber(t[2])
 end
 local peek = ARGV[2] == MODE_PEEK
+-- Compact values rely on keys expiring on the clock of `now`: only with
+-- Redis's own (a test clock jumps where TTLs do not follow).
+local compact = ARGV[1] == ''
 
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
 local pack, sunpack = struct.pack, struct.unpack
 local BYTE_SLIDING, BYTE_TOKEN_BUCKET, BYTE_FIXED = TAG_SLIDING:byte(), TAG_TOKEN_BUCKET:byte(), TAG_FIXED:byte()
+local DIGIT_9 = 57 -- '9': a value starting with a digit is compact
 
 local function fmt_int(x) return string.format('%.0f', x) end
 
@@ -104,14 +118,18 @@ do
   end
 end
 
--- The rollback journal of the request being decided, made when first
--- needed: per key, the state before the request's tentative checks first
--- changed or replaced it. A request of one tentative check consumes only
--- when it is allowed, so only a replaced state (another algorithm) needs
--- undoing: copy_states is false then, saving the copies. A state loaded
--- by the request needs none: undone, it is the stored value again.
-local journal
-local tentative_phase, copy_states = false, false
+-- The rollback journal of the request being decided, while its tentative
+-- checks run (in_tentative): entries 1..jn, undone in reverse order when
+-- the request is denied. An entry is a key and the state a check of
+-- another algorithm replaced (J_KEY set), or, when the request has more
+-- than one tentative check (journaling), a state and the value of its
+-- changing field (cur, count or tokens) before a check consumed from it:
+-- a request of one tentative check consumes only when it is allowed. A
+-- state the request loaded needs no entry: undone, it is the stored value
+-- again.
+local in_tentative, journaling = false, false
+local J_STATE, J_VALUE, J_KEY = {}, {}, {}
+local jn = 0
 
 -- Per request: the state a check of another algorithm replaced, by key
 -- (the first one replaced), or nil when none was; and the request's serial
@@ -132,9 +150,9 @@ local function load(key, alg, w, limit, burst)
   local s = states[key]
   if s and s.alg == alg then return s end
   if s then
-    if tentative_phase then
-      journal = journal or {}
-      if journal[key] == nil then journal[key] = s end
+    if in_tentative then
+      jn = jn + 1
+      J_STATE[jn], J_VALUE[jn], J_KEY[jn] = s, nil, key
     end
     replaced = replaced or {}
     if replaced[key] == nil then replaced[key] = s end
@@ -161,7 +179,15 @@ local function load(key, alg, w, limit, burst)
       b = b, r = r, tokens = min(b, tokens + (now - last) * r), last = now }
   elseif alg == ALG_FIXED then
     local _, win, count = nil, nil, 0
-    if v and #v == 17 and v:byte(1) == BYTE_FIXED then
+    local b1 = v and v:byte(1)
+    if b1 and b1 <= DIGIT_9 then
+      -- Compact: count * 8 + 4 + window mod 4. The key expires when its
+      -- window ends, so only the current window's value is ever read.
+      local x = tonumber(v)
+      if x and x % 8 >= 4 and (cur_win - x) % 4 == 0 then
+        win, count = cur_win, floor(x / 8)
+      end
+    elseif b1 == BYTE_FIXED and #v == 17 then
       _, win, count = sunpack('<Bdd', v)
     end
     if win ~= cur_win then count = 0 end
@@ -169,7 +195,21 @@ local function load(key, alg, w, limit, burst)
       win = cur_win, count = count }
   else
     local _, win, cur, prev
-    if v and #v == 25 and v:byte(1) == BYTE_SLIDING then
+    local b1 = v and v:byte(1)
+    local x = b1 and b1 <= DIGIT_9 and tonumber(v)
+    if x and x % 8 < 4 then
+      -- Compact: (count * 2^24 + previous count) * 8 + window mod 4. The
+      -- key expires two windows after its last write, so the value read
+      -- is of the current window or one of the two before.
+      local back = (cur_win - x) % 4
+      x = floor(x / 8)
+      cur, prev = floor(x / COMPACT_COUNTS), x % COMPACT_COUNTS
+      if back == 1 then
+        prev, cur = cur, 0
+      elseif back ~= 0 then
+        cur, prev = 0, 0
+      end
+    elseif b1 == BYTE_SLIDING and #v == 25 then
       _, win, cur, prev = sunpack('<Bddd', v)
       if win ~= cur_win then
         if win == cur_win - 1 then prev = cur else prev = 0 end
@@ -185,15 +225,35 @@ local function load(key, alg, w, limit, burst)
   return s
 end
 
--- save records s in the journal before a request's tentative check first
--- changes it.
+-- save records s's changing field in the journal before a tentative check
+-- consumes from it.
 local function save(s)
-  if not copy_states then return end
-  journal = journal or {}
-  if journal[s.key] == nil then
-    local c = {}
-    for k, v in pairs(s) do c[k] = v end
-    journal[s.key] = c
+  if not journaling then return end
+  jn = jn + 1
+  local v
+  if s.alg == ALG_TOKEN_BUCKET then
+    v = s.tokens
+  elseif s.alg == ALG_FIXED then
+    v = s.count
+  else
+    v = s.cur
+  end
+  J_STATE[jn], J_VALUE[jn], J_KEY[jn] = s, v, false
+end
+
+-- undo restores what the journal recorded, last first.
+local function undo()
+  for k = jn, 1, -1 do
+    local s = J_STATE[k]
+    if J_KEY[k] then
+      states[J_KEY[k]] = s
+    elseif s.alg == ALG_TOKEN_BUCKET then
+      s.tokens = J_VALUE[k]
+    elseif s.alg == ALG_FIXED then
+      s.count = J_VALUE[k]
+    else
+      s.cur = J_VALUE[k]
+    end
   end
 end
 
@@ -206,11 +266,23 @@ local function write(s)
       'PX', ttl_arg(min(ceil(ttl_us / 1000), 9007199254740992)))
   elseif s.alg == ALG_FIXED then
     local reset = s.wus - (now - s.start)
-    redis.call('SET', s.key, pack('<Bdd', BYTE_FIXED, s.win, s.count),
-      'PX', ttl_arg(ceil(reset / 1000)))
+    local c = s.count
+    local v
+    if compact and c < COMPACT_FIXED and c == floor(c) then
+      v = c * 8 + 4 + s.win % 4
+    else
+      v = pack('<Bdd', BYTE_FIXED, s.win, c)
+    end
+    redis.call('SET', s.key, v, 'PX', ttl_arg(ceil(reset / 1000)))
   else
-    redis.call('SET', s.key, pack('<Bddd', BYTE_SLIDING, s.win, s.cur, s.prev),
-      'PX', ttl_arg(2 * s.w * 1000))
+    local c, p = s.cur, s.prev
+    local v
+    if compact and c < COMPACT_COUNTS and p < COMPACT_COUNTS and c == floor(c) and p == floor(p) then
+      v = (c * COMPACT_COUNTS + p) * 8 + s.win % 4
+    else
+      v = pack('<Bddd', BYTE_SLIDING, s.win, c, p)
+    end
+    redis.call('SET', s.key, v, 'PX', ttl_arg(2 * s.w * 1000))
   end
 end
 
@@ -336,11 +408,6 @@ local function result(i, allowed, remaining, retry, rst)
   reply[i] = pack('<Bddd', allowed and 1 or 0, remaining, retry, rst)
 end
 
--- A token bucket with limit 0 never refills: it denies everything (RetryAfter
--- one window, Reset 0), a refund of it is allowed with Remaining 0, and
--- neither reads nor writes state.
-local function dead(c) return c.alg == ALG_TOKEN_BUCKET and c.limit == 0 end
-
 local function touch(key)
   wrote[key] = req
   if not dirty[key] then
@@ -349,84 +416,120 @@ local function touch(key)
   end
 end
 
--- decide_request decides checks first..last, one request.
-local function decide_request(checks, first, last)
+-- The checks of the request being decided, by index in KEYS: parallel
+-- arrays (a table per check would cost more than deciding it).
+local C_ALG, C_LIMIT, C_W, C_BURST, C_HITS = {}, {}, {}, {}, {}
+local C_REFUND, C_FORCE, C_SHADOW = {}, {}, {}
+local CONSUMED = {} -- the request's checks that consumed, by index in KEYS
+
+-- decide_one decides a request of one check that is neither a refund nor
+-- a forced write-back, the usual request: no journal is needed, as it
+-- consumes only when allowed.
+local function decide_one(i, alg, limit, w, burst, h, shadow)
   req = req + 1
   replaced = nil
-  -- Refunds and forced write-backs first; they always stand.
+  local key = KEYS[i]
+  if alg == ALG_TOKEN_BUCKET and limit == 0 then
+    result(i, false, 0, w * US, 0)
+    return
+  end
+  local s = load(key, alg, w, limit, burst)
+  local r = budget(s, limit)
+  if h == 0 then
+    if r >= 1 then
+      result(i, true, r, 0, reset(s))
+    else
+      result(i, false, r, retry_after(s, limit, 1), reset(s))
+    end
+  elseif h <= r then
+    consume(s, h)
+    touch(key)
+    result(i, true, r - h, 0, reset(s))
+  else
+    result(i, false, r, retry_after(s, limit, h), reset(s))
+  end
+  if replaced and wrote[key] ~= req then states[key] = replaced[key] end
+end
+
+-- decide_request decides checks first..last, one request.
+local function decide_request(first, last)
+  req = req + 1
+  replaced = nil
+  -- Refunds and forced write-backs first; they always stand. A token
+  -- bucket with limit 0 never refills: it denies everything (RetryAfter
+  -- one window, Reset 0), a refund of it is allowed with Remaining 0, and
+  -- neither reads nor writes state.
   local tentative = 0
   for i = first, last do
-    local c = checks[i]
-    if c.early and dead(c) then
-      result(i, true, 0, 0, 0)
-    elseif c.early then
-      local s = load(KEYS[i], c.alg, c.w, c.limit, c.burst)
-      if c.refund then refund(s, c.hits) else force(s, c.hits) end
-      touch(KEYS[i])
-      result(i, true, budget(s, c.limit), 0, reset(s))
+    if C_REFUND[i] or C_FORCE[i] then
+      if C_ALG[i] == ALG_TOKEN_BUCKET and C_LIMIT[i] == 0 then
+        result(i, true, 0, 0, 0)
+      else
+        local s = load(KEYS[i], C_ALG[i], C_W[i], C_LIMIT[i], C_BURST[i])
+        if C_REFUND[i] then refund(s, C_HITS[i]) else force(s, C_HITS[i]) end
+        touch(KEYS[i])
+        result(i, true, budget(s, C_LIMIT[i]), 0, reset(s))
+      end
     else
       tentative = tentative + 1
     end
   end
   -- Then the others in order, against the tentative state.
-  journal, tentative_phase, copy_states = nil, true, tentative > 1
-  local veto, consumed = false, nil
+  in_tentative, journaling, jn = true, tentative > 1, 0
+  local veto, nconsumed = false, 0
   for i = first, last do
-    local c = checks[i]
-    if not c.early and dead(c) then
-      if c.hits > 0 and not c.shadow then veto = true end
-      result(i, false, 0, c.w * US, 0)
-    elseif not c.early then
-      local s = load(KEYS[i], c.alg, c.w, c.limit, c.burst)
-      local r = budget(s, c.limit)
-      local h = c.hits
-      if h == 0 then
-        if r >= 1 then
-          result(i, true, r, 0, reset(s))
-        else
-          result(i, false, r, retry_after(s, c.limit, 1), reset(s))
-        end
-      elseif h <= r then
-        save(s)
-        consume(s, h)
-        consumed = consumed or {}
-        consumed[#consumed + 1] = i
-        result(i, true, r - h, 0, reset(s))
+    if not (C_REFUND[i] or C_FORCE[i]) then
+      local limit, h = C_LIMIT[i], C_HITS[i]
+      if C_ALG[i] == ALG_TOKEN_BUCKET and limit == 0 then
+        if h > 0 and not C_SHADOW[i] then veto = true end
+        result(i, false, 0, C_W[i] * US, 0)
       else
-        if not c.shadow then veto = true end
-        result(i, false, r, retry_after(s, c.limit, h), reset(s))
+        local s = load(KEYS[i], C_ALG[i], C_W[i], limit, C_BURST[i])
+        local r = budget(s, limit)
+        if h == 0 then
+          if r >= 1 then
+            result(i, true, r, 0, reset(s))
+          else
+            result(i, false, r, retry_after(s, limit, 1), reset(s))
+          end
+        elseif h <= r then
+          save(s)
+          consume(s, h)
+          nconsumed = nconsumed + 1
+          CONSUMED[nconsumed] = i
+          result(i, true, r - h, 0, reset(s))
+        else
+          if not C_SHADOW[i] then veto = true end
+          result(i, false, r, retry_after(s, limit, h), reset(s))
+        end
       end
     end
   end
   if veto then
     -- None of it: restore what the request changed or replaced.
-    if consumed and not copy_states then
+    if nconsumed > 0 and not journaling then
       error('decide.lua: a request of one tentative check consumed and was vetoed')
     end
-    if journal then
-      for key, s in pairs(journal) do states[key] = s end
-    end
+    undo()
   else
-    if consumed then
-      for _, i in ipairs(consumed) do touch(KEYS[i]) end
-    end
+    for k = 1, nconsumed do touch(KEYS[CONSUMED[k]]) end
     if replaced then
       for key, s in pairs(replaced) do
         if wrote[key] ~= req then states[key] = s end
       end
     end
   end
-  journal, tentative_phase, copy_states = nil, false, false
+  in_tentative, journaling, jn = false, false, 0
 end
 
--- Decode every request's checks, then decide the requests in order.
-local checks = {}
-local bounds = {}
+-- Decode each request's checks and decide it, in order.
 local n = 0
 for a = HEADER + 1, #ARGV do
   local blob = ARGV[a]
   local m = #blob / CHECK_BYTES
-  if m ~= floor(m) then error('decide.lua: a request of ' .. #blob .. ' bytes') end
+  if m ~= floor(m) or n + m > #KEYS then
+    error('decide.lua: a request of ' .. #blob .. ' bytes after ' .. n .. ' of ' .. #KEYS .. ' checks')
+  end
   local first = n + 1
   for j = 0, m - 1 do
     local alg, fl, limit, w, burst, hits = sunpack('<BBdddd', blob, j * CHECK_BYTES + 1)
@@ -435,17 +538,16 @@ for a = HEADER + 1, #ARGV do
     local rf, fo = IS_REFUND[fl], IS_FORCE[fl] and not IS_REFUND[fl]
     if peek then hits, rf, fo = 0, false, false end
     n = n + 1
-    checks[n] = { alg = alg, limit = limit, w = w, burst = burst, hits = hits,
-      refund = rf, force = fo, shadow = IS_SHADOW[fl],
-      early = rf or fo } -- applied before the request's others
+    if m == 1 and not (rf or fo) then
+      decide_one(n, alg, limit, w, burst, hits, IS_SHADOW[fl])
+    else
+      C_ALG[n], C_LIMIT[n], C_W[n], C_BURST[n], C_HITS[n] = alg, limit, w, burst, hits
+      C_REFUND[n], C_FORCE[n], C_SHADOW[n] = rf, fo, IS_SHADOW[fl]
+    end
   end
-  bounds[#bounds + 1] = first
-  bounds[#bounds + 1] = n
+  if m > 1 or (m == 1 and (C_REFUND[n] or C_FORCE[n])) then decide_request(first, n) end
 end
 if n ~= #KEYS then error('decide.lua: ' .. n .. ' checks for ' .. #KEYS .. ' keys') end
-for b = 1, #bounds, 2 do
-  if bounds[b] <= bounds[b + 1] then decide_request(checks, bounds[b], bounds[b + 1]) end
-end
 
 if not peek then
   for _, key in ipairs(dirty_keys) do write(states[key]) end

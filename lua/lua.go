@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -89,10 +90,34 @@ type State struct {
 	Window, Count, Prev float64
 	// Token bucket: Tokens, and LastRefill in Unix microseconds.
 	Tokens, LastRefill float64
+	// Compact: the value was in the compact form, whose Window is the
+	// window's index modulo 4 (Encode writes the tagged form).
+	Compact bool
 }
 
-// ParseState decodes a value decide.lua stored.
+// Compact state (see decide.lua's header): a decimal integer.
+const (
+	// CompactCounts bounds each count of a compact sliding-window state
+	// (COMPACT_COUNTS).
+	CompactCounts = 1 << 24
+	// CompactFixed bounds the count of a compact fixed-window state
+	// (COMPACT_FIXED).
+	CompactFixed = 1 << 48
+)
+
+// ParseState decodes a value decide.lua stored. For the compact form,
+// which keeps the window index modulo 4 only, Window is that remainder
+// and Compact is set.
 func ParseState(v string) (State, error) {
+	if x, err := strconv.ParseUint(v, 10, 64); err == nil && len(v) > 0 && v[0] != '+' {
+		st := State{Compact: true, Window: float64(x % 4)}
+		if x%8 >= 4 {
+			st.Algorithm, st.Count = AlgFixed, float64(x/8)
+		} else {
+			st.Algorithm, st.Count, st.Prev = AlgSliding, float64(x/8/CompactCounts), float64(x/8%CompactCounts)
+		}
+		return st, nil
+	}
 	f := func(i int) float64 { return double(v[1+8*i:]) }
 	switch {
 	case len(v) == 25 && v[0] == TagSliding:

@@ -61,6 +61,8 @@ func TestDecideConstants(t *testing.T) {
 		"TAG_SLIDING":      string(rune(TagSliding)),
 		"TAG_TOKEN_BUCKET": string(rune(TagTokenBucket)),
 		"TAG_FIXED":        string(rune(TagFixed)),
+		"COMPACT_COUNTS":   strconv.Itoa(CompactCounts),
+		"COMPACT_FIXED":    strconv.Itoa(CompactFixed),
 	} {
 		got, ok := locals[name]
 		if !ok {
@@ -98,6 +100,16 @@ func TestStateRoundTrip(t *testing.T) {
 		got, err := ParseState(s.Encode())
 		if err != nil || got != s {
 			t.Errorf("ParseState(Encode(%+v)) = %+v, %v", s, got, err)
+		}
+	}
+	for v, want := range map[string]State{
+		"1210":             {Algorithm: AlgSliding, Compact: true, Window: 2, Count: 0, Prev: 151},
+		"1073741841":       {Algorithm: AlgSliding, Compact: true, Window: 1, Count: 8, Prev: 2},
+		"31":               {Algorithm: AlgFixed, Compact: true, Window: 3, Count: 3},
+		"2251799813685247": {Algorithm: AlgFixed, Compact: true, Window: 3, Count: 1<<48 - 1},
+	} {
+		if got, err := ParseState(v); err != nil || got != want {
+			t.Errorf("ParseState(%q) = %+v, %v; want %+v", v, got, err, want)
 		}
 	}
 	for _, v := range []string{"", "s", "x" + strings.Repeat("\x00", 24), "t" + strings.Repeat("\x00", 24)} {

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -410,4 +411,88 @@ func stateOf(t *testing.T, rc *redis.Client, key string) lua.State {
 		t.Fatalf("%s: %v", key, err)
 	}
 	return st
+}
+
+// TestCompactMatchesTagged: on Redis's own clock the script stores sliding
+// and fixed windows in the compact form (the window index modulo 4 only);
+// a key holding the same state in the tagged form (full window index) must
+// get identical results in the same call, in the window it was written,
+// the next one and the one after. The differential fuzz target runs on a
+// test clock, which always writes the tagged form, so this is the compact
+// form's differential test.
+func TestCompactMatchesTagged(t *testing.T) {
+	s, srv := newStore(t, nil)
+	rc := srv.Client()
+	defer rc.Close()
+	ctx := context.Background()
+	for _, alg := range []store.Algorithm{store.SlidingWindow, store.FixedWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			a := store.Check{Key: "rl:{compact}:a" + alg.String(), Algorithm: alg, Limit: 20, Window: time.Second}
+			b := a
+			b.Key = "rl:{compact}:b" + alg.String()
+			// copyState writes a's state to b in the tagged form, with a's TTL.
+			copyState := func() {
+				t.Helper()
+				v, err := rc.Get(ctx, a.Key).Result()
+				if err != nil {
+					t.Fatalf("GET %s: %v", a.Key, err)
+				}
+				st, err := lua.ParseState(v)
+				if err != nil || !st.Compact {
+					t.Fatalf("%s holds %q (%+v, %v); want the compact form", a.Key, v, st, err)
+				}
+				tm, _ := rc.Time(ctx).Result()
+				cur := float64(tm.UnixMicro() / 1_000_000)
+				for back := 0.0; back < 4; back++ { // the window index with its remainder
+					if w := cur - back; math.Mod(w, 4) == st.Window {
+						st.Window = w
+						break
+					}
+				}
+				st.Compact = false
+				ttl, _ := rc.PTTL(ctx, a.Key).Result()
+				if err := rc.Set(ctx, b.Key, st.Encode(), ttl).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			same := func(step string, hits uint64) {
+				t.Helper()
+				a.Hits, b.Hits = hits, hits
+				ra := make([]store.Result, 1)
+				rb := make([]store.Result, 1)
+				// Two requests in one call: one clock for both.
+				c := &call{done: make(chan struct{}, 1)}
+				c.add(&a, &ra[0])
+				c.encode(lua.ModeDecide, argNoClock)
+				d := &call{done: make(chan struct{}, 1)}
+				d.add(&b, &rb[0])
+				d.encode(lua.ModeDecide, argNoClock)
+				co := &coalescer{}
+				us := co.merge([]*call{c, d}, &scratch{}, false)
+				reply, err := runDecide(ctx, s.client, us[0].keys, us[0].args)
+				co.split(&us[0], reply, err)
+				if c.err != nil || c.decode(c.reply) != nil || d.decode(d.reply) != nil {
+					t.Fatalf("%s: %v", step, c.err)
+				}
+				if ra[0] != rb[0] {
+					t.Errorf("%s, %d hits: compact %+v, tagged %+v", step, hits, ra[0], rb[0])
+				}
+			}
+			// Start early in a second, so the steps below stay in it.
+			tm, _ := rc.Time(ctx).Result()
+			time.Sleep(time.Second - time.Duration(tm.Nanosecond()) + 20*time.Millisecond)
+			decide(t, s, store.Check{Key: a.Key, Algorithm: alg, Limit: 20, Window: time.Second, Hits: 7})
+			copyState()
+			same("same window", 5)
+			same("same window, over", 9)
+			copyState()
+			time.Sleep(400 * time.Millisecond)
+			tm, _ = rc.Time(ctx).Result()
+			time.Sleep(time.Second - time.Duration(tm.Nanosecond()) + 300*time.Millisecond)
+			same("next window", 1) // sliding: the previous window weighs 70%
+			copyState()
+			time.Sleep(time.Second)
+			same("the window after", 3)
+		})
+	}
 }
