@@ -148,6 +148,7 @@ func hcRunFlood(t *testing.T, addr string, conns int, until time.Time) (opened, 
 		args = append([]string{nice, "-n", "19"}, args...)
 	}
 	cmd := exec.Command(args[0], args[1:]...)
+	cmd.SysProcAttr = redistest.ChildAttr()
 	cmd.Env = append(os.Environ(), "HC_FLOOD_ADDR="+addr, "HC_FLOOD_CONNS="+strconv.Itoa(conns),
 		"HC_FLOOD_UNTIL="+strconv.FormatInt(until.UnixNano(), 10))
 	out, err := cmd.CombinedOutput()

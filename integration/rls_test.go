@@ -118,6 +118,7 @@ func startRLSBin(t testing.TB, bin, configDir string, args ...string) *rlsProc {
 	all := append([]string{"serve", "--config-dir", configDir, "--grpc-addr", p.GRPCAddr,
 		"--http-addr", p.HTTPAddr, "--debug-addr", ""}, args...)
 	p.cmd = exec.Command(bin, all...)
+	p.cmd.SysProcAttr = redistest.ChildAttr()
 	p.cmd.Env = cleanEnv()
 	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
 	if err := p.cmd.Start(); err != nil {

@@ -140,6 +140,7 @@ func freePort(max int) (int, error) {
 func (s *Server) start() error {
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Dir = s.dir
+	cmd.SysProcAttr = ChildAttr()
 	logPath := filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", s.Port))
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
