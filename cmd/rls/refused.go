@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,9 +22,10 @@ import (
 // connection, so rls watches the frames the server writes on each gRPC
 // connection and closes one that has made it refuse more than
 // refusedStreamsLimit streams within a second, as net/http2 and others do
-// against "rapid reset" (CVE-2023-44487). A well-behaved client (Envoy,
-// grpc-go) respects the limit and is refused at most a few streams sent
-// before it read the server's SETTINGS.
+// against "rapid reset" (CVE-2023-44487): it stops reading it at once and
+// closes it after refusedHold. A well-behaved client (Envoy, grpc-go)
+// respects the limit and is refused at most a few streams sent before it
+// read the server's SETTINGS.
 
 // refusedStreamsLimit is how many refused streams within a second close a
 // connection: twice its stream limit, at least 100 (what grpc-go clients
@@ -32,7 +34,7 @@ func refusedStreamsLimit(maxStreams int) int {
 	return max(2*maxStreams, 100)
 }
 
-// errRefusedStreams is the error of the Write that closed its connection.
+// errRefusedStreams is the error of a held connection's reads.
 var errRefusedStreams = errors.New("connection closed: too many refused streams")
 
 // frameScanner follows the HTTP/2 frames written by a server (no preface:
@@ -95,8 +97,8 @@ func (f *frameScanner) scan(p []byte) (refused int) {
 	return refused
 }
 
-// refusedWatch closes the gRPC connections that make the server refuse
-// more than limit streams within a second, counting them in
+// refusedWatch holds, then closes, the gRPC connections that make the
+// server refuse more than limit streams within a second, counting them in
 // rls_connections_closed_total{port,reason="refused_streams"}.
 type refusedWatch struct {
 	limit  int
@@ -135,7 +137,21 @@ func (w *refusedWatch) warn(peer net.Addr, refused int) {
 	w.lastWarn, w.unwarned = time.Now(), 0
 }
 
-// watchConn is a gRPC server connection whose writes are scanned.
+// refusedHold is how long a connection over the refused-streams limit is
+// held, unread, before it is closed: closed at once, a flooding peer
+// reconnects at once, and each new connection costs rls its handshake,
+// --grpc-max-streams calls actually served and the refusals up to the
+// limit, more CPU than refusing streams on one connection. Held, the peer
+// waits (its writes block once the socket buffers are full) and the
+// connection costs rls nothing but the memory it already held; the peer
+// gets one connection's worth of rls's work per refusedHold.
+const refusedHold = time.Second
+
+// watchConn is a gRPC server connection whose writes are scanned. Once
+// over the limit it is held: its reads wait until refusedHold has passed
+// (or the connection is closed), then close it and fail; its writes go on
+// (grpc-go closes a connection whose write fails, and the peer could
+// reconnect at once).
 type watchConn struct {
 	net.Conn
 	w *refusedWatch
@@ -144,7 +160,11 @@ type watchConn struct {
 	fs      frameScanner
 	since   time.Time // start of the current one-second window
 	refused int       // refused streams in it
-	closed  bool
+
+	held      atomic.Bool
+	holdUntil time.Time     // set before held
+	done      chan struct{} // closed by Close
+	closeOnce sync.Once
 }
 
 func (c *watchConn) Write(p []byte) (int, error) {
@@ -152,7 +172,7 @@ func (c *watchConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := c.fs.scan(p[:n])
-	if r == 0 || c.closed {
+	if r == 0 || c.held.Load() {
 		return n, err
 	}
 	now := time.Now()
@@ -160,14 +180,39 @@ func (c *watchConn) Write(p []byte) (int, error) {
 		c.since, c.refused = now, 0
 	}
 	c.refused += r
-	if c.refused <= c.w.limit {
-		return n, err
+	if c.refused > c.w.limit {
+		c.holdUntil = now.Add(refusedHold)
+		c.held.Store(true)
+		c.w.closed.Inc()
+		c.w.warn(c.RemoteAddr(), c.refused)
 	}
-	c.closed = true
-	c.Conn.Close()
-	c.w.closed.Inc()
-	c.w.warn(c.RemoteAddr(), c.refused)
-	return n, errRefusedStreams
+	return n, err
+}
+
+func (c *watchConn) Read(p []byte) (int, error) {
+	if c.held.Load() {
+		c.hold()
+		return 0, errRefusedStreams
+	}
+	return c.Conn.Read(p)
+}
+
+// hold waits until the connection's hold is over, or it is closed, and
+// closes it.
+func (c *watchConn) hold() {
+	t := time.NewTimer(time.Until(c.holdUntil))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-c.done:
+	}
+	c.Close()
+}
+
+func (c *watchConn) Close() error {
+	err := c.Conn.Close()
+	c.closeOnce.Do(func() { close(c.done) })
+	return err
 }
 
 // watchCreds are the server's credentials with every connection watched.
@@ -184,7 +229,7 @@ func (c *watchCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthIn
 			return nil, nil, err
 		}
 	}
-	return &watchConn{Conn: conn, w: c.w}, info, nil
+	return &watchConn{Conn: conn, w: c.w, done: make(chan struct{})}, info, nil
 }
 
 func (c *watchCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {

@@ -117,10 +117,11 @@ func rstFrames(t testing.TB, n int) []byte {
 	return b.Bytes()
 }
 
-// TestWatchConnCloses: a connection is closed by the write that makes its
-// refused streams in a second exceed the limit, counted once and logged;
-// up to the limit, and below it in each second, it stays open.
-func TestWatchConnCloses(t *testing.T) {
+// TestWatchConnHolds: the write that makes a connection's refused streams
+// in a second exceed the limit holds it (counted once, logged): its writes
+// go on, its next read waits refusedHold, closes it and fails. Up to the
+// limit, and below it in each second, it is neither held nor closed.
+func TestWatchConnHolds(t *testing.T) {
 	m := newConnMetrics(prometheus.NewRegistry())
 	var logs bytes.Buffer
 	w := newRefusedWatch(10, "grpc-addr", m, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -136,11 +137,24 @@ func TestWatchConnCloses(t *testing.T) {
 	if _, err := conn.Write(rstFrames(t, 10)); err != nil {
 		t.Fatalf("10 refused (the limit): %v", err)
 	}
-	if _, err := conn.Write(rstFrames(t, 1)); !errors.Is(err, errRefusedStreams) {
-		t.Fatalf("the 11th refused stream: err %v, want errRefusedStreams", err)
+	if conn.(*watchConn).held.Load() {
+		t.Fatal("held at the limit")
 	}
-	if _, err := conn.Write([]byte{0}); err == nil {
-		t.Error("the connection still writes after it was closed")
+	if _, err := conn.Write(rstFrames(t, 1)); err != nil {
+		t.Fatalf("the 11th refused stream: %v, want the write to go on", err)
+	}
+	if _, err := conn.Write(rstFrames(t, 100)); err != nil {
+		t.Fatalf("a held connection's write: %v", err)
+	}
+	start := time.Now()
+	if _, err := conn.Read(make([]byte, 1)); !errors.Is(err, errRefusedStreams) {
+		t.Fatalf("a held connection's read: %v, want errRefusedStreams", err)
+	}
+	if held := time.Since(start); held < refusedHold-50*time.Millisecond || held > refusedHold+time.Second {
+		t.Errorf("held %v, want %v", held, refusedHold)
+	}
+	if _, err := client.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("the peer's read after the hold: %v, want EOF", err)
 	}
 	if closed() != 1 {
 		t.Errorf("closed = %v, want 1", closed())
@@ -149,7 +163,19 @@ func TestWatchConnCloses(t *testing.T) {
 		t.Errorf("no warning with the peer: %q", logs.String())
 	}
 
-	// A second connection, refused 8 a second: never closed.
+	// Closed while held (grpc-go stopping): the read returns at once.
+	server3, client3 := net.Pipe()
+	defer client3.Close()
+	go io.Copy(io.Discard, client3)
+	conn3, _, _ := w.creds(nil).ServerHandshake(server3)
+	conn3.Write(rstFrames(t, 11))
+	go func() { time.Sleep(50 * time.Millisecond); conn3.Close() }()
+	start = time.Now()
+	if _, err := conn3.Read(make([]byte, 1)); err == nil || time.Since(start) > refusedHold/2 {
+		t.Errorf("a held connection closed: read returned %v after %v", err, time.Since(start))
+	}
+
+	// A connection refused 8 streams a second: never held.
 	server2, client2 := net.Pipe()
 	defer client2.Close()
 	go io.Copy(io.Discard, client2)
@@ -163,8 +189,8 @@ func TestWatchConnCloses(t *testing.T) {
 		wc.since = wc.since.Add(-1100 * time.Millisecond) // the second is over
 		wc.mu.Unlock()
 	}
-	if closed() != 1 {
-		t.Errorf("closed = %v, want 1", closed())
+	if wc.held.Load() || closed() != 2 {
+		t.Errorf("held %v, closed = %v; want not held, 2 closed", wc.held.Load(), closed())
 	}
 	conn2.Close()
 }
