@@ -119,8 +119,9 @@ func rstFrames(t testing.TB, n int) []byte {
 
 // TestWatchConnHolds: the write that makes a connection's refused streams
 // in a second exceed the limit holds it (counted once, logged): its writes
-// go on, its next read waits refusedHold, closes it and fails. Up to the
-// limit, and below it in each second, it is neither held nor closed.
+// go on, its reads wait, and it is closed refusedHold later, read or not.
+// Up to the limit, and below it in each second, it is neither held nor
+// closed.
 func TestWatchConnHolds(t *testing.T) {
 	m := newConnMetrics(prometheus.NewRegistry())
 	var logs bytes.Buffer
@@ -175,6 +176,18 @@ func TestWatchConnHolds(t *testing.T) {
 		t.Errorf("a held connection closed: read returned %v after %v", err, time.Since(start))
 	}
 
+	// Held, and never read again (its peer sends nothing): closed all the
+	// same.
+	server4, client4 := net.Pipe()
+	defer client4.Close()
+	conn4, _, _ := w.creds(nil).ServerHandshake(server4)
+	go conn4.Write(rstFrames(t, 11))
+	start = time.Now()
+	client4.SetReadDeadline(start.Add(refusedHold + 2*time.Second))
+	if _, err := io.Copy(io.Discard, client4); err != nil || time.Since(start) < refusedHold-50*time.Millisecond {
+		t.Errorf("a held connection never read: closed after %v (%v), want %v", time.Since(start), err, refusedHold)
+	}
+
 	// A connection refused 8 streams a second: never held.
 	server2, client2 := net.Pipe()
 	defer client2.Close()
@@ -189,8 +202,8 @@ func TestWatchConnHolds(t *testing.T) {
 		wc.since = wc.since.Add(-1100 * time.Millisecond) // the second is over
 		wc.mu.Unlock()
 	}
-	if wc.held.Load() || closed() != 2 {
-		t.Errorf("held %v, closed = %v; want not held, 2 closed", wc.held.Load(), closed())
+	if wc.held.Load() || closed() != 3 {
+		t.Errorf("held %v, closed = %v; want not held, 3 closed", wc.held.Load(), closed())
 	}
 	conn2.Close()
 }
