@@ -2,7 +2,8 @@ package integration
 
 // Hostile connections against the real binary (issue #14): a zero-window
 // HTTP/2 stream flood must not take the process's memory nor the other
-// clients' latency (--grpc-max-streams), thousands of idle TCP connections
+// clients' latency (--grpc-max-streams, and the closing of a connection
+// that keeps opening streams beyond it), thousands of idle TCP connections
 // must not keep new clients out and must be closed after the idle and
 // handshake timeouts, and --max-conns refuses connections beyond the cap at
 // once and frees as they close. Every hostile connection targets 127.0.0.1
@@ -25,6 +26,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -40,6 +42,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/rls-project/rls/integration/redistest"
 )
 
 const hcConfig = `domain: hostile
@@ -63,6 +67,32 @@ func hcErrors(ss []ftSample) int {
 	return n
 }
 
+// hcFailedWhen says when the failed calls of ss were sent, since from, in
+// 100 ms bins ("+3.2s: 12, +7.9s: 3"): calls missing their deadline in a
+// few bins point at pauses (of the machine, or of rls) more than at a
+// steady cost.
+func hcFailedWhen(ss []ftSample, from time.Time) string {
+	var out []string
+	bin, n := time.Duration(-1), 0
+	flush := func() {
+		if n > 0 {
+			out = append(out, fmt.Sprintf("+%.1fs: %d", bin.Seconds(), n))
+		}
+	}
+	for _, s := range ss { // in the order sent
+		if s.err == nil {
+			continue
+		}
+		if b := s.at.Sub(from).Truncate(100 * time.Millisecond); b != bin {
+			flush()
+			bin, n = b, 0
+		}
+		n++
+	}
+	flush()
+	return strings.Join(out, ", ")
+}
+
 // hcCountRefused reads and discards conn's frames, counting refused streams.
 func hcCountRefused(conn net.Conn, st *hcFloodStats) {
 	fr := http2.NewFramer(nil, conn)
@@ -80,6 +110,7 @@ func hcCountRefused(conn net.Conn, st *hcFloodStats) {
 // hcFloodStats is what one flood connection did.
 type hcFloodStats struct {
 	opened, refused atomic.Int64
+	conns           atomic.Int64 // connections opened (more than one when it reconnects)
 }
 
 // hcFlood is a hostile HTTP/2 client on one connection: it says its
@@ -95,6 +126,7 @@ func hcFlood(addr string, until time.Time, st *hcFloodStats) error {
 		return err
 	}
 	defer conn.Close()
+	st.conns.Add(1)
 	conn.SetDeadline(until)
 	go hcCountRefused(conn, st)
 	bw := bufio.NewWriterSize(conn, 64<<10)
@@ -135,13 +167,15 @@ func hcFlood(addr string, until time.Time, st *hcFloodStats) error {
 	return bw.Flush()
 }
 
-// hcRunFlood runs the flood (hcFlood on conns connections until until) in
-// a child process: this test binary again, running TestHostileFloodChild,
-// at the lowest CPU priority when nice(1) is there. The attacker's CPU is
-// not rls's in production; on a small test machine the flood's own work
-// would otherwise be measured as rls's latency (the good client shares
-// this process). It returns the streams opened and refused.
-func hcRunFlood(t *testing.T, addr string, conns int, until time.Time) (opened, refused int64) {
+// hcRunFlood runs the flood (hcFlood on conns connections until until,
+// each reconnecting whenever rls closes it if reconnect) in a child
+// process: this test binary again, running TestHostileFloodChild, at the
+// lowest CPU priority when nice(1) is there. The attacker's CPU is not
+// rls's in production; on a small test machine the flood's own work would
+// otherwise be measured as rls's latency (the good client shares this
+// process). It returns the streams opened and refused, and the
+// connections opened.
+func hcRunFlood(t *testing.T, addr string, conns int, reconnect bool, until time.Time) (opened, refused, dialed int64) {
 	t.Helper()
 	args := []string{os.Args[0], "-test.run=^TestHostileFloodChild$", "-test.v"}
 	if nice, err := exec.LookPath("nice"); err == nil {
@@ -150,23 +184,28 @@ func hcRunFlood(t *testing.T, addr string, conns int, until time.Time) (opened, 
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.SysProcAttr = redistest.ChildAttr()
 	cmd.Env = append(os.Environ(), "HC_FLOOD_ADDR="+addr, "HC_FLOOD_CONNS="+strconv.Itoa(conns),
-		"HC_FLOOD_UNTIL="+strconv.FormatInt(until.UnixNano(), 10))
+		"HC_FLOOD_UNTIL="+strconv.FormatInt(until.UnixNano(), 10), "HC_FLOOD_RECONNECT=")
+	if reconnect {
+		cmd.Env[len(cmd.Env)-1] += "1"
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("flood process: %v\n%s", err, out)
 	}
-	m := regexp.MustCompile(`flood: opened (\d+) refused (\d+)`).FindSubmatch(out)
+	m := regexp.MustCompile(`flood: opened (\d+) refused (\d+) connections (\d+)`).FindSubmatch(out)
 	if m == nil {
 		t.Fatalf("flood process said nothing of its streams:\n%s", out)
 	}
 	opened, _ = strconv.ParseInt(string(m[1]), 10, 64)
 	refused, _ = strconv.ParseInt(string(m[2]), 10, 64)
-	return opened, refused
+	dialed, _ = strconv.ParseInt(string(m[3]), 10, 64)
+	return opened, refused, dialed
 }
 
 // TestHostileFloodChild is the flood process of hcRunFlood; it does
 // nothing unless HC_FLOOD_ADDR is set. It floods until HC_FLOOD_UNTIL (at
-// most 30 s from now), whatever happens.
+// most 30 s from now), whatever happens; with HC_FLOOD_RECONNECT set, a
+// connection rls closes is opened again at once.
 func TestHostileFloodChild(t *testing.T) {
 	addr := os.Getenv("HC_FLOOD_ADDR")
 	if addr == "" {
@@ -181,32 +220,50 @@ func TestHostileFloodChild(t *testing.T) {
 	if lim := time.Now().Add(30 * time.Second); until.After(lim) {
 		until = lim
 	}
+	reconnect := os.Getenv("HC_FLOOD_RECONNECT") != ""
 	stats := make([]hcFloodStats, conns)
 	var flood sync.WaitGroup
 	for i := range conns {
 		flood.Go(func() {
-			if err := hcFlood(addr, until, &stats[i]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Logf("flood connection %d ended: %v", i, err)
+			for {
+				dialed := stats[i].conns.Load()
+				err := hcFlood(addr, until, &stats[i])
+				if err == nil || errors.Is(err, os.ErrDeadlineExceeded) || time.Now().After(until) {
+					return
+				}
+				if !reconnect || stats[i].conns.Load() == dialed { // or it could not connect
+					t.Logf("flood connection %d ended: %v", i, err)
+					t.Logf("flood connection %d ended: %v", i, err)
+					return
+				}
 			}
 		})
 	}
 	flood.Wait()
-	var opened, refused int64
+	var opened, refused, dialed int64
 	for i := range stats {
 		opened += stats[i].opened.Load()
 		refused += stats[i].refused.Load()
+		dialed += stats[i].conns.Load()
 	}
-	fmt.Printf("flood: opened %d refused %d\n", opened, refused)
+	fmt.Printf("flood: opened %d refused %d connections %d\n", opened, refused, dialed)
 }
 
 // TestHostileZeroWindowFlood: a raw HTTP/2 client floods rls with
-// zero-window streams for 15 s while a well-behaved client sends
-// ShouldRateLimit at a steady rate with Envoy's 20ms deadline. With
-// --grpc-max-streams at its default (256), rls's RSS stays under 100 MB and
-// the good client's p99 under 20 ms, at most 1 % of its calls missing their
-// deadline (without the limit, RSS grew to 1.55 GB). On a machine too busy
-// for the good client to meet the bound alone, the flood is judged against
-// what it did alone in the 5 s before.
+// zero-window streams for 15 s, beyond --grpc-max-streams (default 256),
+// reconnecting whenever rls closes its connection, while a well-behaved
+// client sends ShouldRateLimit at a steady rate with Envoy's 20ms
+// deadline. Once a flood connection has had more than twice
+// --grpc-max-streams streams refused within a second, rls stops reading it
+// and closes it 1 s later (rls_connections_closed_total{reason=
+// "refused_streams"}), so rls's RSS stays under 100 MB and the good client
+// gets every answer within its deadline, p99 under 20 ms. (Without the
+// stream limit, RSS grew to 1.55 GB; with it but without the closing, rls
+// refused about 170,000 streams a second, one CPU's worth, and 0.3 to 0.5 %
+// of the good client's calls missed their deadline on 2 CPUs; closed at
+// once, the flood reconnected about 90 times a second and cost about as
+// much.) On a machine too busy for the good client to meet the bound
+// alone, the flood is judged against what it did alone in the 5 s before.
 func TestHostileZeroWindowFlood(t *testing.T) {
 	const (
 		floodFor    = 15 * time.Second
@@ -244,25 +301,32 @@ func TestHostileZeroWindowFlood(t *testing.T) {
 	time.Sleep(baselineFor) // the good client alone: what this machine allows now
 	from := time.Now()
 	until := from.Add(floodFor)
-	opened, refused := hcRunFlood(t, p.GRPCAddr, floodConns, until)
+	opened, refused, dialed := hcRunFlood(t, p.GRPCAddr, floodConns, true, until)
 	to := time.Now()
 	time.Sleep(200 * time.Millisecond)
 	samples := load.stop()
 	close(stopRSS)
 	rssDone.Wait()
+	closed := series(scrape(t, p))[`rls_connections_closed_total{port="grpc-addr",reason="refused_streams"}`]
 
 	baseline := ftBetween(samples, baseFrom, from)
 	baseP99, baseErrs := ftP99(baseline), hcErrors(baseline)
 	during := ftBetween(samples, from, to)
 	p99, errs := ftP99(during), hcErrors(during)
 	t.Logf("good client alone (%v): %d calls, %d failed, p99 %v, max %v", baselineFor, len(baseline), baseErrs, baseP99, ftMaxLat(baseline))
-	t.Logf("zero-window flood (%d connections, %v): %d streams opened, %d refused (REFUSED_STREAM); rls RSS %.1f MiB before, peak %.1f MiB; good client %d calls, %d failed, p99 %v, max %v",
-		floodConns, floodFor, opened, refused, float64(base)/(1<<20), float64(peak.Load())/(1<<20), len(during), errs, p99, ftMaxLat(during))
+	t.Logf("zero-window flood (%d connections reconnecting, %v): %d streams opened, %d refused (REFUSED_STREAM) on %d connections, %v closed by rls; rls RSS %.1f MiB before, peak %.1f MiB; good client %d calls, %d failed, p99 %v, max %v",
+		floodConns, floodFor, opened, refused, dialed, closed, float64(base)/(1<<20), float64(peak.Load())/(1<<20), len(during), errs, p99, ftMaxLat(during))
+	if errs > 0 {
+		t.Logf("failed calls by when they were sent, since the flood began: %s", hcFailedWhen(during, from))
+	}
 	if opened < 10*floodConns*256 {
 		t.Errorf("the flood opened only %d streams; it did not test the stream limit", opened)
 	}
 	if refused == 0 {
 		t.Errorf("no stream was refused: --grpc-max-streams did not bound the flood")
+	}
+	if closed < 1 || dialed < 2 {
+		t.Errorf("rls closed %v flood connections (of %d): want each but the last", closed, dialed)
 	}
 	if peak.Load() >= rssBound {
 		t.Errorf("rls RSS peaked at %.1f MiB, over the bound of %d MiB", float64(peak.Load())/(1<<20), rssBound>>20)
@@ -271,18 +335,18 @@ func TestHostileZeroWindowFlood(t *testing.T) {
 		t.Errorf("the good client made only %d calls during the flood", len(during))
 	}
 	if baseErrs == 0 && baseP99 < ftP99Bound {
-		// Not every call: the refused streams (about 100,000 a second) keep
-		// rls's CPUs busy, and on a 2-CPU machine a few calls of the good
-		// client wait for a CPU past their 20ms deadline (0.3 to 0.5 % of
-		// them). grpc-go refuses each stream beyond the limit rather than
-		// closing the connection, and offers no hook to do otherwise.
-		if rate := float64(errs) / float64(len(during)); rate > 0.01 {
-			t.Errorf("good client: %d of %d calls failed during the flood (%.2f%%, at most 1%% allowed)", errs, len(during), 100*rate)
-		} else if errs > 0 {
-			t.Logf("good client: %d of %d calls (%.2f%%) missed their 20ms deadline during the flood", errs, len(during), 100*rate)
+		// With the flooding connections held and closed, the good client's
+		// p99 stays at what it is alone (1.5 to 4 ms on 2 CPUs; 12 to 23 ms
+		// when rls refused the flood's streams on one connection): half the
+		// budget is the bound. Not every call: on a shared 2-CPU machine
+		// the good client alone, with no flood, misses its 20 ms deadline
+		// now and then (up to 0.5 % of its calls in 15 s, in bursts of
+		// pauses), as often as during the flood.
+		if rate := float64(errs) / float64(len(during)); rate > 0.005 {
+			t.Errorf("good client: %d of %d calls failed during the flood (%.2f%%, at most 0.5%% allowed), none alone", errs, len(during), 100*rate)
 		}
-		if p99 >= ftP99Bound {
-			t.Errorf("good client's p99 during the flood is %v, want under %v", p99, ftP99Bound)
+		if p99 >= ftP99Bound/2 {
+			t.Errorf("good client's p99 during the flood is %v, want under %v", p99, ftP99Bound/2)
 		}
 	} else {
 		// The machine is too busy (other tests, other processes) for the

@@ -118,7 +118,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.MaxValueBytes, "max-value-bytes", service.DefaultLimits.ValueBytes, "longest descriptor entry value (and domain) in bytes; longer is InvalidArgument")
 	fs.Uint64Var(&c.MaxHits, "max-hits", service.DefaultLimits.Hits, "largest hits_addend of a request or descriptor (at most 2^53); larger is InvalidArgument")
 	fs.IntVar(&c.GRPCMaxRecvBytes, "grpc-max-recv-bytes", 1<<20, "largest gRPC request message in bytes; larger is ResourceExhausted")
-	fs.IntVar(&c.GRPCMaxStreams, "grpc-max-streams", 256, "most concurrent gRPC calls on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); Envoy opens another connection beyond it")
+	fs.IntVar(&c.GRPCMaxStreams, "grpc-max-streams", 256, "most concurrent gRPC calls on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); Envoy opens another connection beyond it; a connection with more than twice this many (at least 100) streams refused within a second is closed (after 1 s unread)")
 	fs.DurationVar(&c.GRPCMaxConnIdle, "grpc-max-conn-idle", 5*time.Minute, "close a gRPC connection (GOAWAY) with no call for this long; 0 disables")
 	fs.DurationVar(&c.GRPCMaxConnAge, "grpc-max-conn-age", 30*time.Minute, "close a gRPC connection (GOAWAY, ±10% jitter, then 10s for calls in flight) after this long; 0 disables")
 	fs.DurationVar(&c.HTTPIdleTimeout, "http-idle-timeout", time.Minute, "close a keep-alive connection of --http-addr or --debug-addr idle for this long")

@@ -16,10 +16,11 @@ import (
 // that sends nothing is closed after it and frees its --max-conns slot.
 const handshakeTimeout = 5 * time.Second
 
-// connMetrics counts each port's open and refused connections.
+// connMetrics counts each port's open, refused and closed connections.
 type connMetrics struct {
 	open    *prometheus.GaugeVec
 	refused *prometheus.CounterVec
+	closed  *prometheus.CounterVec
 }
 
 func newConnMetrics(reg prometheus.Registerer) *connMetrics {
@@ -32,8 +33,12 @@ func newConnMetrics(reg prometheus.Registerer) *connMetrics {
 			Name: "rls_connections_refused_total",
 			Help: "Connections accepted and closed at once because the port already had --max-conns open.",
 		}, []string{"port"}),
+		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rls_connections_closed_total",
+			Help: "Connections rls closed for what their peer did; reason refused_streams: a gRPC connection that kept opening streams beyond --grpc-max-streams.",
+		}, []string{"port", "reason"}),
 	}
-	reg.MustRegister(m.open, m.refused)
+	reg.MustRegister(m.open, m.refused, m.closed)
 	return m
 }
 

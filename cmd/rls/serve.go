@@ -201,7 +201,8 @@ func (a *app) buildGRPC() error {
 		return err
 	}
 	a.grpcLis = newCapListener(lis, "grpc-addr", a.cfg.MaxConns, a.conns, a.log)
-	a.grpcSrv = grpc.NewServer(append(creds, grpcOptions(a.cfg, a.svcMetrics, a.log)...)...)
+	watch := newRefusedWatch(refusedStreamsLimit(a.cfg.GRPCMaxStreams), "grpc-addr", a.conns, a.log)
+	a.grpcSrv = grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(watch.creds(creds))}, grpcOptions(a.cfg, a.svcMetrics, a.log)...)...)
 	return nil
 }
 
@@ -580,10 +581,10 @@ const (
 // that finds none free runs on a goroutine of its own.
 const streamWorkers = 128
 
-// grpcCreds returns the gRPC server's TLS option when --grpc-tls-cert is
-// set: certificates (and the client CA of mutual TLS) are re-read from disk
+// grpcCreds returns the gRPC server's TLS credentials when --grpc-tls-cert
+// is set (nil: plaintext): certificates (and the client CA of mutual TLS) are re-read from disk
 // when the files change, for new connections. The HTTP ports stay plaintext.
-func grpcCreds(cfg *Config, log *slog.Logger) ([]grpc.ServerOption, error) {
+func grpcCreds(cfg *Config, log *slog.Logger) (credentials.TransportCredentials, error) {
 	if cfg.GRPCTLSCert == "" {
 		return nil, nil
 	}
@@ -594,7 +595,7 @@ func grpcCreds(cfg *Config, log *slog.Logger) ([]grpc.ServerOption, error) {
 	leaf := r.Certificate().Leaf
 	log.Info("grpc TLS on", "mutual", cfg.GRPCTLSClientCA != "", "subject", leaf.Subject.String(),
 		"serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
-	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(r.ServerConfig()))}, nil
+	return credentials.NewTLS(r.ServerConfig()), nil
 }
 
 // openStore builds the configured store and its readiness probe.
