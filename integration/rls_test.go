@@ -61,13 +61,40 @@ func TestMain(m *testing.M) {
 // freeAddr returns a loopback address that was free a moment ago.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return freeAddrs(t, 1)[0]
 }
+
+// freeAddrs returns n free loopback addresses, none handed out before in
+// this test process: the kernel may give a port it just freed to the next
+// listener, and a gRPC and an HTTP port once came out the same.
+func freeAddrs(t testing.TB, n int) []string {
+	t.Helper()
+	addrs := make([]string, 0, n)
+	for tries := 0; len(addrs) < n; tries++ {
+		if tries > 1000 {
+			t.Fatal("no fresh free port in 1000 tries")
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		a := l.Addr().String()
+		handedOutMu.Lock()
+		fresh := !handedOut[a]
+		handedOut[a] = true
+		handedOutMu.Unlock()
+		if fresh {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
+}
+
+var (
+	handedOutMu sync.Mutex
+	handedOut   = map[string]bool{}
+)
 
 // syncBuffer is a bytes.Buffer safe for the process's writer and the test.
 type syncBuffer struct {
@@ -122,7 +149,8 @@ func startRLSNoWait(t testing.TB, configDir string, args ...string) *rlsProc {
 
 func startRLSBin(t testing.TB, bin, configDir string, args ...string) *rlsProc {
 	t.Helper()
-	p := &rlsProc{GRPCAddr: freeAddr(t), HTTPAddr: freeAddr(t), Log: &syncBuffer{}, done: make(chan struct{})}
+	addrs := freeAddrs(t, 2)
+	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &syncBuffer{}, done: make(chan struct{})}
 	all := append([]string{"serve", "--config-dir", configDir, "--grpc-addr", p.GRPCAddr,
 		"--http-addr", p.HTTPAddr, "--debug-addr", ""}, args...)
 	p.cmd = exec.Command(bin, all...)
