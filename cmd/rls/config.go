@@ -144,14 +144,18 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 func parseConfig(args []string, getenv func(string) string, out io.Writer) (*Config, error) {
 	c := &Config{}
 	fs := newFlagSet(c, out)
-	fs.Usage = func() {
-		fmt.Fprintf(out, "usage: rls [serve] [flags]\n       rls validate DIR\n       rls version\n\nFlags (each also read from its RLS_* environment twin):\n")
+	// The flag package prints its Usage on every parse error: only --help
+	// gets the list of flags; a bad value gets one line naming it.
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(out, "usage: rls [serve] [flags]\n       rls validate DIR\n       rls version\n       rls help\n\nFlags (each also read from its RLS_* environment twin):\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			fmt.Fprintf(out, "  --%s (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
 		})
-	}
-	if err := fs.Parse(args); err != nil {
 		return nil, err
+	} else if err != nil {
+		return nil, fmt.Errorf("%w (rls --help lists the flags)", err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -165,7 +169,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*Con
 		}
 		if v := getenv(envName(f.Name)); v != "" {
 			if err := f.Value.Set(v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %v", envName(f.Name), v, err))
+				errs = append(errs, fmt.Errorf("%s=%q: %v", envName(f.Name), v, valueError(f, err)))
 			}
 		}
 	})
@@ -173,6 +177,21 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*Con
 		return nil, err
 	}
 	return c, c.Validate()
+}
+
+// valueError says what a flag's value must look like, where the flag
+// package only says "parse error".
+func valueError(f *flag.Flag, err error) error {
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		return errors.New("want true or false (also 1/0, t/f)")
+	}
+	switch f.Value.(flag.Getter).Get().(type) {
+	case time.Duration:
+		return errors.New("want a duration such as 500ms, 2s or 1m")
+	case int, int64, uint, uint64:
+		return errors.New("want a whole number")
+	}
+	return err
 }
 
 func oneOf(flagName, v string, choices ...string) error {

@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"flag"
+	"io"
 	"os"
 	"regexp"
 	"strings"
@@ -87,5 +90,49 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 	})
 	for name := range rows {
 		t.Errorf("README lists --%s, which does not exist", name)
+	}
+}
+
+// TestCLIHelpAndErrors: help is asked for (exit 0, to stdout for `rls
+// help`), a bad value is one line naming it (no list of every flag), and
+// a bad environment value says what it must look like.
+func TestCLIHelpAndErrors(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	for _, args := range [][]string{{"serve", "--help"}, {"-h"}, {"help"}, {"validate", "--help"}} {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), args, noEnv, &out, &errOut)
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Errorf("rls %v: %v; want flag.ErrHelp (exit 0)", args, err)
+		}
+		if got := out.String() + errOut.String(); !strings.Contains(got, "usage: rls") {
+			t.Errorf("rls %v printed %q; want the usage", args, got)
+		}
+		if args[0] == "help" && out.Len() == 0 {
+			t.Error("rls help: want the usage on stdout")
+		}
+	}
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"--redis-timeout", "abc"}, noEnv, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), `"abc"`) || !strings.Contains(err.Error(), "redis-timeout") {
+		t.Errorf("--redis-timeout abc: %v", err)
+	}
+	if errOut.Len()+out.Len() > 0 {
+		t.Errorf("--redis-timeout abc printed %d bytes besides the error", errOut.Len()+out.Len())
+	}
+	for env, want := range map[string]string{
+		"RLS_ADMIN":         "want true or false",
+		"RLS_REDIS_TIMEOUT": "want a duration",
+		"RLS_MAX_CONNS":     "want a whole number",
+	} {
+		getenv := func(k string) string {
+			if k == env {
+				return "yes"
+			}
+			return ""
+		}
+		_, err := parseConfig(nil, getenv, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), env+`="yes": `+want) {
+			t.Errorf("%s=yes: %v; want %q", env, err, want)
+		}
 	}
 }

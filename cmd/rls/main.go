@@ -22,10 +22,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
+	if errors.Is(err, flag.ErrHelp) { // help was asked for and printed
+		return
+	}
 	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "rls:", err)
-		}
+		fmt.Fprintln(os.Stderr, "rls:", err)
 		os.Exit(1)
 	}
 }
@@ -34,7 +35,7 @@ func main() {
 // is done (for serve: when ctx is cancelled and shutdown has finished).
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "validate" || args[0] == "version") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "validate" || args[0] == "version" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
@@ -42,7 +43,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintln(stdout, "rls", version())
 		return nil
 	case "validate":
+		if len(args) == 1 && isHelp(args[0]) {
+			fmt.Fprint(stdout, validateUsage)
+			return flag.ErrHelp
+		}
 		return validate(args, stdout)
+	case "help":
+		args = []string{"--help"}
+		stderr = stdout // asked for: not an error
 	}
 	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
@@ -51,11 +59,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return serve(ctx, cfg, stderr)
 }
 
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+}
+
+const validateUsage = `usage: rls validate DIR
+
+Loads every descriptor YAML file in DIR as rls serve would and prints each
+error as file:line: message; exits 1 when any file is invalid.
+`
+
 // validate loads a config directory and prints every error as
 // file:line: message. It fails when any file is invalid.
 func validate(args []string, out io.Writer) error {
 	if len(args) != 1 {
-		return errors.New("usage: rls validate DIR")
+		return errors.New("usage: rls validate DIR (rls validate --help)")
 	}
 	cfg, notes, err := descriptors.Load(args[0])
 	for _, n := range notes {
