@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -223,7 +225,12 @@ func (o Options) checkURL() (*url.URL, error) {
 	}
 	u, err := url.Parse(o.URL)
 	if err != nil {
-		return nil, fmt.Errorf("--redis-url %s is invalid: it is not a URL", redactedURL(o.URL))
+		why := "it is not a URL"
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			why += " (" + redact(ue.Err.Error(), o) + ")"
+		}
+		return nil, fmt.Errorf("--redis-url %s is invalid: %s", redactedURL(o.URL), why)
 	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
 		return nil, fmt.Errorf("--redis-url %s is invalid: the scheme must be redis or rediss", redactedURL(o.URL))
@@ -324,12 +331,13 @@ func (o Options) tls(fromURL *tls.Config, u *url.URL) *tls.Config {
 }
 
 // redactedURL returns raw with its password (userinfo and the password and
-// sentinel_password query parameters) replaced by "xxxxx"; a string that is
-// not a URL is not shown at all.
+// sentinel_password query parameters) replaced by "xxxxx". A string that
+// url.Parse refuses is redacted by its text: the part of the authority
+// between the first ':' and the last '@', and those query parameters.
 func redactedURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "(unparsable, not shown)"
+		return strconv.Quote(redactText(raw))
 	}
 	q := u.Query()
 	changed := false
@@ -343,6 +351,26 @@ func redactedURL(raw string) string {
 		u.RawQuery = q.Encode()
 	}
 	return u.Redacted()
+}
+
+// queryPassword matches the password query parameters of a URL's text.
+var queryPassword = regexp.MustCompile(`([?&](?:sentinel_)?password=)[^&#]*`)
+
+// redactText hides the passwords of a URL that url.Parse refuses.
+func redactText(raw string) string {
+	if i := strings.Index(raw, "://"); i >= 0 {
+		start := i + 3
+		end := len(raw)
+		if j := strings.IndexAny(raw[start:], "/?#"); j >= 0 {
+			end = start + j
+		}
+		if at := strings.LastIndex(raw[start:end], "@"); at >= 0 {
+			if colon := strings.Index(raw[start:start+at], ":"); colon >= 0 {
+				raw = raw[:start+colon+1] + "xxxxx" + raw[start+at:]
+			}
+		}
+	}
+	return queryPassword.ReplaceAllString(raw, "${1}xxxxx")
 }
 
 // redact removes every password o knows of from an error text.

@@ -162,3 +162,23 @@ func TestPasswordNeverShown(t *testing.T) {
 		t.Errorf("Password overriding the URL's: %v", err)
 	}
 }
+
+// TestUnparsableURLRedacted: a --redis-url that is not a URL is shown in
+// the error, with its passwords hidden, and says why it is not one.
+func TestUnparsableURLRedacted(t *testing.T) {
+	_, err := New(Options{URL: "redis://u:secret@host:port:bad"})
+	want := `--redis-url "redis://u:xxxxx@host:port:bad" is invalid: it is not a URL (invalid port ":bad" after host)`
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v, want %s", err, want)
+	}
+	for raw, want := range map[string]string{
+		"redis://:p@ss@h:1:2/0?password=secret2":    "redis://:xxxxx@h:1:2/0?password=xxxxx",
+		"redis://h:1:2?sentinel_password=secret3&x": "redis://h:1:2?sentinel_password=xxxxx&x",
+		"redis://user@h:1%zz":                       "redis://user@h:1%zz",
+		"not a url at all":                          "not a url at all",
+	} {
+		if got := redactText(raw); got != want {
+			t.Errorf("redactText(%q) = %q, want %q", raw, got, want)
+		}
+	}
+}
