@@ -2,10 +2,12 @@ package envoy_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -266,9 +268,24 @@ func TestIstioManifests(t *testing.T) {
 		args = append(args, a.(string))
 	}
 	mount := get(c, "volumeMounts", 0, "mountPath")
-	for _, want := range []string{"serve", "--config-dir=" + mount.(string), "--store=redis", "--redis-url=redis://redis:6379", "--grpc-addr=:8081"} {
+	for _, want := range []string{"--config-dir=" + mount.(string), "--store=redis", "--redis-url=redis://redis:6379", "--grpc-addr=:8081"} {
 		if !slices.Contains(args, want) {
 			t.Errorf("rls args %v lack %s", args, want)
+		}
+	}
+	// The container runs the image's ENTRYPOINT followed by args: that must
+	// be `rls serve` and flags only (an extra `serve` crash-looped it:
+	// `rls: unexpected argument "serve"`).
+	if get(c, "command") != nil {
+		t.Error("the rls container overrides the image's ENTRYPOINT")
+	}
+	full := append(dockerEntrypoint(t), args...)
+	if len(full) < 2 || filepath.Base(full[0]) != "rls" || full[1] != "serve" {
+		t.Errorf("container command %v; want rls serve ...", full)
+	}
+	for _, a := range full[2:] {
+		if !strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "/") {
+			t.Errorf("container command %v: %q is not a flag (rls serve takes flags only)", full, a)
 		}
 	}
 	if get(c, "volumeMounts", 0, "subPath") != nil {
@@ -483,6 +500,51 @@ func TestDockerCompose(t *testing.T) {
 	for _, want := range []string{"FROM golang:", "CGO_ENABLED=0", "FROM gcr.io/distroless/static", "USER nonroot", "EXPOSE 8080 8081", `ENTRYPOINT ["/usr/local/bin/rls", "serve"`} {
 		if !strings.Contains(string(df), want) {
 			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+}
+
+// dockerEntrypoint returns the Dockerfile's ENTRYPOINT (exec form).
+func dockerEntrypoint(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "ENTRYPOINT "); ok {
+			var ep []string
+			if err := json.Unmarshal([]byte(rest), &ep); err != nil {
+				t.Fatalf("Dockerfile ENTRYPOINT %s: %v (want the exec form)", rest, err)
+			}
+			return ep
+		}
+	}
+	t.Fatal("Dockerfile has no ENTRYPOINT")
+	return nil
+}
+
+// TestIstioApplyOrder: `kubectl apply -f envoy/istio/` applies the files in
+// name order, so a namespace the manifests create must be created by a file
+// that comes before every file that puts objects in it.
+func TestIstioApplyOrder(t *testing.T) {
+	files, err := filepath.Glob("istio/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(files)
+	created := map[string]bool{"istio-system": true, "default": true}
+	for _, f := range files {
+		docs := k8sDocs(t, f)
+		for _, d := range docs {
+			if d["kind"] == "Namespace" {
+				created[get(d, "metadata", "name").(string)] = true
+			}
+		}
+		for _, d := range docs {
+			if ns, _ := get(d, "metadata", "namespace").(string); ns != "" && !created[ns] {
+				t.Errorf("%s: %s %v in namespace %q, which no earlier file creates", f, d["kind"], get(d, "metadata", "name"), ns)
+			}
 		}
 	}
 }
