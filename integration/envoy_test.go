@@ -162,6 +162,7 @@ func policies(t testing.TB, filter *rlhttp.RateLimit, vh *routev3.VirtualHost, r
 	}
 	out := stage(r.GetRoute().GetRateLimits())
 	opt := pr.GetVhRateLimits()
+	//lint:ignore SA1019 Envoy still honours the deprecated field, so the test models it
 	if r.GetRoute().GetIncludeVhRateLimits().GetValue() {
 		opt = rlhttp.RateLimitPerRoute_INCLUDE
 	}
@@ -282,10 +283,13 @@ func matchHeaders(t testing.TB, ms []*routev3.HeaderMatcher, req httpRequest) bo
 		case *routev3.HeaderMatcher_StringMatch:
 			match = present && stringMatch(t, s.StringMatch, v)
 		case *routev3.HeaderMatcher_ExactMatch:
+			//lint:ignore SA1019 Envoy still honours the deprecated field, so the test models it
 			match = present && v == s.ExactMatch
 		case *routev3.HeaderMatcher_PrefixMatch:
+			//lint:ignore SA1019 Envoy still honours the deprecated field, so the test models it
 			match = present && strings.HasPrefix(v, s.PrefixMatch)
 		case *routev3.HeaderMatcher_SafeRegexMatch:
+			//lint:ignore SA1019 Envoy still honours the deprecated field, so the test models it
 			match = present && regexp.MustCompile("^(?:"+s.SafeRegexMatch.GetRegex()+")$").MatchString(v)
 		default:
 			t.Fatalf("header matcher %T is not simulated", s)

@@ -238,6 +238,7 @@ func (c *watchCreds) Clone() credentials.TransportCredentials {
 
 func (c *watchCreds) OverrideServerName(name string) error {
 	if c.inner != nil {
+		//lint:ignore SA1019 the wrapper must delegate every method of credentials.TransportCredentials
 		return c.inner.OverrideServerName(name) //nolint:staticcheck // part of the interface
 	}
 	return nil
