@@ -422,18 +422,11 @@ local C_ALG, C_LIMIT, C_W, C_BURST, C_HITS = {}, {}, {}, {}, {}
 local C_REFUND, C_FORCE, C_SHADOW = {}, {}, {}
 local CONSUMED = {} -- the request's checks that consumed, by index in KEYS
 
--- decide_one decides a request of one check that is neither a refund nor
--- a forced write-back, the usual request: no journal is needed, as it
--- consumes only when allowed.
-local function decide_one(i, alg, limit, w, burst, h, shadow)
-  req = req + 1
-  replaced = nil
-  local key = KEYS[i]
-  if alg == ALG_TOKEN_BUCKET and limit == 0 then
-    result(i, false, 0, w * US, 0)
-    return
-  end
-  local s = load(key, alg, w, limit, burst)
+-- check decides tentative check i (h hits, not a refund or forced
+-- write-back) against s and answers it: consumed when its hits fit (the
+-- journal records s first when the request keeps one), denied when they
+-- do not; a check-only check (h == 0) is neither.
+local function check(i, s, limit, h)
   local r = budget(s, limit)
   if h == 0 then
     if r >= 1 then
@@ -441,13 +434,29 @@ local function decide_one(i, alg, limit, w, burst, h, shadow)
     else
       result(i, false, r, retry_after(s, limit, 1), reset(s))
     end
+    return false, false
   elseif h <= r then
+    save(s)
     consume(s, h)
-    touch(key)
     result(i, true, r - h, 0, reset(s))
-  else
-    result(i, false, r, retry_after(s, limit, h), reset(s))
+    return true, false
   end
+  result(i, false, r, retry_after(s, limit, h), reset(s))
+  return false, true
+end
+
+-- decide_one decides a request of one check that is neither a refund nor
+-- a forced write-back, the usual request: no journal is needed, as it
+-- consumes only when allowed.
+local function decide_one(i, alg, limit, w, burst, h)
+  req = req + 1
+  replaced = nil
+  local key = KEYS[i]
+  if alg == ALG_TOKEN_BUCKET and limit == 0 then
+    result(i, false, 0, w * US, 0)
+    return
+  end
+  if check(i, load(key, alg, w, limit, burst), limit, h) then touch(key) end
   if replaced and wrote[key] ~= req then states[key] = replaced[key] end
 end
 
@@ -484,23 +493,12 @@ local function decide_request(first, last)
         if h > 0 and not C_SHADOW[i] then veto = true end
         result(i, false, 0, C_W[i] * US, 0)
       else
-        local s = load(KEYS[i], C_ALG[i], C_W[i], limit, C_BURST[i])
-        local r = budget(s, limit)
-        if h == 0 then
-          if r >= 1 then
-            result(i, true, r, 0, reset(s))
-          else
-            result(i, false, r, retry_after(s, limit, 1), reset(s))
-          end
-        elseif h <= r then
-          save(s)
-          consume(s, h)
+        local consumed, denied = check(i, load(KEYS[i], C_ALG[i], C_W[i], limit, C_BURST[i]), limit, h)
+        if consumed then
           nconsumed = nconsumed + 1
           CONSUMED[nconsumed] = i
-          result(i, true, r - h, 0, reset(s))
-        else
-          if not C_SHADOW[i] then veto = true end
-          result(i, false, r, retry_after(s, limit, h), reset(s))
+        elseif denied and not C_SHADOW[i] then
+          veto = true
         end
       end
     end
@@ -539,7 +537,7 @@ for a = HEADER + 1, #ARGV do
     if peek then hits, rf, fo = 0, false, false end
     n = n + 1
     if m == 1 and not (rf or fo) then
-      decide_one(n, alg, limit, w, burst, hits, IS_SHADOW[fl])
+      decide_one(n, alg, limit, w, burst, hits)
     else
       C_ALG[n], C_LIMIT[n], C_W[n], C_BURST[n], C_HITS[n] = alg, limit, w, burst, hits
       C_REFUND[n], C_FORCE[n], C_SHADOW[n] = rf, fo, IS_SHADOW[fl]

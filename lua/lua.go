@@ -166,18 +166,6 @@ type Result struct {
 	Remaining, RetryUS, ResetUS float64
 }
 
-// ParseResults decodes a reply of n checks' results.
-func ParseResults(reply string, n int) ([]Result, error) {
-	if len(reply) != n*ResultBytes {
-		return nil, fmt.Errorf("a reply of %d bytes for %d checks", len(reply), n)
-	}
-	rs := make([]Result, n)
-	for i := range rs {
-		rs[i] = ResultAt(reply, i)
-	}
-	return rs, nil
-}
-
 // ResultAt decodes the result of check i from a reply long enough to hold
 // it.
 func ResultAt(reply string, i int) Result {

@@ -458,22 +458,12 @@ func TestCompactMatchesTagged(t *testing.T) {
 			same := func(step string, hits uint64) {
 				t.Helper()
 				a.Hits, b.Hits = hits, hits
-				ra := make([]store.Result, 1)
-				rb := make([]store.Result, 1)
+				res := [][]store.Result{make([]store.Result, 1), make([]store.Result, 1)}
 				// Two requests in one call: one clock for both.
-				c := &call{done: make(chan struct{}, 1)}
-				c.add(&a, &ra[0])
-				c.encode(lua.ModeDecide, argNoClock)
-				d := &call{done: make(chan struct{}, 1)}
-				d.add(&b, &rb[0])
-				d.encode(lua.ModeDecide, argNoClock)
-				co := &coalescer{}
-				us := co.merge([]*call{c, d}, &scratch{}, false)
-				reply, err := runDecide(ctx, s.client, us[0].keys, us[0].args)
-				co.split(&us[0], reply, err)
-				if c.err != nil || c.decode(c.reply) != nil || d.decode(d.reply) != nil {
-					t.Fatalf("%s: %v", step, c.err)
+				if err := decideMerged(ctx, s, argNoClock, [][]store.Check{{a}, {b}}, res); err != nil {
+					t.Fatalf("%s: %v", step, err)
 				}
+				ra, rb := res[0], res[1]
 				if ra[0] != rb[0] {
 					t.Errorf("%s, %d hits: compact %+v, tagged %+v", step, hits, ra[0], rb[0])
 				}

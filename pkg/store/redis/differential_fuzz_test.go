@@ -246,7 +246,11 @@ func FuzzDifferential(f *testing.F) {
 			case n == 1:
 				gerr, werr = rs.Decide(ctx, group[0].checks, got[0]), ms.Decide(ctx, group[0].checks, want[0])
 			default:
-				gerr = decideMerged(ctx, rs, group, got)
+				reqs := make([][]store.Check, n)
+				for g, st := range group {
+					reqs[g] = st.checks
+				}
+				gerr = decideMerged(ctx, rs, strconv.FormatInt(clk.Now().UnixMicro(), 10), reqs, got)
 				for g, st := range group {
 					if err := ms.Decide(ctx, st.checks, want[g]); err != nil {
 						werr = err
@@ -279,15 +283,15 @@ func FuzzDifferential(f *testing.F) {
 	})
 }
 
-// decideMerged decides steps' batches as separate requests in one script
-// call, as the coalescer sends concurrent calls, into results.
-func decideMerged(ctx context.Context, rs *Store, steps []diffStep, results [][]store.Result) error {
-	now := strconv.FormatInt(rs.now().UnixMicro(), 10)
-	calls := make([]*call, len(steps))
-	for i, st := range steps {
+// decideMerged decides each batch in reqs as a request of its own, all in
+// one script call as the coalescer sends concurrent calls, into results;
+// now is the script's clock argument (argNoClock for Redis's own).
+func decideMerged(ctx context.Context, rs *Store, now any, reqs [][]store.Check, results [][]store.Result) error {
+	calls := make([]*call, len(reqs))
+	for i, checks := range reqs {
 		c := &call{done: make(chan struct{}, 1)}
-		for j := range st.checks {
-			c.add(&st.checks[j], &results[i][j])
+		for j := range checks {
+			c.add(&checks[j], &results[i][j])
 		}
 		c.encode(lua.ModeDecide, now)
 		calls[i] = c
@@ -295,7 +299,7 @@ func decideMerged(ctx context.Context, rs *Store, steps []diffStep, results [][]
 	co := &coalescer{}
 	us := co.merge(calls, &scratch{}, false)
 	if len(us) != 1 {
-		return fmt.Errorf("%d batches made %d script calls, want 1", len(steps), len(us))
+		return fmt.Errorf("%d requests made %d script calls, want 1", len(reqs), len(us))
 	}
 	reply, err := runDecide(ctx, rs.client, us[0].keys, us[0].args)
 	co.split(&us[0], reply, err)
