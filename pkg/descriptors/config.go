@@ -33,6 +33,8 @@ type node struct {
 	rule     *Rule
 	children *level // nil when the descriptor has none
 	glob     glob   // for wildcard values
+	file     string // where the descriptor is defined, for merge errors
+	line     int
 }
 
 // find returns the child for value v: exact, then the first matching
@@ -118,13 +120,14 @@ func (c *Config) Hash() string {
 // glob is a compiled wildcard value: '*' matches any run of characters,
 // including none.
 type glob struct {
+	pat            string
 	prefix, suffix string
 	middle         []string // non-empty parts between stars, in order
 }
 
 func compileGlob(p string) glob {
 	parts := strings.Split(p, "*")
-	g := glob{prefix: parts[0], suffix: parts[len(parts)-1]}
+	g := glob{pat: p, prefix: parts[0], suffix: parts[len(parts)-1]}
 	for _, m := range parts[1 : len(parts)-1] {
 		if m != "" {
 			g.middle = append(g.middle, m)
@@ -150,6 +153,9 @@ func (g *glob) match(s string) bool {
 	}
 	return true
 }
+
+// pattern returns the wildcard value the glob was compiled from.
+func (g *glob) pattern() string { return g.pat }
 
 func sortedKeys(m map[string]*level) []string {
 	out := make([]string, 0, len(m))

@@ -8,15 +8,16 @@
 // The format is a superset of envoyproxy/ratelimit's, so its files load
 // unchanged. One domain per file:
 //
-//	domain: api                      # required, unique across files
+//	domain: api                      # required, unique across files (ParseOptions.MergeDomains)
 //	descriptors:
 //	  - key: api_key                 # required
 //	    value: "premium-*"           # optional; '*' matches any run of characters
 //	    shadow_mode: false           # decisions are computed but never deny
 //	    detailed_metric: false       # metrics may carry the request's values
-//	    value_to_metric: false       # accepted (envoyproxy/ratelimit metrics naming)
+//	    value_to_metric: false       # metrics name the request's value (Rule.MetricValue)
 //	    share_threshold: false       # wildcard values share one counter (see below)
-//	    quota_mode: false            # accepted and carried as Rule.QuotaMode
+//	    quota_mode: false            # a quota: denies only when all the request's quotas are over
+//	    metadata: {any: mapping}     # Rule.Metadata, returned as response dynamic metadata
 //	    rate_limit:
 //	      unit: minute               # second|minute|hour|day|week|month|year
 //	      requests_per_unit: 100     # 0..4294967295

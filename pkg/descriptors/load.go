@@ -25,6 +25,8 @@ type LoadOptions struct {
 	// MaxFileBytesName is how that error names the limit, e.g. the flag
 	// that sets it ["the size limit"].
 	MaxFileBytesName string
+	// MergeDomains lets several files define one domain (see ParseOptions).
+	MergeDomains bool
 }
 
 // readFile reads at most max+1 bytes of path (a file may grow after its
@@ -153,7 +155,7 @@ func LoadWith(dir string, opts LoadOptions) (cfg *Config, ignored []string, err 
 	if len(errs) > 0 {
 		// Some file is unusable: report every error of the others too,
 		// but do not build what cannot be used.
-		if _, perr := Parse(files); perr != nil {
+		if _, perr := ParseWith(files, ParseOptions{MergeDomains: opts.MergeDomains}); perr != nil {
 			var perrs Errors
 			if errors.As(perr, &perrs) {
 				errs = append(errs, perrs...)
@@ -162,7 +164,7 @@ func LoadWith(dir string, opts LoadOptions) (cfg *Config, ignored []string, err 
 		errs.sort()
 		return nil, ignored, errs
 	}
-	cfg, err = Parse(files)
+	cfg, err = ParseWith(files, ParseOptions{MergeDomains: opts.MergeDomains})
 	if err != nil {
 		var perrs Errors
 		if errors.As(err, &perrs) {

@@ -28,16 +28,32 @@ const maxDepth = 64
 var (
 	rootFields       = []string{"domain", "descriptors"}
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
-		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode"}
+		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
 	rateLimitFields = []string{"unit", "requests_per_unit", "name", "unlimited", "replaces",
 		"algorithm", "burst", "on_error", "response_body", "content_type"}
 	replacesFields = []string{"name"}
 )
 
-// Parse builds a Config from files, a map from file name (used in errors and
-// Rule.File) to YAML content, one domain per file. It returns every problem
-// of every file as an Errors, sorted by file and line, and a nil Config then.
+// ParseOptions tune ParseWith.
+type ParseOptions struct {
+	// MergeDomains lets several files define one domain, as
+	// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does: their top-level
+	// descriptors are combined in file-name order (which orders wildcards
+	// of one key), and a top-level descriptor (key and value) defined in
+	// two files is an error naming both. Without it, a domain defined in
+	// two files is an error.
+	MergeDomains bool
+}
+
+// Parse is ParseWith with the default options: one domain per file.
 func Parse(files map[string][]byte) (*Config, error) {
+	return ParseWith(files, ParseOptions{})
+}
+
+// ParseWith builds a Config from files, a map from file name (used in errors
+// and Rule.File) to YAML content. It returns every problem of every file as
+// an Errors, sorted by file and line, and a nil Config then.
+func ParseWith(files map[string][]byte, opts ParseOptions) (*Config, error) {
 	names := make([]string, 0, len(files))
 	for name := range files {
 		names = append(names, name)
@@ -67,12 +83,15 @@ func Parse(files map[string][]byte) (*Config, error) {
 		if domainNode == nil || domain == "" {
 			continue
 		}
-		if first, dup := firstFile[domain]; dup {
-			p.errorf(domainNode, "domain", "duplicate domain %q, also defined at %s:%d", domain, first.File, first.Line)
+		if first, dup := firstFile[domain]; dup && !opts.MergeDomains {
+			p.errorf(domainNode, "domain", "duplicate domain %q, also defined at %s:%d (--merge-domains combines them)", domain, first.File, first.Line)
 			continue
+		} else if dup {
+			cfg.domains[domain].merge(root, p)
+		} else {
+			firstFile[domain] = &ConfigError{File: name, Line: domainNode.Line}
+			cfg.domains[domain] = root
 		}
-		firstFile[domain] = &ConfigError{File: name, Line: domainNode.Line}
-		cfg.domains[domain] = root
 		for _, r := range p.rules {
 			r.Domain = domain
 		}
@@ -158,7 +177,7 @@ func (p *parser) parseFile(data []byte) (domain string, domainNode *yaml.Node, r
 	}
 	root = &level{byKey: map[string]*group{}}
 	if f, ok := fs["descriptors"]; ok {
-		root = p.descriptors(f, "", 0, nil)
+		root = p.descriptors(f, "", 0, nil, nil)
 	}
 	return domain, domainNode, root
 }
@@ -393,7 +412,7 @@ func (p *parser) uint32Field(f field, name string) (uint32, bool) {
 
 // descriptors parses a descriptors list at depth; share holds the
 // share_threshold patterns of the levels above.
-func (p *parser) descriptors(f field, path string, depth int, share []string) *level {
+func (p *parser) descriptors(f field, path string, depth int, share []string, metric []metricLevel) *level {
 	lv := &level{byKey: map[string]*group{}}
 	seq := resolve(f.val)
 	if seq.Kind == yaml.ScalarNode && seq.Tag == "!!null" {
@@ -412,20 +431,20 @@ func (p *parser) descriptors(f field, path string, depth int, share []string) *l
 		if p.spend() {
 			return lv
 		}
-		p.descriptor(resolve(item), lv, seen, path, depth, share)
+		p.descriptor(resolve(item), lv, seen, path, depth, share, metric)
 	}
 	return lv
 }
 
 // descFlags are a descriptor's boolean fields.
 type descFlags struct {
-	shadow, detailed, quota, share bool
+	shadow, detailed, quota, share, valueToMetric bool
 }
 
 // descriptor parses item, one entry of a descriptors list at depth under
 // path, into lv; seen maps the key "\x00" value of the level's earlier
 // entries to their lines.
-func (p *parser) descriptor(item *yaml.Node, lv *level, seen map[string]int, path string, depth int, share []string) {
+func (p *parser) descriptor(item *yaml.Node, lv *level, seen map[string]int, path string, depth int, share []string, metric []metricLevel) {
 	fs := p.mapping(item, "descriptors", descriptorFields)
 	if fs == nil {
 		return
@@ -448,12 +467,22 @@ func (p *parser) descriptor(item *yaml.Node, lv *level, seen map[string]int, pat
 		levelShare[depth] = value
 	}
 
-	n := &node{}
+	levelMetric := make([]metricLevel, depth+1)
+	copy(levelMetric, metric)
+	levelMetric[depth] = newMetricLevel(key, value, wild, fl)
+
+	n := &node{file: p.file, line: item.Line}
 	if rf, ok := fs["rate_limit"]; ok {
-		n.rule = p.rule(rf, nodePath, fl, levelShare)
+		n.rule = p.rule(rf, nodePath, fl, levelShare, levelMetric)
+		if mf, ok := fs["metadata"]; ok && n.rule != nil {
+			n.rule.Metadata = p.metadata(mf)
+		}
+	}
+	if mf, ok := fs["metadata"]; ok && n.rule == nil {
+		p.metadata(mf) // validated; envoyproxy/ratelimit returns only a rate_limit's metadata
 	}
 	if df, ok := fs["descriptors"]; ok {
-		n.children = p.descriptors(df, nodePath, depth+1, levelShare)
+		n.children = p.descriptors(df, nodePath, depth+1, levelShare, levelMetric)
 	}
 
 	if key == "" {
@@ -487,9 +516,8 @@ func (p *parser) keyValue(item *yaml.Node, fs map[string]field) (key, value stri
 	return key, value
 }
 
-// descFlags returns a descriptor's boolean fields (value_to_metric is
-// checked and ignored), reporting a share_threshold without a wildcard
-// value.
+// descFlags returns a descriptor's boolean fields, reporting a
+// share_threshold without a wildcard value.
 func (p *parser) descFlags(fs map[string]field, wild bool) descFlags {
 	flag := func(name string) bool {
 		if f, ok := fs[name]; ok {
@@ -499,7 +527,7 @@ func (p *parser) descFlags(fs map[string]field, wild bool) descFlags {
 	}
 	var fl descFlags
 	fl.shadow, fl.detailed, fl.quota = flag("shadow_mode"), flag("detailed_metric"), flag("quota_mode")
-	flag("value_to_metric")
+	fl.valueToMetric = flag("value_to_metric")
 	fl.share = flag("share_threshold")
 	if fl.share && !wild {
 		p.errorf(fs["share_threshold"].key, "share_threshold", "requires a wildcard value (with '*')")
@@ -510,7 +538,7 @@ func (p *parser) descFlags(fs map[string]field, wild bool) descFlags {
 // rule parses the rate_limit of the descriptor at nodePath and records it;
 // nil when it is not a mapping. levelShare holds the share_threshold
 // patterns of the descriptor's levels.
-func (p *parser) rule(rf field, nodePath string, fl descFlags, levelShare []string) *Rule {
+func (p *parser) rule(rf field, nodePath string, fl descFlags, levelShare []string, levelMetric []metricLevel) *Rule {
 	r := p.rateLimit(rf)
 	if r == nil {
 		return nil
@@ -520,6 +548,12 @@ func (p *parser) rule(rf field, nodePath string, fl descFlags, levelShare []stri
 	for _, s := range levelShare {
 		if s != "" {
 			r.share = levelShare
+			break
+		}
+	}
+	for _, m := range levelMetric {
+		if m.runtime {
+			r.metric = levelMetric
 			break
 		}
 	}

@@ -1,6 +1,10 @@
 package descriptors
 
-import "time"
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
+)
 
 // Rule is one configured limit (the rate_limit of a descriptor) or a limit
 // made from a request's override. Rules returned by Config.Match are shared
@@ -24,11 +28,18 @@ type Rule struct {
 	File            string
 	Line            int  // line of the rate_limit field in File
 	Override        bool // made from a request's limit override (OverrideRule)
+	// Metadata is the descriptor's metadata field, returned (merged with
+	// the other passing descriptors') as the response's dynamic metadata
+	// when the service is asked to; nil when absent.
+	Metadata *structpb.Struct
 
 	// share holds, per descriptor level, the wildcard pattern whose matches
 	// share one counter (share_threshold), or "" for the request's value.
 	// nil when no level shares.
 	share []string
+	// metric holds, per descriptor level, how value_to_metric names the
+	// level in metrics; nil when no level has value_to_metric.
+	metric []metricLevel
 }
 
 // Window returns the rule's window, its unit's length (0 for an invalid unit).
@@ -87,6 +98,7 @@ func OverrideRule(base *Rule, domain string, rpu uint32, unit Unit) *Rule {
 		r.Unlimited = false
 		r.Burst = 0
 		r.share = nil
+		r.metric = nil
 	}
 	r.Domain = domain
 	r.RequestsPerUnit = rpu
