@@ -76,6 +76,16 @@ type Config struct {
 	OverLimitCache bool
 	LocalMaxKeys   int
 	LocalMaxBytes  int64
+
+	// envoyproxy/ratelimit compatibility (docs/MIGRATING.md).
+	ShadowMode       bool
+	QuotaMode        bool
+	ResponseMetadata bool
+	MergeDomains     bool
+	NearLimitRatio   float64
+	HeaderLimit      string
+	HeaderRemaining  string
+	HeaderReset      string
 }
 
 // envName returns the environment twin of a flag: --redis-url → RLS_REDIS_URL.
@@ -136,7 +146,61 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 100_000, "most keys kept by each local table (over-limit cache, fail-open buckets); least recently used evicted beyond it")
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes kept by the local tables (each key's length plus its entry's overhead): half for the over-limit cache, a quarter each for the fail-open buckets and the pending write-backs; least recently used evicted beyond it")
 	fs.IntVar(&c.GCPercent, "gc-percent", 400, "Go GC target (as GOGC) while the extra heap it allows stays under 64 MiB, falling toward 100 beyond; fewer collections, less CPU and a flatter tail; 0 or a GOGC environment variable leaves Go's setting alone")
+	compatFlags(fs, c)
 	return fs
+}
+
+// compatFlags declares the switches envoyproxy/ratelimit users know by its
+// environment variables (named in each usage; docs/MIGRATING.md maps them all).
+func compatFlags(fs *flag.FlagSet, c *Config) {
+	fs.BoolVar(&c.ShadowMode, "shadow-mode", false, "answer OK to every request; descriptors keep their OVER_LIMIT statuses and metrics count them as shadow_over_limit (SHADOW_MODE)")
+	fs.BoolVar(&c.QuotaMode, "quota-mode", false, "treat every descriptor as quota_mode: a request is denied only when all its descriptors are over their limits (QUOTA_MODE)")
+	fs.BoolVar(&c.ResponseMetadata, "response-metadata", false, "return the request and the merged metadata of its passing descriptors as the response's dynamic_metadata (RESPONSE_DYNAMIC_METADATA)")
+	fs.BoolVar(&c.MergeDomains, "merge-domains", false, "let several files of --config-dir define one domain; their top-level descriptors are combined, a descriptor defined twice is an error (MERGE_DOMAIN_CONFIG)")
+	fs.Float64Var(&c.NearLimitRatio, "near-limit-ratio", service.DefaultNearLimitRatio, "share of a limit used, in (0, 1], from which an allowed decision counts as near_limit in rls_decisions_total (NEAR_LIMIT_RATIO)")
+	fs.StringVar(&c.HeaderLimit, "header-limit", "RateLimit-Limit", "name of the limit header that --response-headers adds (LIMIT_LIMIT_HEADER)")
+	fs.StringVar(&c.HeaderRemaining, "header-remaining", "RateLimit-Remaining", "name of the remaining header that --response-headers adds (LIMIT_REMAINING_HEADER)")
+	fs.StringVar(&c.HeaderReset, "header-reset", "RateLimit-Reset", "name of the reset header that --response-headers adds (LIMIT_RESET_HEADER)")
+}
+
+// validateCompat checks the compatibility switches' values.
+func (c *Config) validateCompat() error {
+	var errs []error
+	if !(c.NearLimitRatio > 0 && c.NearLimitRatio <= 1) { // also NaN
+		errs = append(errs, fmt.Errorf("%s %v is out of range: want a number in (0, 1], e.g. 0.8", flagRef("near-limit-ratio"), c.NearLimitRatio))
+	}
+	names := map[string]string{}
+	for _, h := range []struct{ flag, v string }{{"header-limit", c.HeaderLimit}, {"header-remaining", c.HeaderRemaining}, {"header-reset", c.HeaderReset}} {
+		if !validHeaderName(h.v) {
+			errs = append(errs, fmt.Errorf("%s %q is not an HTTP header name (letters, digits and !#$%%&'*+-.^_`|~)", flagRef(h.flag), h.v))
+			continue
+		}
+		lower := strings.ToLower(h.v)
+		if other, dup := names[lower]; dup {
+			errs = append(errs, fmt.Errorf("%s and %s both name the header %q", flagRef(other), flagRef(h.flag), h.v))
+		}
+		names[lower] = h.flag
+	}
+	return errors.Join(errs...)
+}
+
+// validHeaderName reports whether s is an HTTP field name (RFC 9110 token)
+// that is not a pseudo-header or a hop-by-hop header Envoy would refuse.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if !(b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0) {
+			return false
+		}
+	}
+	switch strings.ToLower(s) {
+	case "connection", "keep-alive", "transfer-encoding", "upgrade", "te", "host", "content-length":
+		return false
+	}
+	return true
 }
 
 // parseConfig parses args, then fills every flag not given on the command
@@ -294,6 +358,7 @@ func (c *Config) Validate() error {
 		add(errors.New("--gc-percent (RLS_GC_PERCENT) is negative"))
 	}
 	add(c.validateGRPCTLS())
+	add(c.validateCompat())
 	if c.Store == "redis" {
 		add(c.validateRedis())
 	}

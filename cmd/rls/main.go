@@ -64,19 +64,25 @@ func isHelp(arg string) bool {
 	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
 }
 
-const validateUsage = `usage: rls validate DIR
+const validateUsage = `usage: rls validate [--merge-domains] DIR
 
 Loads every descriptor YAML file in DIR as rls serve would and prints each
 error as file:line: message; exits 1 when any file is invalid.
+--merge-domains lets several files define one domain, as rls serve
+--merge-domains does.
 `
 
 // validate loads a config directory and prints every error as
 // file:line: message. It fails when any file is invalid.
 func validate(args []string, out io.Writer) error {
-	if len(args) != 1 {
-		return errors.New("usage: rls validate DIR (rls validate --help)")
+	var opts descriptors.LoadOptions
+	if len(args) == 2 && (args[0] == "--merge-domains" || args[0] == "-merge-domains") {
+		opts.MergeDomains, args = true, args[1:]
 	}
-	cfg, notes, err := descriptors.Load(args[0])
+	if len(args) != 1 {
+		return errors.New("usage: rls validate [--merge-domains] DIR (rls validate --help)")
+	}
+	cfg, notes, err := descriptors.LoadWith(args[0], opts)
 	for _, n := range notes {
 		fmt.Fprintln(out, n)
 	}

@@ -262,8 +262,13 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 	})
 	registerLocal(a.reg, a.lim, a.fleet)
 	a.svc = service.New(rules, a.lim, service.Options{
-		FailClosed:      cfg.OnStoreError == "fail_closed",
-		ResponseHeaders: cfg.ResponseHeaders,
+		FailClosed:       cfg.OnStoreError == "fail_closed",
+		ResponseHeaders:  cfg.ResponseHeaders,
+		HeaderNames:      service.HeaderNames{Limit: cfg.HeaderLimit, Remaining: cfg.HeaderRemaining, Reset: cfg.HeaderReset},
+		ShadowMode:       cfg.ShadowMode,
+		QuotaMode:        cfg.QuotaMode,
+		ResponseMetadata: cfg.ResponseMetadata,
+		NearLimitRatio:   cfg.NearLimitRatio,
 		Limits: service.Limits{Descriptors: cfg.MaxDescriptors, Entries: cfg.MaxEntries,
 			KeyBytes: cfg.MaxKeyBytes, ValueBytes: cfg.MaxValueBytes, Hits: cfg.MaxHits},
 		Metrics: a.svcMetrics,
@@ -284,6 +289,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		MaxFileBytes:     a.cfg.ConfigMaxBytes,
 		MaxFileBytesName: flagRef("config-max-bytes"),
 		AllowEmpty:       a.cfg.AllowEmptyConfig,
+		MergeDomains:     a.cfg.MergeDomains,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.set(c)
@@ -615,7 +621,7 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 
 // loadOptions are the config files' bounds from the flags.
 func loadOptions(cfg *Config) descriptors.LoadOptions {
-	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MaxFileBytesName: flagRef("config-max-bytes")}
+	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MaxFileBytesName: flagRef("config-max-bytes"), MergeDomains: cfg.MergeDomains}
 }
 
 // pollInterval maps --config-poll to the watcher's option (0 disables).

@@ -19,10 +19,11 @@ const (
 	OutcomeShadowOverLimit                // over a shadow-mode limit: reported, not denied
 	OutcomeUnlimited                      // matched an unlimited rule
 	OutcomeNoRule                         // matched no rule
+	OutcomeQuotaOverLimit                 // over a quota_mode limit: denies only with every quota descriptor over
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"ok", "near_limit", "over_limit", "shadow_over_limit", "unlimited", "no_rule"}
+var outcomeNames = [numOutcomes]string{"ok", "near_limit", "over_limit", "shadow_over_limit", "unlimited", "no_rule", "quota_over_limit"}
 
 // String returns the outcome's label value.
 func (o Outcome) String() string { return outcomeNames[o] }
@@ -137,7 +138,7 @@ func (m *Metrics) statsFor(cfg *descriptors.Config) *stats {
 		st.override[d] = m.resolve(d, overrideRule, false)
 	}
 	for _, r := range cfg.Rules() {
-		st.rules[r] = m.resolve(r.Domain, ruleLabel(r), r.DetailedMetric)
+		st.rules[r] = m.resolve(r.Domain, ruleLabel(r), r.DetailedMetric || r.ValueToMetric())
 	}
 	return st
 }

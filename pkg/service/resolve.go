@@ -69,10 +69,22 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		res.key = descriptors.AppendKey(res.key[:0], req.Domain, d.Entries, r)
 		c := ruleCheck(r, string(res.key))
 		c.Hits, c.Refund = hits, d.IsNegativeHits
+		// A quota descriptor, and every descriptor in the global modes,
+		// never vetoes the store's batch on its own: respond decides the
+		// request (see quotaMode) and undoes what it consumed when the
+		// quota rule denies it.
+		c.Shadow = c.Shadow || s.opts.ShadowMode || s.quotaMode(r)
 		res.slot = append(res.slot, len(res.items))
 		res.items = append(res.items, limiter.Item{Check: c, FailClosed: s.failClosed(r)})
 	}
 	return nil
+}
+
+// quotaMode reports whether r is a quota descriptor: it denies a request
+// only when every quota descriptor of the request is over its limit
+// (envoyproxy/ratelimit's quota_mode and QUOTA_MODE).
+func (s *Service) quotaMode(r *descriptors.Rule) bool {
+	return (r.QuotaMode || s.opts.QuotaMode) && !r.ShadowMode
 }
 
 // failClosed reports whether r denies, rather than falls back to the local

@@ -36,10 +36,33 @@ import (
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
-	snap atomic.Pointer[snapshot]
-	lim  *limiter.Limiter
-	opts Options
-	pool sync.Pool // *resolution
+	snap    atomic.Pointer[snapshot]
+	lim     *limiter.Limiter
+	opts    Options
+	nearPPM uint64    // NearLimitRatio in millionths
+	pool    sync.Pool // *resolution
+}
+
+// DefaultNearLimitRatio is Options.NearLimitRatio's default, as
+// envoyproxy/ratelimit's NEAR_LIMIT_RATIO.
+const DefaultNearLimitRatio = 0.8
+
+// HeaderNames name the rate-limit response headers.
+type HeaderNames struct {
+	Limit, Remaining, Reset string
+}
+
+func (h HeaderNames) withDefaults() HeaderNames {
+	if h.Limit == "" {
+		h.Limit = "RateLimit-Limit"
+	}
+	if h.Remaining == "" {
+		h.Remaining = "RateLimit-Remaining"
+	}
+	if h.Reset == "" {
+		h.Reset = "RateLimit-Reset"
+	}
+	return h
 }
 
 // snapshot is a config with the metric series resolved for its rules.
@@ -57,6 +80,23 @@ type Options struct {
 	// RateLimit-Reset (draft-03) to every response and Retry-After to
 	// OVER_LIMIT ones, for Envoys that do not make their own.
 	ResponseHeaders bool
+	// HeaderNames name the ResponseHeaders' three RateLimit headers; empty
+	// fields take the draft-03 names (RateLimit-Limit, -Remaining, -Reset).
+	HeaderNames HeaderNames
+	// ShadowMode answers OK to every request (envoyproxy/ratelimit's
+	// SHADOW_MODE): descriptors keep their OVER_LIMIT statuses and metrics
+	// count them as shadow_over_limit, but the overall code is OK.
+	ShadowMode bool
+	// QuotaMode makes every descriptor a quota descriptor (QUOTA_MODE): a
+	// request is then denied only when all of its descriptors are over.
+	QuotaMode bool
+	// ResponseMetadata returns the request and the merged metadata of its
+	// passing descriptors as the response's dynamic_metadata, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
+	ResponseMetadata bool
+	// NearLimitRatio is the share of a limit used from which an allowed
+	// decision counts as near_limit in metrics [0.8].
+	NearLimitRatio float64
 	// Limits bound what one request may ask; zero fields take DefaultLimits'.
 	Limits Limits
 	// Metrics records decisions; nil records nothing.
@@ -109,7 +149,11 @@ func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	opts.Limits = opts.Limits.withDefaults()
-	s := &Service{lim: lim, opts: opts}
+	opts.HeaderNames = opts.HeaderNames.withDefaults()
+	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
+		opts.NearLimitRatio = DefaultNearLimitRatio
+	}
+	s := &Service{lim: lim, opts: opts, nearPPM: uint64(math.Round(opts.NearLimitRatio * 1e6))}
 	s.SetConfig(cfg)
 	s.pool.New = func() any { return new(resolution) }
 	return s
@@ -140,7 +184,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			return nil, s.toStatus(err)
 		}
 	}
-	resp := s.respond(snap, req, res)
+	resp, undo := s.respond(snap, req, res)
+	if undo {
+		s.undo(ctx, res)
+	}
 	if m := s.opts.Metrics; m != nil {
 		m.latency.Observe(time.Since(start).Seconds())
 	}
@@ -171,9 +218,16 @@ func (s *Service) toStatus(err error) error {
 }
 
 // respond builds the response to a decided request and counts its outcomes.
-func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *resolution) *rlsv3.RateLimitResponse {
+// The request is OVER_LIMIT when a descriptor that is neither shadow nor
+// quota is over its limit, or when it has quota descriptors and every one of
+// them is over (envoyproxy/ratelimit's quota_mode); the global shadow mode
+// then still answers OK. undo reports that the request was denied by the
+// quota rule alone, so the store consumed its other checks and they must be
+// refunded (see Service.undo).
+func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *resolution) (resp *rlsv3.RateLimitResponse, undo bool) {
 	resp, sts, lims, durs := newResponse(len(req.Descriptors))
-	var body *descriptors.Rule // the first denying rule with a response body
+	var body, quotaBody *descriptors.Rule // the first denying rule with a response body
+	regularOver, quotas, quotasOver := false, 0, 0
 	for i, d := range req.Descriptors {
 		r := res.rules[i]
 		st := &sts[i]
@@ -185,7 +239,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 			continue
 		case r.Unlimited:
 			st.LimitRemaining = math.MaxUint32
-			snap.stats.record(req.Domain, r, OutcomeUnlimited, entriesOf(d))
+			snap.stats.record(req.Domain, r, OutcomeUnlimited, detailOf(d, r))
 			continue
 		}
 		out := &res.item(i).Result
@@ -195,11 +249,15 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		st.CurrentLimit = lim
 		st.LimitRemaining = clampUint32(out.Remaining)
 		st.DurationUntilReset = &durs[i]
+		quota := s.quotaMode(r)
+		if quota {
+			quotas++
+		}
 		outcome := OutcomeOK
 		switch {
 		case out.Allowed:
 			setDuration(&durs[i], out.Reset)
-			if nearLimit(out.Remaining, r.RequestsPerUnit) {
+			if s.nearLimit(out.Remaining, r.RequestsPerUnit) {
 				outcome = OutcomeNearLimit
 			}
 		case r.ShadowMode: // counted and reported, never denied
@@ -208,24 +266,70 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		default:
 			setDuration(&durs[i], out.RetryAfter)
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			outcome = OutcomeOverLimit
-			if body == nil && r.ResponseBody != "" {
-				body = r
+			if quota {
+				quotasOver++
+				outcome = OutcomeQuotaOverLimit
+				if quotaBody == nil && r.ResponseBody != "" {
+					quotaBody = r
+				}
+			} else {
+				regularOver = true
+				if body == nil && r.ResponseBody != "" {
+					body = r
+				}
+			}
+			if s.opts.ShadowMode {
+				outcome = OutcomeShadowOverLimit
 			}
 		}
-		snap.stats.record(req.Domain, r, outcome, entriesOf(d))
+		snap.stats.record(req.Domain, r, outcome, detailOf(d, r))
 	}
-	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && body != nil {
-		resp.RawBody = []byte(body.ResponseBody)
-		if body.ContentType != "" {
-			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, header("content-type", body.ContentType))
+	quotaDenied := quotas > 0 && quotasOver == quotas
+	if (regularOver || quotaDenied) && !s.opts.ShadowMode {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		undo = !regularOver // the store vetoed nothing: quota checks never veto
+		if body == nil {
+			body = quotaBody
+		}
+		if body != nil {
+			resp.RawBody = []byte(body.ResponseBody)
+			if body.ContentType != "" {
+				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, header("content-type", body.ContentType))
+			}
 		}
 	}
 	if s.opts.ResponseHeaders {
-		addRateLimitHeaders(resp)
+		addRateLimitHeaders(resp, &s.opts.HeaderNames)
 	}
-	return resp
+	if s.opts.ResponseMetadata {
+		resp.DynamicMetadata = responseMetadata(req, res, resp)
+	}
+	return resp, undo
+}
+
+// undo refunds what a request denied by the quota rule alone consumed: its
+// allowed consuming checks (the quota checks that were over consumed
+// nothing). Until the refund lands, a concurrent request may see the
+// consumption and be denied; a window that ends between the decision and
+// the refund keeps the consumption in the old window and the refund comes
+// off the new one (docs: README "Quota mode"). A failed refund is logged.
+func (s *Service) undo(ctx context.Context, res *resolution) {
+	items := make([]limiter.Item, 0, len(res.items))
+	for _, it := range res.items {
+		c := it.Check
+		if !it.Result.Allowed || c.Hits == 0 || c.Refund || it.Result.Undecided {
+			continue
+		}
+		c.Refund, c.Shadow = true, false
+		items = append(items, limiter.Item{Check: c, FailClosed: it.FailClosed})
+	}
+	if len(items) == 0 {
+		return
+	}
+	if err := s.lim.Decide(ctx, items); err != nil {
+		s.opts.Log.Warn("could not refund a request denied by its quota descriptors", "err", err)
+	}
 }
 
 // oneStatus holds a response to one descriptor, the usual request, in one
@@ -260,9 +364,23 @@ func setDuration(d *durationpb.Duration, x time.Duration) {
 	d.Nanos = int32(x % time.Second)
 }
 
-// nearLimit reports whether 80% or more of the limit is used.
-func nearLimit(remaining uint64, limit uint32) bool {
-	return limit > 0 && remaining*5 <= uint64(limit)
+// nearLimit reports whether the used share of limit (limit minus
+// remaining) is NearLimitRatio or more.
+func (s *Service) nearLimit(remaining uint64, limit uint32) bool {
+	if limit == 0 || remaining >= uint64(limit) {
+		return false
+	}
+	return (uint64(limit)-remaining)*1_000_000 >= s.nearPPM*uint64(limit)
+}
+
+// detailOf returns a func rendering the value label of r's detailed metrics
+// for d: d's entries (entriesOf) for a detailed_metric rule, else the
+// value_to_metric naming. It is called only for rules with either.
+func detailOf(d *rlcommon.RateLimitDescriptor, r *descriptors.Rule) func() string {
+	if r.DetailedMetric || !r.ValueToMetric() {
+		return entriesOf(d)
+	}
+	return func() string { return printable(r.MetricValue(d.Entries)) }
 }
 
 // entriesOf returns a func rendering d's entries as key=value pairs joined
@@ -318,7 +436,7 @@ func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k
 // addRateLimitHeaders adds the draft-03 RateLimit headers, from the status
 // with the least remaining (as Envoy's own x-ratelimit headers do), and
 // Retry-After (whole seconds, rounded up) on OVER_LIMIT.
-func addRateLimitHeaders(resp *rlsv3.RateLimitResponse) {
+func addRateLimitHeaders(resp *rlsv3.RateLimitResponse, names *HeaderNames) {
 	var chosen *rlsv3.RateLimitResponse_DescriptorStatus
 	var policies strings.Builder
 	var retry time.Duration
@@ -342,9 +460,9 @@ func addRateLimitHeaders(resp *rlsv3.RateLimitResponse) {
 		return
 	}
 	resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-		header("RateLimit-Limit", strconv.FormatUint(uint64(chosen.CurrentLimit.RequestsPerUnit), 10)+policies.String()),
-		header("RateLimit-Remaining", strconv.FormatUint(uint64(chosen.LimitRemaining), 10)),
-		header("RateLimit-Reset", strconv.FormatInt(ceilSeconds(chosen.DurationUntilReset.AsDuration()), 10)))
+		header(names.Limit, strconv.FormatUint(uint64(chosen.CurrentLimit.RequestsPerUnit), 10)+policies.String()),
+		header(names.Remaining, strconv.FormatUint(uint64(chosen.LimitRemaining), 10)),
+		header(names.Reset, strconv.FormatInt(ceilSeconds(chosen.DurationUntilReset.AsDuration()), 10)))
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			header("Retry-After", strconv.FormatInt(max(1, ceilSeconds(retry)), 10)))

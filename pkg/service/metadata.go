@@ -1,0 +1,75 @@
+package service
+
+import (
+	"strconv"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// responseMetadata is the response's dynamic_metadata with --response-metadata,
+// in envoyproxy/ratelimit's shape (RESPONSE_DYNAMIC_METADATA):
+//
+//	domain:      the request's domain
+//	descriptors: per descriptor {entries: ["key=value", ...], limit: "...",
+//	             hitsAddend: n}, limit and hitsAddend only when the
+//	             descriptor carries them
+//	hitsAddend:  the request's hits_addend, when not 0
+//	metadata:    the metadata fields of every descriptor that passed (status
+//	             OK, not unlimited), merged in request order: the first
+//	             descriptor to set a field wins, and fields that are
+//	             mappings on both sides are merged the same way
+//
+// Envoy puts it under the filter's namespace (envoy.filters.http.ratelimit)
+// for logs and later filters.
+func responseMetadata(req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.RateLimitResponse) *structpb.Struct {
+	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(printable(req.Domain))}
+	ds := make([]*structpb.Value, 0, len(req.Descriptors))
+	for _, d := range req.Descriptors {
+		entries := make([]*structpb.Value, len(d.Entries))
+		for i, e := range d.Entries {
+			entries[i] = structpb.NewStringValue(printable(e.Key + "=" + e.Value))
+		}
+		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if l := d.Limit; l != nil {
+			f["limit"] = structpb.NewStringValue("requests_per_unit:" + strconv.FormatUint(uint64(l.RequestsPerUnit), 10) + " unit:" + l.Unit.String())
+		}
+		if h := d.HitsAddend; h != nil {
+			f["hitsAddend"] = structpb.NewNumberValue(float64(h.Value))
+		}
+		ds = append(ds, structpb.NewStructValue(&structpb.Struct{Fields: f}))
+	}
+	fields["descriptors"] = structpb.NewListValue(&structpb.ListValue{Values: ds})
+	if req.HitsAddend != 0 {
+		fields["hitsAddend"] = structpb.NewNumberValue(float64(req.HitsAddend))
+	}
+	passed := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for i, r := range res.rules {
+		if r == nil || r.Unlimited || r.Metadata == nil || resp.Statuses[i].Code != rlsv3.RateLimitResponse_OK {
+			continue
+		}
+		mergeMetadata(passed, r.Metadata)
+	}
+	if len(passed.Fields) > 0 {
+		fields["metadata"] = structpb.NewStructValue(passed)
+	}
+	return &structpb.Struct{Fields: fields}
+}
+
+// mergeMetadata adds src's fields to dst: a field dst already has is kept,
+// except that two mappings are merged field by field. src (a rule's, shared)
+// is never modified: what dst takes from it is a copy.
+func mergeMetadata(dst, src *structpb.Struct) {
+	for k, v := range src.Fields {
+		have, ok := dst.Fields[k]
+		if !ok {
+			dst.Fields[k] = proto.Clone(v).(*structpb.Value)
+			continue
+		}
+		if hs, ss := have.GetStructValue(), v.GetStructValue(); hs != nil && ss != nil {
+			mergeMetadata(hs, ss)
+		}
+	}
+}
+
