@@ -313,7 +313,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 // nothing). Until the refund lands, a concurrent request may see the
 // consumption and be denied; a window that ends between the decision and
 // the refund keeps the consumption in the old window and the refund comes
-// off the new one (docs: README "Quota mode"). A failed refund is logged.
+// off the new one (README, "Descriptor YAML"). A failed refund is logged.
 func (s *Service) undo(ctx context.Context, res *resolution) {
 	items := make([]limiter.Item, 0, len(res.items))
 	for _, it := range res.items {

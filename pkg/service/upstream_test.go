@@ -1,0 +1,250 @@
+package service
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/store/memory"
+)
+
+// The cases of envoyproxy/ratelimit's service tests (test/service/
+// ratelimit_test.go at f2fb157, 2026-07-05), replayed against rls. Upstream
+// mocks its cache: each test says which limit every descriptor matched (with
+// its shadow_mode and quota_mode) and whether the cache found it over. Here
+// each descriptor matches a real rule instead: "over" is requests_per_unit 0
+// (always over), "ok" is 1000, "none" matches no rule, "unlimited" an
+// unlimited one; the answer must carry upstream's statuses and overall code.
+
+// upDesc is one descriptor of a replayed case.
+type upDesc struct {
+	kind          string // over | ok | none | unlimited
+	shadow, quota bool
+	metadata      string // YAML flow mapping, e.g. "{name: service_1}"
+}
+
+type upCase struct {
+	name           string
+	shadowMode     bool // SHADOW_MODE
+	quotaMode      bool // QUOTA_MODE
+	metadata       bool // RESPONSE_DYNAMIC_METADATA
+	descs          []upDesc
+	wantOverall    rlsv3.RateLimitResponse_Code
+	wantCodes      []rlsv3.RateLimitResponse_Code
+	wantMeta       map[string]string // response metadata "metadata" fields (string values)
+	wantNoMetadata bool              // response metadata without a "metadata" field
+}
+
+const (
+	cOK   = rlsv3.RateLimitResponse_OK
+	cOver = rlsv3.RateLimitResponse_OVER_LIMIT
+)
+
+var upstreamServiceCases = []upCase{
+	{name: "TestService/over", descs: []upDesc{{kind: "none"}, {kind: "over"}},
+		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}},
+	{name: "TestServiceGlobalShadowMode", shadowMode: true, descs: []upDesc{{kind: "over"}, {kind: "none"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOK}},
+	{name: "TestRuleShadowMode", descs: []upDesc{{kind: "over", shadow: true}, {kind: "over", shadow: true}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}},
+	{name: "TestMixedRuleShadowMode", descs: []upDesc{{kind: "over", shadow: true}, {kind: "over"}},
+		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}},
+	{name: "TestUnlimited", descs: []upDesc{{kind: "ok"}, {kind: "none"}, {kind: "unlimited"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK, cOK}},
+	{name: "TestServiceGlobalQuotaMode", quotaMode: true, descs: []upDesc{{kind: "over"}, {kind: "over"}},
+		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOver}},
+	{name: "TestMetadataReturnedForPassedDescriptors", quotaMode: true, metadata: true,
+		descs:       []upDesc{{kind: "ok", metadata: "{name: service_1}"}, {kind: "over", quota: true, metadata: "{name: service_2}"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}, wantMeta: map[string]string{"name": "service_1"}},
+	{name: "TestMetadataReturnedForAllPassedDescriptors", quotaMode: true, metadata: true,
+		descs:       []upDesc{{kind: "ok", quota: true, metadata: "{name: service_1}"}, {kind: "ok", quota: true, metadata: "{some_other_name: service_2}"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1", "some_other_name": "service_2"}},
+	{name: "TestOverlappingMetadataReturnsTheFirstValue", quotaMode: true, metadata: true,
+		descs:       []upDesc{{kind: "ok", quota: true, metadata: "{name: service_1}"}, {kind: "ok", quota: true, metadata: "{name: service_2}"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1"}},
+	{name: "TestServicePerDescriptorQuotaMode", descs: []upDesc{{kind: "over"}, {kind: "ok", quota: true}},
+		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOK}},
+	{name: "TestServiceMixedPerDescriptorModes", descs: []upDesc{{kind: "ok"}, {kind: "over", quota: true}},
+		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}},
+	{name: "TestServiceMixedPerDescriptorModesUnderLimit", descs: []upDesc{{kind: "ok"}, {kind: "ok", quota: true}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}},
+	{name: "TestServiceQuotaModeOnlyAllOverTheLimit", descs: []upDesc{{kind: "over", quota: true}, {kind: "over", quota: true}},
+		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOver}},
+	{name: "TestServiceQuotaModeOnlySomeOverTheLimit", descs: []upDesc{{kind: "over", quota: true}, {kind: "ok", quota: true}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOK}},
+	{name: "TestServiceQuotaModeWithShadowMode", shadowMode: true, descs: []upDesc{{kind: "over", quota: true}, {kind: "over", quota: true}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOver}},
+	{name: "TestServiceMixedModeWithShadowMode", shadowMode: true, descs: []upDesc{{kind: "over"}, {kind: "over", quota: true}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOver}},
+	// Not in upstream's tests, following the same rule: metadata of a
+	// descriptor that is over is left out, and none at all gives no field.
+	{name: "metadata/none-passed", metadata: true,
+		descs:       []upDesc{{kind: "over", metadata: "{name: a}"}},
+		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOver}, wantNoMetadata: true},
+}
+
+// upstreamConfig is the YAML of a case: descriptor i has key d<i>.
+func upstreamConfig(c upCase) string {
+	var b strings.Builder
+	b.WriteString("domain: up\ndescriptors:\n")
+	for i, d := range c.descs {
+		if d.kind == "none" {
+			continue
+		}
+		fmt.Fprintf(&b, "  - key: d%d\n    shadow_mode: %t\n    quota_mode: %t\n", i, d.shadow, d.quota)
+		if d.metadata != "" {
+			fmt.Fprintf(&b, "    metadata: %s\n", d.metadata)
+		}
+		switch d.kind {
+		case "unlimited":
+			b.WriteString("    rate_limit: {unlimited: true}\n")
+		case "over":
+			fmt.Fprintf(&b, "    rate_limit: {name: r%d, unit: minute, requests_per_unit: 0}\n", i)
+		default:
+			fmt.Fprintf(&b, "    rate_limit: {name: r%d, unit: minute, requests_per_unit: 1000}\n", i)
+		}
+	}
+	return b.String()
+}
+
+func TestUpstreamServiceCases(t *testing.T) {
+	for _, c := range upstreamServiceCases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := descriptors.Parse(map[string][]byte{"up.yaml": []byte(upstreamConfig(c))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk := &clock{t: time.Unix(1_751_540_400, 0)}
+			svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now}),
+				Options{ShadowMode: c.shadowMode, QuotaMode: c.quotaMode, ResponseMetadata: c.metadata})
+			var ds []*rlcommon.RateLimitDescriptor
+			for i := range c.descs {
+				ds = append(ds, d(fmt.Sprintf("d%d", i), "v"))
+			}
+			resp, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "up", Descriptors: ds})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.OverallCode != c.wantOverall {
+				t.Errorf("overall %v, want %v", resp.OverallCode, c.wantOverall)
+			}
+			for i, st := range resp.Statuses {
+				if st.Code != c.wantCodes[i] {
+					t.Errorf("status %d: %v, want %v", i, st.Code, c.wantCodes[i])
+				}
+			}
+			if !c.metadata {
+				if resp.DynamicMetadata != nil {
+					t.Errorf("dynamic metadata without --response-metadata: %v", resp.DynamicMetadata)
+				}
+				return
+			}
+			md := resp.DynamicMetadata.GetFields()
+			if md["domain"].GetStringValue() != "up" || len(md["descriptors"].GetListValue().GetValues()) != len(ds) {
+				t.Errorf("dynamic metadata lacks the request: %v", resp.DynamicMetadata)
+			}
+			got := md["metadata"].GetStructValue().GetFields()
+			if c.wantNoMetadata && md["metadata"] != nil {
+				t.Errorf("metadata field %v, want none", md["metadata"])
+			}
+			if len(got) != len(c.wantMeta) {
+				t.Errorf("metadata %v, want %v", got, c.wantMeta)
+			}
+			for k, v := range c.wantMeta {
+				if got[k].GetStringValue() != v {
+					t.Errorf("metadata %s = %v, want %q", k, got[k], v)
+				}
+			}
+		})
+	}
+}
+
+// TestUpstreamCustomHeaders replays TestServiceWithCustomRatelimitHeaders:
+// LIMIT_*_HEADER rename the three headers.
+func TestUpstreamCustomHeaders(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"up.yaml": []byte(upstreamConfig(upCase{descs: []upDesc{{kind: "over"}}}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{t: time.Unix(1_751_540_400, 0)}
+	svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now}),
+		Options{ResponseHeaders: true, HeaderNames: HeaderNames{Limit: "A-Ratelimit-Limit", Remaining: "A-Ratelimit-Remaining", Reset: "A-Ratelimit-Reset"}})
+	resp, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "up", Descriptors: []*rlcommon.RateLimitDescriptor{d("d0", "v"), d("none", "v")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, h := range resp.ResponseHeadersToAdd {
+		got[h.Key] = h.Value
+	}
+	for _, k := range []string{"A-Ratelimit-Limit", "A-Ratelimit-Remaining", "A-Ratelimit-Reset", "Retry-After"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("header %s missing: %v", k, got)
+		}
+	}
+	if got["A-Ratelimit-Remaining"] != "0" || !strings.HasPrefix(got["A-Ratelimit-Limit"], "0") {
+		t.Errorf("headers %v", got)
+	}
+}
+
+// TestQuotaDeniedConsumesNothing: a request that only its quota descriptors
+// deny leaves its other descriptors' counters where they were (the service
+// refunds them), while a request that a quota lets through consumes on
+// every descriptor with room.
+func TestQuotaDeniedConsumesNothing(t *testing.T) {
+	for _, alg := range []string{"sliding_window", "fixed_window", "token_bucket"} {
+		t.Run(alg, func(t *testing.T) {
+			yaml := fmt.Sprintf(`
+domain: q
+descriptors:
+  - key: regular
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: %s}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: %s}
+  - key: quota_a
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: %s}
+  - key: quota_b
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: %s}
+`, alg, alg, alg, alg)
+			cfg, err := descriptors.Parse(map[string][]byte{"q.yaml": []byte(yaml)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk := &clock{t: time.Unix(1_751_540_400, 0)}
+			svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now, DisableCache: true}), Options{})
+			req := func(ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+				r, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "q", Descriptors: ds})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}
+			all := []*rlcommon.RateLimitDescriptor{d("regular", "x"), d("shadowed", "x"), d("quota_a", "x"), d("quota_b", "x")}
+			// quota_a has 2, quota_b 3: three requests pass (the third on
+			// quota_b alone), then every quota is over and requests are denied.
+			for i, want := range []rlsv3.RateLimitResponse_Code{cOK, cOK, cOK, cOver, cOver} {
+				if got := req(all...).OverallCode; got != want {
+					t.Fatalf("request %d: %v, want %v", i+1, got, want)
+				}
+			}
+			// The two denied requests consumed nothing: regular and shadowed
+			// have 100-3 = 97 left.
+			peek := req(d("regular", "x"), d("shadowed", "x"))
+			for i, st := range peek.Statuses {
+				if st.LimitRemaining != 96 { // 97 before this request, which takes one
+					t.Errorf("descriptor %d: remaining %d after 3 admitted and 2 quota-denied requests (and this one), want 96", i, st.LimitRemaining)
+				}
+			}
+		})
+	}
+}
+
