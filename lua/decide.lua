@@ -22,7 +22,9 @@
 --          per check: algorithm (byte: 0 sliding window, 1 token bucket,
 --          2 fixed window), flags (byte: the sum of 1 = refund, 2 = shadow,
 --          4 = force), then doubles: limit, window seconds, burst
---          (0 = limit), hits. The requests' checks are KEYS in order.
+--          (token bucket: capacity, 0 = limit; sliding window: precision,
+--          the number of sub-windows, 0 or 1 for the two-counter window, at
+--          most MAX_PRECISION), hits. The requests' checks are KEYS in order.
 --
 -- Reply: one string, 25 bytes per check in KEYS order: allowed (byte 1/0),
 -- then doubles: remaining, retry_after_us, reset_us.
@@ -51,7 +53,9 @@
 -- form is written only when `now` is Redis's TIME. Otherwise a tag byte,
 -- then doubles: 's' sliding window: window index, count, previous count;
 -- 't' token bucket: tokens, last refill (microseconds); 'f' fixed window:
--- window index, count. A key holds one algorithm's state: a check of
+-- window index, count; 'p' sliding window of precision N >= 2: N, the
+-- sub-window index, its count, then the counts of the N sub-windows before
+-- it, newest first. A key holds one algorithm's state: a check of
 -- another algorithm (another tag or form, or a value of the wrong length
 -- or type) starts fresh, as in the memory store, and its write replaces
 -- the value. A write never deletes the key,
@@ -68,7 +72,8 @@ local HEADER, CHECK_BYTES, RESULT_BYTES = 2, 34, 25
 local MODE_DECIDE, MODE_PEEK = '0', '1'
 local ALG_SLIDING, ALG_TOKEN_BUCKET, ALG_FIXED = 0, 1, 2
 local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE = 1, 2, 4
-local TAG_SLIDING, TAG_TOKEN_BUCKET, TAG_FIXED = 's', 't', 'f'
+local TAG_SLIDING, TAG_TOKEN_BUCKET, TAG_FIXED, TAG_PRECISE = 's', 't', 'f', 'p'
+local MAX_PRECISION = 60
 local COMPACT_COUNTS, COMPACT_FIXED = 16777216, 281474976710656
 local US = 1000000
 
@@ -87,6 +92,7 @@ local compact = ARGV[1] == ''
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
 local pack, sunpack = struct.pack, struct.unpack
 local BYTE_SLIDING, BYTE_TOKEN_BUCKET, BYTE_FIXED = TAG_SLIDING:byte(), TAG_TOKEN_BUCKET:byte(), TAG_FIXED:byte()
+local BYTE_PRECISE = TAG_PRECISE:byte()
 local DIGIT_9 = 57 -- '9': a value starting with a digit is compact
 
 local function fmt_int(x) return string.format('%.0f', x) end
@@ -146,9 +152,70 @@ local wrote = {}
 -- consumed by a request that stood.
 local dirty, dirty_keys = {}, {}
 
+-- precise_format returns the struct format of a precision-n state.
+local precise_formats = {}
+local function precise_format(n)
+  local f = precise_formats[n]
+  if not f then
+    f = '<Bddd' .. string.rep('d', n)
+    precise_formats[n] = f
+  end
+  return f
+end
+
+-- load_precise returns the state of a sliding window of precision pn at
+-- key from its stored value v (false when absent), moved to the current
+-- sub-window (pkg/store/store.go).
+local function load_precise(key, alg, w, v, pn, req_)
+  local wus = w * US
+  local cur_win = floor(now / wus)
+  local start = cur_win * wus
+  local sub = cur_win * pn + floor((now - start) * pn / wus)
+  local old = {}
+  local cur, win = 0, sub
+  if v and #v == 25 + 8 * pn and v:byte(1) == BYTE_PRECISE then
+    local t = { sunpack(precise_format(pn), v) }
+    if t[2] == pn then
+      win, cur = t[3], t[4]
+      for i = 1, pn do old[i] = t[4 + i] end
+    end
+  end
+  if #old ~= pn then
+    for i = 1, pn do old[i] = 0 end
+    win, cur = sub, 0
+  end
+  local d = sub - win
+  if d ~= 0 then
+    if d < 0 or d > pn then
+      for i = 1, pn do old[i] = 0 end
+    else
+      for i = pn, 1, -1 do
+        local src = i - d
+        if src == 0 then
+          old[i] = cur
+        elseif src > 0 then
+          old[i] = old[src]
+        else
+          old[i] = 0
+        end
+      end
+    end
+    cur = 0
+  end
+  return { key = key, alg = alg, w = w, wus = wus, start = start, born = req_,
+    pn = pn, win = sub, cur = cur, old = old }
+end
+
 local function load(key, alg, w, limit, burst)
   local s = states[key]
-  if s and s.alg == alg then return s end
+  local pn = 0
+  if alg == ALG_SLIDING and burst >= 2 then
+    if burst > MAX_PRECISION or burst ~= floor(burst) then
+      error('decide.lua: precision ' .. burst .. ' is not a whole number in [2, ' .. MAX_PRECISION .. ']')
+    end
+    pn = burst
+  end
+  if s and s.alg == alg and (s.pn or 0) == pn then return s end
   if s then
     if in_tentative then
       jn = jn + 1
@@ -162,6 +229,11 @@ local function load(key, alg, w, limit, burst)
   -- request wrote is the stored value, so read that again.
   local v = false
   if not s or (s.born ~= req and not dirty[key]) then v = stored[key] end
+  if pn > 0 then
+    s = load_precise(key, alg, w, v, pn, req)
+    states[key] = s
+    return s
+  end
   local wus = w * US
   local cur_win = floor(now / wus)
   local start = cur_win * wus
@@ -274,6 +346,9 @@ local function write(s)
       v = pack('<Bdd', BYTE_FIXED, s.win, c)
     end
     redis.call('SET', s.key, v, 'PX', ttl_arg(ceil(reset / 1000)))
+  elseif s.pn then
+    redis.call('SET', s.key, pack(precise_format(s.pn), BYTE_PRECISE, s.pn, s.win, s.cur, unpack(s.old)),
+      'PX', ttl_arg(2 * s.w * 1000))
   else
     local c, p = s.cur, s.prev
     local v
@@ -286,12 +361,36 @@ local function write(s)
   end
 end
 
+-- precise_rate returns the rate of precision state s at sub-window x, into
+-- microseconds into its window (x may be later than s.win: no traffic
+-- since).
+local function precise_count(s, x)
+  local d = s.win - x
+  if d == 0 then return s.cur end
+  if d >= 1 and d <= s.pn then return s.old[d] end
+  return 0
+end
+
+local function precise_rate(s, x, into)
+  local pn = s.pn
+  local j = x % pn
+  local b0, b1 = ceil(j * s.wus / pn), ceil((j + 1) * s.wus / pn)
+  local frac = (b1 - into) / (b1 - b0)
+  local full = 0
+  for y = x - pn + 1, x do full = full + precise_count(s, y) end
+  return precise_count(s, x - pn) * frac + full
+end
+
 -- budget returns R, the number of single hits that would pass now.
 local function budget(s, limit)
   if s.alg == ALG_TOKEN_BUCKET then
     return max(0, floor(s.tokens))
   elseif s.alg == ALG_FIXED then
     return max(0, limit - s.count)
+  elseif s.pn then
+    local rate = precise_rate(s, s.win, now - s.start)
+    if rate < limit then return ceil(limit - rate) end
+    return 0
   end
   local elapsed = (now - s.start) / s.wus
   local rate = s.prev * (1 - elapsed) + s.cur
@@ -313,6 +412,14 @@ end
 -- no other traffic (sliding window and token bucket).
 local function passes_at(s, limit, h, ra)
   if s.alg == ALG_TOKEN_BUCKET then return min(s.b, s.tokens + ra * s.r) >= h end
+  if s.pn then
+    local t = now + ra
+    local k = floor(t / s.wus)
+    local into = t - k * s.wus
+    local rate = precise_rate(s, k * s.pn + floor(into * s.pn / s.wus), into)
+    if rate >= limit then return false end
+    return h <= ceil(limit - rate)
+  end
   local into = now - s.start + ra
   local prev, cur = s.prev, s.cur
   if into >= 2 * s.wus then
@@ -347,6 +454,34 @@ local function retry_after(s, limit, h)
   end
   local into = now - s.start
   local rst = s.wus - into
+  if s.pn then
+    local a = limit - h + 1
+    if a <= 0 then return rst end
+    local pn, wus, sub = s.pn, s.wus, s.win
+    local full = 0
+    for y = sub - pn + 1, sub do full = full + precise_count(s, y) end
+    local x
+    local m = 0
+    while true do
+      local y = sub + m
+      if m > 0 then full = full + precise_count(s, y) - precise_count(s, y - pn) end
+      if full < a then
+        local k = floor(y / pn)
+        local j = y - k * pn
+        local b0, b1 = ceil(j * wus / pn), ceil((j + 1) * wus / pn)
+        local c = precise_count(s, y - pn)
+        local q = (a - full) / c
+        if c == 0 or q > 1 then
+          if m == 0 then x = -1 else x = (k * wus + b0 - now) - 1 end
+        else
+          x = (k * wus + b1 - now) - q * (b1 - b0)
+        end
+        break
+      end
+      m = m + 1
+    end
+    return settle(s, limit, h, floor(x) + 1)
+  end
   local a = limit - s.cur - h + 1
   local x
   if a > 0 and s.prev > 0 then
@@ -368,6 +503,18 @@ local function refund(s, h)
     s.tokens = min(s.b, s.tokens + h)
   elseif s.alg == ALG_FIXED then
     s.count = max(0, s.count - h)
+  elseif s.pn then
+    s.cur = s.cur - h
+    if s.cur < 0 then
+      local deficit = -s.cur
+      s.cur = 0
+      local old = s.old
+      for i = 1, s.pn do
+        local take = min(deficit, old[i])
+        old[i] = old[i] - take
+        deficit = deficit - take
+      end
+    end
   else
     s.cur = s.cur - h
     if s.cur < 0 then

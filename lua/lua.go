@@ -62,6 +62,10 @@ const (
 	FlagShadow = 2
 	// FlagForce is the flags bit of store.Check.Force (FLAG_FORCE).
 	FlagForce = 4
+
+	// MaxPrecision is the most sub-windows of a sliding window, carried in
+	// a sliding-window check's burst field (MAX_PRECISION; store.MaxPrecision).
+	MaxPrecision = 60
 )
 
 // FleetSource is the text of fleet.lua.
@@ -78,6 +82,7 @@ const (
 	TagSliding     = 's'
 	TagTokenBucket = 't'
 	TagFixed       = 'f'
+	TagPrecise     = 'p'
 )
 
 // State is one key's counter state as decide.lua stores it: a tag byte and
@@ -90,6 +95,10 @@ type State struct {
 	Window, Count, Prev float64
 	// Token bucket: Tokens, and LastRefill in Unix microseconds.
 	Tokens, LastRefill float64
+	// Sliding window of precision len(Old) >= 2: Window is the sub-window
+	// index, Count its count, Old the counts of the sub-windows before it,
+	// newest first.
+	Old []float64
 	// Compact: the value was in the compact form, whose Window is the
 	// window's index modulo 4 (Encode writes the tagged form).
 	Compact bool
@@ -126,6 +135,12 @@ func ParseState(v string) (State, error) {
 		return State{Algorithm: AlgTokenBucket, Tokens: f(0), LastRefill: f(1)}, nil
 	case len(v) == 17 && v[0] == TagFixed:
 		return State{Algorithm: AlgFixed, Window: f(0), Count: f(1)}, nil
+	case len(v) >= 25 && (len(v)-25)%8 == 0 && v[0] == TagPrecise && f(0) == float64((len(v)-25)/8):
+		st := State{Algorithm: AlgSliding, Window: f(1), Count: f(2)}
+		for i := range (len(v) - 25) / 8 {
+			st.Old = append(st.Old, f(3+i))
+		}
+		return st, nil
 	}
 	return State{}, fmt.Errorf("not a decide.lua state: %q", v)
 }
@@ -139,6 +154,12 @@ func (s State) Encode() string {
 		tag, fs = TagTokenBucket, []float64{s.Tokens, s.LastRefill}
 	case AlgFixed:
 		tag, fs = TagFixed, []float64{s.Window, s.Count}
+	case AlgSliding:
+		if len(s.Old) >= 2 {
+			tag, fs = TagPrecise, append([]float64{float64(len(s.Old)), s.Window, s.Count}, s.Old...)
+			break
+		}
+		fallthrough
 	default:
 		tag, fs = TagSliding, []float64{s.Window, s.Count, s.Prev}
 	}

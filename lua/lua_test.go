@@ -4,6 +4,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -61,6 +62,8 @@ func TestDecideConstants(t *testing.T) {
 		"TAG_SLIDING":      string(rune(TagSliding)),
 		"TAG_TOKEN_BUCKET": string(rune(TagTokenBucket)),
 		"TAG_FIXED":        string(rune(TagFixed)),
+		"TAG_PRECISE":      string(rune(TagPrecise)),
+		"MAX_PRECISION":    strconv.Itoa(MaxPrecision),
 		"COMPACT_COUNTS":   strconv.Itoa(CompactCounts),
 		"COMPACT_FIXED":    strconv.Itoa(CompactFixed),
 	} {
@@ -96,9 +99,10 @@ func TestStateRoundTrip(t *testing.T) {
 		{Algorithm: AlgSliding, Window: 29408640, Count: 17, Prev: 3},
 		{Algorithm: AlgTokenBucket, Tokens: 1.5, LastRefill: 1751538000250123},
 		{Algorithm: AlgFixed, Window: 1751538000, Count: 1 << 53},
+		{Algorithm: AlgSliding, Window: 105092280017, Count: 4, Old: []float64{1, 0, 7}},
 	} {
 		got, err := ParseState(s.Encode())
-		if err != nil || got != s {
+		if err != nil || !reflect.DeepEqual(got, s) {
 			t.Errorf("ParseState(Encode(%+v)) = %+v, %v", s, got, err)
 		}
 	}
@@ -108,7 +112,7 @@ func TestStateRoundTrip(t *testing.T) {
 		"31":               {Algorithm: AlgFixed, Compact: true, Window: 3, Count: 3},
 		"2251799813685247": {Algorithm: AlgFixed, Compact: true, Window: 3, Count: 1<<48 - 1},
 	} {
-		if got, err := ParseState(v); err != nil || got != want {
+		if got, err := ParseState(v); err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("ParseState(%q) = %+v, %v; want %+v", v, got, err, want)
 		}
 	}

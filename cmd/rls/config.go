@@ -121,7 +121,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.RedisPoolSize, "redis-pool-size", 0, "most Redis connections per node (opened on demand); 0 means 10 per CPU and at least 100")
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", time.Second, "budget for one decision's Redis calls when the caller sent no gRPC deadline; when it sent one (Envoy always sends its timeout, 20ms by default) the budget is that deadline minus a small margin")
 	fs.IntVar(&c.MemoryMaxKeys, "memory-max-keys", 1_000_000, "memory store: most counters kept; the oldest are evicted beyond it")
-	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters kept (each key's length plus 160); the oldest are evicted beyond it")
+	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters kept (each key's length plus 176, and 8 per sub-window of a precision window); the oldest are evicted beyond it")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", service.DefaultLimits.Descriptors, "most descriptors in one request; more is InvalidArgument")
 	fs.IntVar(&c.MaxEntries, "max-entries", service.DefaultLimits.Entries, "most entries in one descriptor; more is InvalidArgument")
 	fs.IntVar(&c.MaxKeyBytes, "max-key-bytes", service.DefaultLimits.KeyBytes, "longest descriptor entry key in bytes; longer is InvalidArgument")

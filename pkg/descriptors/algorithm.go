@@ -38,3 +38,7 @@ func ParseAlgorithm(s string) (a Algorithm, ok bool) {
 	}
 	return 0, false
 }
+
+// MaxPrecision is the most sub-windows a sliding_window rule's precision
+// may ask for (store.MaxPrecision).
+const MaxPrecision = 60

@@ -26,6 +26,7 @@
 //	      replaces: [{name: base}]   # drop these named limits when this one matches
 //	      algorithm: sliding_window  # | token_bucket | fixed_window (rls extension)
 //	      burst: 50                  # token_bucket only: capacity, default requests_per_unit
+//	      precision: 10              # sliding_window only: sub-windows per window (1..60)
 //	      on_error: fail_open        # | fail_closed; absent: the service's default
 //	    descriptors: [...]           # nested levels
 //

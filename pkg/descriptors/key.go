@@ -14,14 +14,15 @@ import (
 //	rl:{<tenant>}:<rest>   sliding_window, fixed_window
 //	tb:{<tenant>}:<rest>   token_bucket
 //	tenant = esc(domain) "|" esc(entries[0].key) "=" val(0)
-//	rest   = ("s"|"f"|"t") <window seconds> ["o" <requests_per_unit>] {"|" esc(key) "=" val(i)}
+//	rest   = ("s"|"f"|"t") <window seconds> ["p" <precision>] ["o" <requests_per_unit>] {"|" esc(key) "=" val(i)}
 //
 // where val(i) is esc(value), or "%*" esc(pattern) for an entry matched by
 // a share_threshold wildcard, and esc percent-encodes '%', '{', '}', ':',
 // '=', '|', every byte below 0x21 or equal to 0x7f and every byte that is
 // not part of valid UTF-8 as "%XX" (keys are valid UTF-8; input bytes are
-// kept exactly: "a\xff" and "a%FF" have distinct keys). The "o"
-// part is present for override rules only. Distinct inputs (domain,
+// kept exactly: "a\xff" and "a%FF" have distinct keys). The "p" part is
+// present for sliding windows of precision 2 or more only (so a rule
+// without precision keeps its key), the "o" part for override rules only. Distinct inputs (domain,
 // entries, algorithm, window, override and its requests_per_unit) give
 // distinct keys, and the Redis Cluster hash tag is exactly the tenant.
 // Without entries the tenant is esc(domain) "|". A nil r is treated as a
@@ -53,6 +54,10 @@ func AppendKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescripto
 		dst = append(dst, 's')
 	}
 	dst = strconv.AppendInt(dst, secs, 10)
+	if r != nil && alg == SlidingWindow && r.Precision >= 2 {
+		dst = append(dst, 'p')
+		dst = strconv.AppendUint(dst, uint64(r.Precision), 10)
+	}
 	if r != nil && r.Override {
 		dst = append(dst, 'o')
 		dst = strconv.AppendUint(dst, uint64(r.RequestsPerUnit), 10)

@@ -30,7 +30,7 @@ var (
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
 	rateLimitFields = []string{"unit", "requests_per_unit", "name", "unlimited", "replaces",
-		"algorithm", "burst", "on_error", "response_body", "content_type"}
+		"algorithm", "burst", "precision", "on_error", "response_body", "content_type"}
 	replacesFields = []string{"name"}
 )
 
@@ -655,6 +655,16 @@ func (p *parser) algorithm(fs map[string]field, r *Rule) {
 			} else {
 				p.errorf(f.val, "algorithm", "invalid algorithm %q; choices are sliding_window, token_bucket, fixed_window", s)
 			}
+		}
+	}
+	if f, ok := fs["precision"]; ok {
+		if r.Algorithm != SlidingWindow {
+			p.errorf(f.key, "precision", "only valid with algorithm: sliding_window (the default)")
+		} else if n, ok := p.uint32Field(f, "precision"); ok {
+			if n < 1 || n > MaxPrecision {
+				p.errorf(f.val, "precision", "must be 1 to %d sub-windows per window, got %d", MaxPrecision, n)
+			}
+			r.Precision = n
 		}
 	}
 	f, ok := fs["burst"]

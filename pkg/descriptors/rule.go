@@ -16,6 +16,7 @@ type Rule struct {
 	Unlimited       bool // never limited: answer OK without counting
 	Algorithm       Algorithm
 	Burst           uint32 // token bucket capacity as configured; 0 means RequestsPerUnit
+	Precision       uint32 // sliding window sub-windows (2..MaxPrecision); 0 or 1: the two-counter window
 	OnError         OnError
 	ShadowMode      bool
 	DetailedMetric  bool

@@ -103,6 +103,7 @@ func ruleCheck(r *descriptors.Rule, key string) store.Check {
 		Limit:     uint64(r.RequestsPerUnit),
 		Window:    r.Window(),
 		Burst:     uint64(r.Burst),
+		Precision: uint64(r.Precision),
 		Shadow:    r.ShadowMode,
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 )
 
@@ -245,5 +246,12 @@ descriptors:
 				}
 			}
 		})
+	}
+}
+
+// The precision bound is one number in three places.
+func TestMaxPrecisionAgrees(t *testing.T) {
+	if descriptors.MaxPrecision != store.MaxPrecision {
+		t.Errorf("descriptors.MaxPrecision %d, store.MaxPrecision %d", descriptors.MaxPrecision, store.MaxPrecision)
 	}
 }

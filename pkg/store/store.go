@@ -48,6 +48,31 @@
 // denied reports the RetryAfter of one hit. Remaining of a denied check is
 // its budget R.
 //
+// Sliding window of precision N (Precision >= 2, at most MaxPrecision): the
+// window is counted in N sub-windows; sub-window j of a window spans
+// [ceil(j*Wus/N), ceil((j+1)*Wus/N)) microseconds into it. State: sub (the
+// absolute index curWin*N + j of the newest sub-window written), cur (its
+// count) and old[1..N] (old[i] the count of sub-window sub-i).
+//
+//	j   = floor(into*N / Wus); s = curWin*N + j      -- into = now - curWin*Wus
+//	if s != sub: the counts move s - sub places older (cur becomes old[s-sub]);
+//	             those beyond old[N] drop; cur = 0 (s < sub: all 0)
+//	b0, b1 = ceil(j*Wus/N), ceil((j+1)*Wus/N)
+//	frac = (b1 - into) / (b1 - b0)                  -- the share of sub-window s-N still inside
+//	rate = old[N]*frac + (cur + old[1] + ... + old[N-1])
+//	R, consume and Force as above; refund: cur -= h, a deficit taken from
+//	old[1], old[2], ... in turn and never owed.
+//	Reset, TTL as above (Reset to the end of the window, TTL 2*W).
+//
+// RetryAfter (h > R): A = L - h + 1; if A <= 0, Reset. Else step through
+// the sub-windows from s on (no other traffic): in step m (sub-window s+m)
+// the counts of sub-windows s+m-N+1..s+m sum to F and sub-window s+m-N
+// counts c. The first step with F < A passes at its start when c == 0 or
+// q = (A - F)/c > 1, else at x = (T + b1') - q*(b1' - b0') microseconds
+// from now, T + b1' being when sub-window s+m ends relative to now and b0',
+// b1' its bounds; step 0 starts now. RetryAfter = settle(floor(x) + 1).
+// Precision 1 is the two-counter window above, bit for bit.
+//
 // Fixed window. State: win, count. If win != curWin: count = 0.
 // R = max(0, L - count); refund: count = max(0, count - h).
 // Reset = RetryAfter = Wus - (now - curWin*Wus); TTL = Reset (rounded up to a
@@ -123,6 +148,9 @@ func (a Algorithm) String() string {
 	return "unknown"
 }
 
+// MaxPrecision is the most sub-windows a sliding window may have.
+const MaxPrecision = 60
+
 // Check is one counter to decide. Key is the full store key (see
 // descriptors.AppendKey); all checks whose keys share a Redis hash slot are
 // decided in one script call.
@@ -132,6 +160,7 @@ type Check struct {
 	Limit     uint64        // requests per window
 	Window    time.Duration // a whole number of seconds, at least one
 	Burst     uint64        // token bucket capacity; 0 means Limit
+	Precision uint64        // sliding window: sub-windows per window (see the package doc); 0 and 1 are the two-counter window
 	Hits      uint64        // 0 means check without consuming
 	Refund    bool          // return Hits to the budget (is_negative_hits)
 	Shadow    bool          // shadow mode: a denial does not veto the batch (see the package doc)

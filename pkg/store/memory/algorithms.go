@@ -22,11 +22,12 @@ const (
 // prev; fixed window win and cur (the count); token bucket tokens and last.
 type state struct {
 	alg    store.Algorithm
-	win    int64
+	win    int64 // precision >= 2: the sub-window index (store's "sub")
 	cur    int64
 	prev   int64
 	tokens float64
 	last   int64
+	old    *[]int64 // precision >= 2: old[i-1] is store's old[i]; nil otherwise
 }
 
 // op is how a check acts on the state.
@@ -53,6 +54,12 @@ func (st *state) apply(c *store.Check, now int64, o op) store.Result {
 	case store.FixedWindow:
 		return st.fixedWindow(c.Limit, now, wus, h, o)
 	default: // SlidingWindow, and unknown values as the default algorithm
+		if c.Precision >= 2 {
+			return st.preciseWindow(c.Limit, now, wus, int64(c.Precision), h, o)
+		}
+		if st.old != nil {
+			*st = state{} // another precision's state: start fresh
+		}
 		return st.slidingWindow(c.Limit, now, wus, h, o)
 	}
 }

@@ -68,7 +68,7 @@ func (m *Store) run(now int64, checks []store.Check, results []store.Result, slo
 	if !peek && writeBacks(checks, results, slots, idx) {
 		// The state to write if the batch is vetoed.
 		for j := range slots {
-			slots[j].base, slots[j].baseExp = slots[j].st, slots[j].exp
+			slots[j].base, slots[j].baseExp = slots[j].st.clone(), slots[j].exp
 		}
 	}
 	veto := evaluate(checks, results, slots, idx, peek)
@@ -146,7 +146,7 @@ func load(slots []slot, now int64, peek bool) {
 		}
 		s.now = max(now, e.seen)
 		if e.expires > s.now {
-			s.ent, s.st = e, e.st
+			s.ent, s.st = e, e.st.clone()
 		} else if !peek {
 			s.shard.remove(e)
 		}

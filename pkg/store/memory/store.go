@@ -26,8 +26,9 @@ const DefaultMaxBytes = 128 << 20
 // map slot (with the spare room of a map that just grew) and the entry.
 // Measured as heap in use after GC (runtime.ReadMemStats) per key on
 // linux/amd64, Go 1.26, over table sizes at every point of the maps'
-// growth, rounded up; TestEntryOverhead measures it again.
-const EntryOverhead = 160
+// growth, rounded up; TestEntryOverhead measures it again. A sliding window
+// of precision N >= 2 costs 8*N+32 bytes more (its sub-window counts).
+const EntryOverhead = 176
 
 const (
 	maxShards     = 64 // at most 64, so a batch's shards fit in one uint64 mask
@@ -206,7 +207,7 @@ func (m *Store) Close() error { return nil }
 // written. The shard must be locked.
 func (sh *shard) write(e *entry, key string, st state, exp, seen int64) {
 	if e == nil {
-		cost := int64(len(key)) + EntryOverhead
+		cost := int64(len(key)) + EntryOverhead + st.extraBytes()
 		for (len(sh.keys) >= sh.cap || sh.bytes+cost > sh.maxB) && sh.tail != nil {
 			sh.remove(sh.tail)
 		}
@@ -220,10 +221,12 @@ func (sh *shard) write(e *entry, key string, st state, exp, seen int64) {
 		}
 		e.key = key
 		sh.keys[key] = e
-	} else if e == sh.head {
-		e.st, e.expires, e.seen = st, exp, seen
-		return
 	} else {
+		sh.bytes += st.extraBytes() - e.st.extraBytes()
+		if e == sh.head {
+			e.st, e.expires, e.seen = st, exp, seen
+			return
+		}
 		sh.unlink(e)
 	}
 	e.st, e.expires, e.seen = st, exp, seen
@@ -259,7 +262,7 @@ func (sh *shard) unlink(e *entry) {
 func (sh *shard) remove(e *entry) {
 	sh.unlink(e)
 	delete(sh.keys, e.key)
-	sh.bytes -= int64(len(e.key)) + EntryOverhead
+	sh.bytes -= int64(len(e.key)) + EntryOverhead + e.st.extraBytes()
 	if sh.nfree < maxFree {
 		*e = entry{older: sh.free}
 		sh.free, sh.nfree = e, sh.nfree+1

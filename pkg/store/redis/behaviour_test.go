@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,7 +37,7 @@ func TestVectors(t *testing.T) {
 		if want := (store.Result{Allowed: true, Remaining: 20, Reset: 600 * time.Millisecond}); r != want {
 			t.Errorf("got %+v, want %+v", r, want)
 		}
-		if st := stateOf(t, rc, key); st != (lua.State{Algorithm: lua.AlgSliding, Window: float64(win), Count: 31, Prev: 82}) {
+		if st := stateOf(t, rc, key); !reflect.DeepEqual(st, lua.State{Algorithm: lua.AlgSliding, Window: float64(win), Count: 31, Prev: 82}) {
 			t.Errorf("state %+v, want window %d, count 31, prev 82", st, win)
 		}
 	})
@@ -484,5 +485,11 @@ func TestCompactMatchesTagged(t *testing.T) {
 			time.Sleep(time.Second)
 			same("the window after", 3)
 		})
+	}
+}
+
+func TestMaxPrecisionAgrees(t *testing.T) {
+	if lua.MaxPrecision != store.MaxPrecision {
+		t.Errorf("lua.MaxPrecision %d, store.MaxPrecision %d", lua.MaxPrecision, store.MaxPrecision)
 	}
 }

@@ -43,6 +43,7 @@ type diffKey struct {
 	key                  string
 	alg                  store.Algorithm
 	limit, burst, window uint64
+	precision            uint64 // sliding window sub-windows; 0 for two counters
 }
 
 // diffStep is one batch of a differential run, after advancing the clock.
@@ -56,6 +57,9 @@ var (
 	diffLimits  = []uint64{0, 1, 2, 3, 5, 10, 100, 7919, 1_000_000_000, 1<<32 - 1}
 	diffWindows = []uint64{1, 1, 2, 3, 60, 3600, 86400, 604800, 2592000, 31536000}
 	diffBursts  = []uint64{0, 0, 1, 4, 50, 1<<32 - 1}
+	// By c/30 of a key's byte (0 to 7): the first four keep the
+	// two-counter window the older seeds were made for.
+	diffPrecisions = []uint64{0, 0, 0, 1, 2, 3, 10, 60}
 )
 
 // decodeDiff decodes the fuzz bytes into a start time (microseconds), keys
@@ -80,6 +84,9 @@ func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []d
 		}
 		if k.alg == store.TokenBucket {
 			k.burst = diffBursts[int(r.byte())%len(diffBursts)]
+		}
+		if k.alg == store.SlidingWindow {
+			k.precision = diffPrecisions[int(c/30)%len(diffPrecisions)]
 		}
 		prefix := "rl"
 		if k.alg == store.TokenBucket {
@@ -117,7 +124,7 @@ func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []d
 			k := keys[int(c)%len(keys)]
 			flags := r.byte()
 			ch := store.Check{
-				Key: k.key, Algorithm: k.alg, Limit: k.limit, Burst: k.burst,
+				Key: k.key, Algorithm: k.alg, Limit: k.limit, Burst: k.burst, Precision: k.precision,
 				Window: time.Duration(k.window) * time.Second,
 				Refund: flags&1 != 0,
 				Shadow: flags&2 != 0,
@@ -195,6 +202,14 @@ func FuzzDifferential(f *testing.F) {
 		// algorithm and is denied, then one of the old algorithm, then a
 		// forced write-back and a refund
 		[]byte{0, 0, 0, 0, 9, 0, 2, 1, 8, 0xF8, 2, 0, 4, 0, 2, 1, 4, 0x0C, 12, 1},
+		// precision 10 (limit 3, 1s): used up, denied, then small steps and
+		// the next second while the oldest sub-window's weight runs down
+		[]byte{0, 0, 0, 0, 189, 0, 2, 0, 12, 0, 2, 0, 4, 0, 3, 0, 255, 4, 0, 3, 0, 255, 4, 0,
+			1, 0, 4, 0, 3, 0, 255, 4, 0, 7, 0, 200, 4, 0, 7, 0, 200, 4, 0},
+		// precision 60 and 2 (limit 3, 1s and 2s): hits, a refund larger
+		// than the newest sub-window, a forced write-back, a peek
+		[]byte{0, 0, 0, 1, 219, 0, 129, 1, 2, 1, 8, 9, 3, 0, 255, 12, 0, 3, 1, 99, 12, 1, 5, 0,
+			2, 0, 20, 0x0C, 1, 0, 4, 0, 2, 0x80, 0, 0, 3, 1, 50, 8, 0, 5, 0},
 	)
 	for _, s := range seeds {
 		f.Add(s)

@@ -314,7 +314,7 @@ func (c *call) encode(mode string, now any) {
 	}
 	for _, ch := range c.checks {
 		keys = append(keys, ch.Key)
-		blob = lua.AppendCheck(blob, algorithmCode(ch.Algorithm), flags(ch), ch.Limit, uint64(ch.Window/time.Second), ch.Burst, ch.Hits)
+		blob = lua.AppendCheck(blob, algorithmCode(ch.Algorithm), flags(ch), ch.Limit, uint64(ch.Window/time.Second), burstArg(ch), ch.Hits)
 	}
 	c.keys, c.blob = keys, blob
 	c.args = append(c.args[:0], now, modeArg, blob)
@@ -490,4 +490,19 @@ func (s *Store) BreakerStates() map[string]breaker.State {
 		return true
 	})
 	return m
+}
+
+// burstArg is a check's burst field in decide.lua: a token bucket's
+// capacity, a sliding window's precision (0 or 1: two counters).
+func burstArg(ch *store.Check) uint64 {
+	switch ch.Algorithm {
+	case store.TokenBucket:
+		return ch.Burst
+	case store.FixedWindow:
+		return 0
+	}
+	if ch.Precision >= 2 { // sliding window, and unknown algorithms acting as it
+		return ch.Precision
+	}
+	return 0
 }
