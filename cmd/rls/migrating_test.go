@@ -44,6 +44,7 @@ var pendingFlags = map[string]string{
 	"header-remaining":        "LIMIT_REMAINING_HEADER",
 	"header-reset":            "LIMIT_RESET_HEADER",
 	"otlp-endpoint":           "TRACING_ENABLED",
+	"otlp-protocol":           "TRACING_EXPORTER_PROTOCOL",
 	"trace-descriptor-values": "",
 }
 
