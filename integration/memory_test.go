@@ -90,7 +90,7 @@ func TestServeExampleConfig(t *testing.T) {
 	}
 
 	hc := healthpb.NewHealthClient(p.conn)
-	for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService"} {
+	for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService", "ratelimit"} { // "ratelimit": envoyproxy/ratelimit's name
 		h, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
 		if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("health %q: %v %v", svc, h, err)

@@ -105,7 +105,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":8080", "HTTP listen address (/healthcheck, /metrics); empty disables it")
 	fs.StringVar(&c.DebugAddr, "debug-addr", "127.0.0.1:6070", "debug listen address (/debug/pprof, /rlconfig); keep it on loopback; empty disables it")
 	fs.StringVar(&c.Store, "store", "memory", "counter store: memory (embedded, per process) or redis (shared by the fleet)")
-	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error (any case)")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.DurationVar(&c.ShutdownDrain, "shutdown-drain", 0, "on SIGTERM, time to keep serving while health reports NOT_SERVING")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls may take to finish")
@@ -294,6 +294,7 @@ func (c *Config) Validate() error {
 	add(validAddr("http-addr", c.HTTPAddr, true))
 	add(validAddr("debug-addr", c.DebugAddr, true))
 	add(oneOf("store", c.Store, "memory", "redis"))
+	c.LogLevel = strings.ToLower(c.LogLevel) // upstream's LOG_LEVEL is upper case
 	add(oneOf("log-level", c.LogLevel, "debug", "info", "warn", "error"))
 	add(oneOf("log-format", c.LogFormat, "text", "json"))
 	if c.ShutdownDrain < 0 {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,7 +24,7 @@ import (
 func (c *Config) redisOptions() redisstore.Options {
 	return redisstore.Options{
 		URL:        c.RedisURL,
-		Mode:       c.RedisMode,
+		Mode:       strings.ToLower(c.RedisMode), // upstream's REDIS_TYPE is upper case
 		MasterName: c.RedisMasterName,
 		Username:   c.RedisUsername,
 		Password:   c.RedisPassword,

@@ -38,6 +38,10 @@ import (
 // rlsServiceName is the gRPC service whose health Envoy and Kubernetes check.
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
+// upstreamHealthName is the health service name envoyproxy/ratelimit
+// serves, so probes and Envoy health checks written for it keep working.
+const upstreamHealthName = "ratelimit"
+
 // storeHealthName is the gRPC health service that reflects whether the store
 // answers; rls itself stays SERVING (degraded) while it does not.
 const storeHealthName = "rls.store"
@@ -311,6 +315,7 @@ func (a *app) registerGRPC() {
 	a.healthSrv.SetServingStatus(storeHealthName, healthpb.HealthCheckResponse_NOT_SERVING)
 	a.healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	a.healthSrv.SetServingStatus(rlsServiceName, healthpb.HealthCheckResponse_SERVING)
+	a.healthSrv.SetServingStatus(upstreamHealthName, healthpb.HealthCheckResponse_SERVING)
 }
 
 // setStoreHealth records whether the store answers ("rls.store" and
