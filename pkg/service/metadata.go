@@ -72,4 +72,3 @@ func mergeMetadata(dst, src *structpb.Struct) {
 		}
 	}
 }
-
