@@ -43,10 +43,11 @@
 // file order) with key k whose wildcard value matches v, else the child with
 // key k and no value. The rule is the rate_limit of the node reached by the
 // last entry; there is no fallback to a parent's limit, and a request deeper
-// than the configuration matches nothing. Unlike envoyproxy/ratelimit, which
-// only honours a trailing '*', a '*' may appear anywhere in a value; and a
-// key with a trailing '*' is a literal key here (envoyproxy/ratelimit
-// accidentally treats key-only "foo*" as a key prefix).
+// than the configuration matches nothing. As in envoyproxy/ratelimit (since
+// its #1085), a '*' may appear anywhere in a value. Unlike there, a '*' in a
+// key is a literal character: envoyproxy/ratelimit matches a wildcard
+// against "key_value" as one string, so it accidentally treats key-only
+// "foo*" as a key prefix.
 //
 // # Store keys
 //

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// upstreamFixtures are envoyproxy/ratelimit's config files, copied for
+// pkg/descriptors' replay of its tests (see the README there).
+var upstreamFixtures = filepath.Join("..", "..", "pkg", "descriptors", "testdata", "upstream")
+
+// runValidate runs `rls validate args...` and returns what it printed.
+func runValidate(args ...string) (string, error) {
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), append([]string{"validate"}, args...), func(string) string { return "" }, &out, &errOut)
+	return out.String() + errOut.String(), err
+}
+
+// upstreamDir copies files of upstream's test/config into a new directory.
+func upstreamDir(t *testing.T, files ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range files {
+		data, err := os.ReadFile(filepath.Join(upstreamFixtures, "test_config", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestValidateUpstreamConfigs: rls validate accepts envoyproxy/ratelimit's
+// examples, and its pair of files for one domain with --merge-domains only;
+// it refuses each file upstream's tests expect to panic with a
+// file:line: error for it.
+func TestValidateUpstreamConfigs(t *testing.T) {
+	out, err := runValidate(filepath.Join(upstreamFixtures, "examples"))
+	if err != nil || !strings.Contains(out, "ok, 2 domain(s) [mongo_cps rl]") {
+		t.Errorf("validate examples: %v\n%s", err, out)
+	}
+
+	dir := upstreamDir(t, "merge_domain_key1.yaml", "merge_domain_key2.yaml")
+	if out, err := runValidate(dir); err == nil || !strings.Contains(out, "merge_domain_key2.yaml:2: domain: duplicate domain") {
+		t.Errorf("validate merge pair without --merge-domains: %v\n%s", err, out)
+	}
+	if out, err := runValidate("--merge-domains", dir); err != nil || !strings.Contains(out, "ok, 1 domain(s) [test-domain]") {
+		t.Errorf("validate --merge-domains merge pair: %v\n%s", err, out)
+	}
+
+	for _, f := range []string{
+		"bad_limit_unit.yaml", "bad_yaml.yaml", "duplicate_key.yaml", "empty_domain.yaml",
+		"empty_key.yaml", "misspelled_key.yaml", "misspelled_key2.yaml", "non_map_list.yaml",
+		"non_string_key.yaml", "replaces_empty.yaml", "replaces_self.yaml", "unlimited_with_unit.yaml",
+	} {
+		dir := upstreamDir(t, f)
+		out, err := runValidate(dir)
+		at := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(filepath.Join(dir, f)) + `:[1-9][0-9]*: `)
+		if err == nil || !at.MatchString(out) {
+			t.Errorf("validate %s: %v; want a %s:LINE: error, got\n%s", f, err, f, out)
+		}
+	}
+	dir = upstreamDir(t, "bad_limit_unit.yaml")
+	if out, _ := runValidate(dir); !strings.Contains(out, filepath.Join(dir, "bad_limit_unit.yaml")+`:6: unit: invalid unit "foo"`) {
+		t.Errorf("validate bad_limit_unit.yaml:\n%s", out)
+	}
+}
