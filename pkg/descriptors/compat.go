@@ -70,6 +70,32 @@ func (r *Rule) MetricValue(entries []*rlcommon.RateLimitDescriptor_Entry) string
 	return b.String()
 }
 
+// MetricLabel renders the detailed-metric value of a request that matched
+// r: for a detailed_metric rule, every entry as "key=value", joined by '|',
+// except that a level matched through a share_threshold wildcard is named
+// by its pattern ("key=pattern", as envoyproxy/ratelimit's stats key; its
+// values share one counter, and so one series); else MetricValue. Bytes
+// that are not UTF-8 are the caller's to escape.
+func (r *Rule) MetricLabel(entries []*rlcommon.RateLimitDescriptor_Entry) string {
+	if !r.DetailedMetric {
+		return r.MetricValue(entries)
+	}
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte('|')
+		}
+		b.WriteString(e.GetKey())
+		b.WriteByte('=')
+		if !r.Override && i < len(r.share) && r.share[i] != "" {
+			b.WriteString(r.share[i])
+		} else {
+			b.WriteString(e.GetValue())
+		}
+	}
+	return b.String()
+}
+
 // metadata parses a descriptor's metadata: any YAML mapping, kept as a
 // protobuf Struct (numbers become doubles, as in envoyproxy/ratelimit).
 // It returns nil for an empty or null mapping, or after an error.

@@ -75,12 +75,6 @@
 //
 // Known differences, each a check that is reported as skipped while rls
 // differs and fails once it no longer does (so the mark gets removed):
-//   - TestShareThreshold "share_threshold with metrics": a detailed_metric
-//     rule below a share_threshold wildcard. Upstream names the shared level
-//     by its pattern ("service_svc/*.endpoint_get"); rls's
-//     rls_detailed_decisions_total labels detailed_metric rules with the
-//     request's own values ("service=svc/user|endpoint=get", pkg/service
-//     entriesOf), so the label differs for every value the wildcard shares.
 //   - TestUpstreamDifferences: behaviour of upstream's config_impl.go that
 //     its tests do not assert and rls does not share: overrides keep the
 //     matched rule's shadow_mode and name here; upstream's wildcards match
@@ -806,12 +800,8 @@ func keyEntries(key []byte) []string {
 func rlsStatsName(domain string, r *Rule, es []*rlcommon.RateLimitDescriptor_Entry) string {
 	var levels []string
 	switch {
-	case r.DetailedMetric:
-		for _, e := range es {
-			levels = append(levels, e.GetKey()+"="+e.GetValue())
-		}
-	case r.ValueToMetric():
-		levels = strings.Split(r.MetricValue(es), "|")
+	case r.DetailedMetric || r.ValueToMetric():
+		levels = strings.Split(r.MetricLabel(es), "|")
 	default:
 		keys := make([]string, len(es))
 		for i, e := range es {
@@ -1034,9 +1024,7 @@ var upstreamCalls = func() []upCall {
 		otherKey("route", "api/v1", "method", "PUT")) // rls: method does not share
 	st(1722, "share_threshold with metrics", kv("service", "svc/user", "endpoint", "get"),
 		notNil(), sharedAt(0, "svc/*"), detailed(true),
-		statsKey("test-domain.service_svc/*.endpoint_get").differs(
-			"pkg/service labels rls_detailed_decisions_total of a detailed_metric rule with the request's values "+
-				"(entriesOf), also at share_threshold levels; upstream writes the shared level's pattern"),
+		statsKey("test-domain.service_svc/*.endpoint_get"),
 		sameKey("service", "svc/admin", "endpoint", "get")) // rls
 	st(1740, "Nested wildcards", kv("nested", "parent", "files", "nested/file1.txt"),
 		notNil(), sharedAt(1, "nested/*"), rpu(200), statsKey("test-domain.nested_parent.files_nested/*"),

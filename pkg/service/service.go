@@ -373,33 +373,11 @@ func (s *Service) nearLimit(remaining uint64, limit uint32) bool {
 	return (uint64(limit)-remaining)*1_000_000 >= s.nearPPM*uint64(limit)
 }
 
-// detailOf returns a func rendering the value label of r's detailed metrics
-// for d: d's entries (entriesOf) for a detailed_metric rule, else the
-// value_to_metric naming. It is called only for rules with either.
+// detailOf returns a func rendering the value label of r's detailed
+// metrics for d (descriptors.Rule.MetricLabel, escaped for Prometheus). It
+// is called only for detailed_metric and value_to_metric rules.
 func detailOf(d *rlcommon.RateLimitDescriptor, r *descriptors.Rule) func() string {
-	if r.DetailedMetric || !r.ValueToMetric() {
-		return entriesOf(d)
-	}
-	return func() string { return printable(r.MetricValue(d.Entries)) }
-}
-
-// entriesOf returns a func rendering d's entries as key=value pairs joined
-// by '|', for detailed metrics (called only for detailed_metric rules).
-// Bytes that are not UTF-8 are written \xNN: Prometheus label values must
-// be valid UTF-8.
-func entriesOf(d *rlcommon.RateLimitDescriptor) func() string {
-	return func() string {
-		var b strings.Builder
-		for i, e := range d.Entries {
-			if i > 0 {
-				b.WriteByte('|')
-			}
-			writePrintable(&b, e.Key)
-			b.WriteByte('=')
-			writePrintable(&b, e.Value)
-		}
-		return b.String()
-	}
+	return func() string { return printable(r.MetricLabel(d.Entries)) }
 }
 
 // printable returns s with every byte that is not part of valid UTF-8
