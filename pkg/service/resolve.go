@@ -103,7 +103,7 @@ func ruleCheck(r *descriptors.Rule, key string) store.Check {
 		Limit:     uint64(r.RequestsPerUnit),
 		Window:    r.Window(),
 		Burst:     uint64(r.Burst),
-		Precision: uint64(r.Precision),
+		Precision: uint8(r.Precision), // at most descriptors.MaxPrecision
 		Shadow:    r.ShadowMode,
 	}
 }

@@ -160,11 +160,11 @@ type Check struct {
 	Limit     uint64        // requests per window
 	Window    time.Duration // a whole number of seconds, at least one
 	Burst     uint64        // token bucket capacity; 0 means Limit
-	Precision uint64        // sliding window: sub-windows per window (see the package doc); 0 and 1 are the two-counter window
 	Hits      uint64        // 0 means check without consuming
 	Refund    bool          // return Hits to the budget (is_negative_hits)
 	Shadow    bool          // shadow mode: a denial does not veto the batch (see the package doc)
 	Force     bool          // add Hits whatever the budget: a write-back (see the package doc)
+	Precision uint8         // sliding window: sub-windows per window (see the package doc); 0 and 1 are the two-counter window
 }
 
 // Result is the outcome of one Check.

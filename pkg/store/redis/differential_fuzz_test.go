@@ -124,7 +124,7 @@ func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []d
 			k := keys[int(c)%len(keys)]
 			flags := r.byte()
 			ch := store.Check{
-				Key: k.key, Algorithm: k.alg, Limit: k.limit, Burst: k.burst, Precision: k.precision,
+				Key: k.key, Algorithm: k.alg, Limit: k.limit, Burst: k.burst, Precision: uint8(k.precision),
 				Window: time.Duration(k.window) * time.Second,
 				Refund: flags&1 != 0,
 				Shadow: flags&2 != 0,

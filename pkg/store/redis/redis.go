@@ -502,7 +502,7 @@ func burstArg(ch *store.Check) uint64 {
 		return 0
 	}
 	if ch.Precision >= 2 { // sliding window, and unknown algorithms acting as it
-		return ch.Precision
+		return uint64(ch.Precision)
 	}
 	return 0
 }
