@@ -366,6 +366,33 @@ func (l *Limiter) Counters() Counters {
 	return c
 }
 
+// Table is one local table's size, for metrics.
+type Table struct {
+	Name    string // last_answers, fail_open_buckets or write_backs
+	Entries int
+	Bytes   int64 // what the entries count against the table's byte cap
+	// Evictions counts the least recently used entries dropped at a cap
+	// since start; -1 for write_backs, which never evicts (a hit that
+	// finds it full is counted in Counters.WriteBackLost).
+	Evictions int64
+}
+
+// Tables returns the sizes of the local tables: what the store last said
+// per key (the over-limit cache and the fail-open seeds), the fail-open
+// buckets, and the keys waiting for write-back. It locks every shard in
+// turn: for scrapes, not for the decision path.
+func (l *Limiter) Tables() [3]Table {
+	l.wb.mu.Lock()
+	wbBytes := l.wb.bytes
+	wbLen := len(l.wb.m)
+	l.wb.mu.Unlock()
+	return [3]Table{
+		{Name: "last_answers", Entries: l.known.len(), Bytes: l.known.size(), Evictions: int64(l.known.evicted.Load())},
+		{Name: "fail_open_buckets", Entries: l.local.len(), Bytes: l.local.size(), Evictions: int64(l.local.evicted.Load())},
+		{Name: "write_backs", Entries: wbLen, Bytes: wbBytes, Evictions: -1},
+	}
+}
+
 // Forget drops keys from every local table (the over-limit cache, the
 // fail-open buckets and their pending write-backs), so a counter reset by
 // an operator is not denied, nor charged, from stale local state.

@@ -3,6 +3,7 @@ package limiter
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 )
 
 // lru is a bounded map from store keys to V, split into shards that each
@@ -17,6 +18,7 @@ type lru[V any] struct {
 	shardCap   int
 	shardBytes int64
 	overhead   int64
+	evicted    atomic.Uint64 // entries dropped at a cap
 }
 
 type lruShard[V any] struct {
@@ -86,6 +88,7 @@ func lruWith[V, R any](l *lru[V], key string, f func(v V, ok bool) (V, bool, R))
 			s.unlink(old)
 			delete(s.m, old.key)
 			s.bytes -= l.cost(old.key)
+			l.evicted.Add(1)
 		}
 	}
 	return r
