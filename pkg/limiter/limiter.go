@@ -382,14 +382,15 @@ type Table struct {
 // buckets, and the keys waiting for write-back. It locks every shard in
 // turn: for scrapes, not for the decision path.
 func (l *Limiter) Tables() [3]Table {
+	kn, kb, ke := l.known.stats()
+	bn, bb, be := l.local.stats()
 	l.wb.mu.Lock()
-	wbBytes := l.wb.bytes
-	wbLen := len(l.wb.m)
+	wn, wb := len(l.wb.m), l.wb.bytes
 	l.wb.mu.Unlock()
 	return [3]Table{
-		{Name: "last_answers", Entries: l.known.len(), Bytes: l.known.size(), Evictions: int64(l.known.evicted.Load())},
-		{Name: "fail_open_buckets", Entries: l.local.len(), Bytes: l.local.size(), Evictions: int64(l.local.evicted.Load())},
-		{Name: "write_backs", Entries: wbLen, Bytes: wbBytes, Evictions: -1},
+		{Name: "last_answers", Entries: kn, Bytes: kb, Evictions: int64(ke)},
+		{Name: "fail_open_buckets", Entries: bn, Bytes: bb, Evictions: int64(be)},
+		{Name: "write_backs", Entries: wn, Bytes: wb, Evictions: -1},
 	}
 }
 

@@ -117,7 +117,7 @@ func TestLRUBytesEvictsLeastRecentlyUsed(t *testing.T) {
 	})
 	put(l, keys[fit], fit)
 	put(l, keys[fit+1], fit+1) // evicts 2 and 3
-	if got := l.evicted.Load(); got != 2 {
+	if _, _, got := l.stats(); got != 2 {
 		t.Errorf("evicted = %d, want 2", got)
 	}
 	for i, k := range keys {
