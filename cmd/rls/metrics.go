@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -145,6 +146,51 @@ func registerLocal(reg prometheus.Registerer, lim *limiter.Limiter, fleet *limit
 			Name: "rls_fallback_batches_total", Help: "Requests decided without the store, by cause: deadline (the caller's deadline or the store timeout ran out), unavailable (an error), circuit_open.",
 			ConstLabels: prometheus.Labels{"cause": c.String()}}, func() float64 { return float64(lim.Counters().Causes[c]) }))
 	}
+	reg.MustRegister(&tablesCollector{lim: lim})
+}
+
+// tablesCollector reports the limiter's local tables, read once per scrape.
+type tablesCollector struct{ lim *limiter.Limiter }
+
+var (
+	tableEntriesDesc = prometheus.NewDesc("rls_local_table_entries",
+		"Entries of each local table: last_answers (what the store last said per key: the over-limit cache and fail-open seeds), fail_open_buckets, write_backs (keys whose locally admitted hits wait for write-back).",
+		[]string{"table"}, nil)
+	tableBytesDesc = prometheus.NewDesc("rls_local_table_bytes",
+		"Bytes each local table's entries count against its share of --local-max-bytes (key length plus a per-entry overhead).",
+		[]string{"table"}, nil)
+	tableEvictionsDesc = prometheus.NewDesc("rls_local_table_evictions_total",
+		"Least recently used entries dropped from a local table at --local-max-keys or its share of --local-max-bytes (write_backs never evicts: see rls_writeback_hits_total{result=\"lost\"}).",
+		[]string{"table"}, nil)
+)
+
+func (c *tablesCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- tableEntriesDesc
+	ch <- tableBytesDesc
+	ch <- tableEvictionsDesc
+}
+
+func (c *tablesCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, t := range c.lim.Tables() {
+		ch <- prometheus.MustNewConstMetric(tableEntriesDesc, prometheus.GaugeValue, float64(t.Entries), t.Name)
+		ch <- prometheus.MustNewConstMetric(tableBytesDesc, prometheus.GaugeValue, float64(t.Bytes), t.Name)
+		if t.Evictions >= 0 {
+			ch <- prometheus.MustNewConstMetric(tableEvictionsDesc, prometheus.CounterValue, float64(t.Evictions), t.Name)
+		}
+	}
+}
+
+// registerStoreUp exposes the store's readiness probe, as the gRPC health
+// service "rls.store" reports it.
+func registerStoreUp(reg prometheus.Registerer, ok *atomic.Bool) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "rls_store_up", Help: "1 while the store answers its readiness probe (gRPC health rls.store SERVING), 0 while it does not (rls decides in fallback)."},
+		func() float64 {
+			if ok.Load() {
+				return 1
+			}
+			return 0
+		}))
 }
 
 // breakerCollector reports each Redis node's circuit breaker state.
@@ -176,6 +222,7 @@ func registerBreakers(reg prometheus.Registerer, st *redisstore.Store) {
 // configMetrics counts reloads and shows the config in force.
 type configMetrics struct {
 	reloads *prometheus.CounterVec
+	lastOK  prometheus.Gauge
 	info    *prometheus.GaugeVec
 	loaded  prometheus.Gauge
 }
@@ -185,16 +232,29 @@ func newConfigMetrics(reg prometheus.Registerer) *configMetrics {
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_config_reloads_total", Help: "Config reload attempts by result (success, failure: kept the last good config, unchanged)."},
 			[]string{"result"}),
+		lastOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rls_config_last_reload_successful", Help: "0 while the config directory does not load (the last reload attempt failed; the last good config stays in force), else 1."}),
 		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rls_config_info", Help: "1 for the config in force, labelled with its SHA-256."}, []string{"hash"}),
 		loaded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rls_config_loaded_timestamp_seconds", Help: "When the config in force was loaded (Unix time)."}),
 	}
-	reg.MustRegister(c.reloads, c.info, c.loaded)
+	reg.MustRegister(c.reloads, c.lastOK, c.info, c.loaded)
 	for _, r := range []reload.Result{reload.Success, reload.Failure, reload.Unchanged} {
 		c.reloads.WithLabelValues(string(r))
 	}
+	c.lastOK.Set(1)
 	return c
+}
+
+// report counts a reload attempt.
+func (c *configMetrics) report(r reload.Result) {
+	c.reloads.WithLabelValues(string(r)).Inc()
+	if r == reload.Failure {
+		c.lastOK.Set(0)
+	} else {
+		c.lastOK.Set(1)
+	}
 }
 
 // loaded records cfg as the config in force.

@@ -176,6 +176,7 @@ func (a *app) buildStore() error {
 	}
 	a.rawStore, a.ready = raw, ready
 	a.st = newTimedStore(raw, a.reg)
+	registerStoreUp(a.reg, &a.storeOK)
 	return nil
 }
 
@@ -298,7 +299,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.set(c)
 		},
-		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.reloads.WithLabelValues(string(r)).Inc() },
+		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.report(r) },
 		Log:    a.log,
 	})
 }

@@ -366,6 +366,34 @@ func (l *Limiter) Counters() Counters {
 	return c
 }
 
+// Table is one local table's size, for metrics.
+type Table struct {
+	Name    string // last_answers, fail_open_buckets or write_backs
+	Entries int
+	Bytes   int64 // what the entries count against the table's byte cap
+	// Evictions counts the least recently used entries dropped at a cap
+	// since start; -1 for write_backs, which never evicts (a hit that
+	// finds it full is counted in Counters.WriteBackLost).
+	Evictions int64
+}
+
+// Tables returns the sizes of the local tables: what the store last said
+// per key (the over-limit cache and the fail-open seeds), the fail-open
+// buckets, and the keys waiting for write-back. It locks every shard in
+// turn: for scrapes, not for the decision path.
+func (l *Limiter) Tables() [3]Table {
+	kn, kb, ke := l.known.stats()
+	bn, bb, be := l.local.stats()
+	l.wb.mu.Lock()
+	wn, wb := len(l.wb.m), l.wb.bytes
+	l.wb.mu.Unlock()
+	return [3]Table{
+		{Name: "last_answers", Entries: kn, Bytes: kb, Evictions: int64(ke)},
+		{Name: "fail_open_buckets", Entries: bn, Bytes: bb, Evictions: int64(be)},
+		{Name: "write_backs", Entries: wn, Bytes: wb, Evictions: -1},
+	}
+}
+
 // Forget drops keys from every local table (the over-limit cache, the
 // fail-open buckets and their pending write-backs), so a counter reset by
 // an operator is not denied, nor charged, from stale local state.

@@ -24,6 +24,7 @@ type lruShard[V any] struct {
 	m          map[string]*lruNode[V]
 	head, tail *lruNode[V] // head is the most recently used
 	bytes      int64       // the entries' cost
+	evicted    uint64      // entries dropped at a cap, since start
 }
 
 type lruNode[V any] struct {
@@ -86,6 +87,7 @@ func lruWith[V, R any](l *lru[V], key string, f func(v V, ok bool) (V, bool, R))
 			s.unlink(old)
 			delete(s.m, old.key)
 			s.bytes -= l.cost(old.key)
+			s.evicted++
 		}
 	}
 	return r
@@ -104,6 +106,18 @@ func (l *lru[V]) size() int64 {
 		s.mu.Unlock()
 	}
 	return n
+}
+
+// stats returns the number of entries, what they cost and how many were
+// evicted since start, in one pass over the shards.
+func (l *lru[V]) stats() (n int, bytes int64, evicted uint64) {
+	for i := range l.shards {
+		s := &l.shards[i]
+		s.mu.Lock()
+		n, bytes, evicted = n+len(s.m), bytes+s.bytes, evicted+s.evicted
+		s.mu.Unlock()
+	}
+	return n, bytes, evicted
 }
 
 // len returns the number of entries.

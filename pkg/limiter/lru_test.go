@@ -67,6 +67,16 @@ func TestLRUMaxBytes(t *testing.T) {
 	if got, want := int64(l.known.len())*(cost+knownOverhead), l.known.size(); got != want {
 		t.Errorf("known: len*cost = %d, size() = %d", got, want)
 	}
+	// Tables (what /metrics shows) reports the same sizes, and every key
+	// a cap pushed out as an eviction.
+	want := [3]Table{
+		{"last_answers", l.known.len(), l.known.size(), int64(n - l.known.len())},
+		{"fail_open_buckets", l.local.len(), l.local.size(), int64(n - l.local.len())},
+		{"write_backs", len(l.wb.m), l.wb.bytes, -1},
+	}
+	if got := l.Tables(); got != want {
+		t.Errorf("Tables() = %+v, want %+v", got, want)
+	}
 	heap := heapInUse() - base
 	limit := int64(cacheBytes+2*bucketsBytes) * 5 / 4 // a 4,120-byte key takes a 4,864-byte allocation (size classes)
 	t.Logf("%d keys of %d bytes: known %d keys (%.2f MiB), buckets %d (%.2f MiB), write-backs %d (%.2f MiB); heap %.2f MiB (caps %d MiB)",
@@ -107,6 +117,9 @@ func TestLRUBytesEvictsLeastRecentlyUsed(t *testing.T) {
 	})
 	put(l, keys[fit], fit)
 	put(l, keys[fit+1], fit+1) // evicts 2 and 3
+	if _, _, got := l.stats(); got != 2 {
+		t.Errorf("evicted = %d, want 2", got)
+	}
 	for i, k := range keys {
 		if got, want := has(l, k), i != 2 && i != 3; got != want {
 			t.Errorf("key %d present: %v, want %v", i, got, want)
