@@ -133,6 +133,18 @@ func registerLocal(reg prometheus.Registerer, lim *limiter.Limiter, fleet *limit
 			Name: "rls_writeback_hits_total", Help: "Hits admitted locally while the store could not answer, then written back to it.",
 			ConstLabels: prometheus.Labels{"result": "lost"}}, func() float64 { return float64(lim.Counters().WriteBackLost) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_undo_refunds_total", Help: "Checks the store consumed for a request that was denied after all (another Cluster slot, the fallback or its quotas denied it), refunded; result retried: not at once; lost: never; unknown: their call timed out after it was sent, so Redis may have consumed them, not refunded.",
+			ConstLabels: prometheus.Labels{"result": "refunded"}}, func() float64 { return float64(lim.Counters().Undone) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_undo_refunds_total", Help: "Checks the store consumed for a request that was denied after all (another Cluster slot, the fallback or its quotas denied it), refunded; result retried: not at once; lost: never; unknown: their call timed out after it was sent, so Redis may have consumed them, not refunded.",
+			ConstLabels: prometheus.Labels{"result": "retried"}}, func() float64 { return float64(lim.Counters().UndoRetried) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_undo_refunds_total", Help: "Checks the store consumed for a request that was denied after all (another Cluster slot, the fallback or its quotas denied it), refunded; result retried: not at once; lost: never; unknown: their call timed out after it was sent, so Redis may have consumed them, not refunded.",
+			ConstLabels: prometheus.Labels{"result": "lost"}}, func() float64 { return float64(lim.Counters().UndoLost) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_undo_refunds_total", Help: "Checks the store consumed for a request that was denied after all (another Cluster slot, the fallback or its quotas denied it), refunded; result retried: not at once; lost: never; unknown: their call timed out after it was sent, so Redis may have consumed them, not refunded.",
+			ConstLabels: prometheus.Labels{"result": "unknown"}}, func() float64 { return float64(lim.Counters().UndoUnknown) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rls_store_protocol_errors_total", Help: "Store answers rls could not use (a script error, a reply of the wrong shape): bugs, answered with codes.Internal, never a fallback."},
 			func() float64 { return float64(lim.Counters().ProtocolErrors) }),
 	)

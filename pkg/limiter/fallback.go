@@ -9,14 +9,21 @@ import (
 )
 
 // fallback decides the undecided checks of the sub-batch sc, which the store
-// could not answer, with the batch's all-or-nothing rule: fail_closed checks
-// deny; fail_open checks take from this replica's share; if any consuming
-// non-shadow check is denied, none consumes. Hits admitted locally are
-// queued to be written back to the store.
+// could not answer, with the request's all-or-nothing rule: fail_closed
+// checks deny; fail_open checks take from this replica's share; if the
+// request is denied (by these, by what the store or the cache answered for
+// its other checks, or by its quotas: see vetoes), none takes. Hits
+// admitted locally are queued to be written back to the store.
 func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 	markAllIfNone(sc.results)
 	fleet := max(l.opts.FleetSize(), 1)
-	vetoed := l.fallbackEvaluate(now, items, sc, fleet)
+	l.fallbackEvaluate(now, items, sc, fleet)
+	for j, i := range sc.idx {
+		if i >= 0 {
+			items[i].Result = sc.results[j]
+		}
+	}
+	vetoed := vetoes(items, func(i int) bool { return !items[i].Result.Allowed })
 	n := 0
 	for j := range sc.checks {
 		r, c := &sc.results[j], &sc.checks[j]
@@ -55,10 +62,8 @@ func markAllIfNone(results []store.Result) {
 	}
 }
 
-// fallbackEvaluate decides each undecided check without consuming, and
-// reports whether a consuming non-shadow check was denied (then nothing of
-// the batch consumes).
-func (l *Limiter) fallbackEvaluate(now int64, items []Item, sc *scratch, fleet int) (vetoed bool) {
+// fallbackEvaluate decides each undecided check without consuming.
+func (l *Limiter) fallbackEvaluate(now int64, items []Item, sc *scratch, fleet int) {
 	for j := range sc.checks {
 		r, c := &sc.results[j], &sc.checks[j]
 		if !r.Undecided || sc.idx[j] < 0 {
@@ -70,14 +75,11 @@ func (l *Limiter) fallbackEvaluate(now int64, items []Item, sc *scratch, fleet i
 		case items[sc.idx[j]].FailClosed:
 			d := l.opts.FailClosedRetry
 			*r = store.Result{RetryAfter: d, Reset: d}
-			vetoed = vetoed || (c.Hits > 0 && !c.Shadow)
 		default:
 			*r = l.bucket(c, fleet, now).peek(c, now)
-			vetoed = vetoed || (!r.Allowed && c.Hits > 0 && !c.Refund && !c.Shadow)
 		}
 		r.Undecided = true
 	}
-	return vetoed
 }
 
 func fallbackSource(failClosed bool) Source {

@@ -64,9 +64,9 @@ func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
 		it.Result = store.Result{Remaining: k.remaining, RetryAfter: d, Reset: d}
 		it.Source = FromCache
 		hits++
-		if c.Hits > 0 && !c.Shadow {
-			vetoed = true
-		}
+	}
+	if hits > 0 {
+		vetoed = vetoes(items, func(i int) bool { return items[i].Source == FromCache })
 	}
 	if hits > 0 {
 		l.sources[FromCache].Add(uint64(hits))

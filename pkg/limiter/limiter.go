@@ -156,8 +156,12 @@ type Item struct {
 	// FailClosed makes the check deny, rather than take from the local
 	// share, when the store cannot answer.
 	FailClosed bool
-	Result     store.Result
-	Source     Source
+	// Quota makes the check a quota: the request is denied by quotas only
+	// when every quota check of it is denied (envoyproxy/ratelimit's
+	// quota_mode; see vetoes). The store sees it as a shadow check.
+	Quota  bool
+	Result store.Result
+	Source Source
 }
 
 // Counters are the limiter's running totals since it was made.
@@ -172,6 +176,17 @@ type Counters struct {
 	WriteBackLost uint64
 	// ProtocolErrors counts store answers rls could not use (store.ErrProtocol).
 	ProtocolErrors uint64
+	// Undone counts the checks refunded because their request was denied
+	// after the store consumed them (another Cluster slot or the fallback
+	// denied it, or its quotas); UndoRetried those whose refund the store
+	// could not take at once, and UndoLost those it never took (their
+	// counters keep the consumption until their window passes).
+	Undone, UndoRetried, UndoLost uint64
+	// UndoUnknown counts the consuming checks of denied requests whose store
+	// call, or whose refund, timed out after it may have been sent: Redis
+	// may have run it after all, so the consumption may stand, and is
+	// neither refunded nor retried (that could admit beyond a limit).
+	UndoUnknown uint64
 }
 
 // Limiter decides batches of checks. It is safe for concurrent use.
@@ -189,6 +204,11 @@ type Limiter struct {
 	lastFallbk  atomic.Int64 // unix nanoseconds of the last fallback decision
 	lastLogged  atomic.Int64
 	unloggedErr atomic.Uint64
+
+	undone, undoRetried, undoLost atomic.Uint64
+	undoUnknown                   atomic.Uint64
+	undoInFlight                  atomic.Int64
+	undoBackoff                   []time.Duration
 }
 
 // New returns a Limiter deciding on st.
@@ -217,7 +237,7 @@ func New(st store.Store, opts Options) *Limiter {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	l := &Limiter{st: st, opts: opts,
+	l := &Limiter{st: st, opts: opts, undoBackoff: defaultUndoBackoff,
 		known: newLRU[known](opts.CacheSize, opts.CacheBytes, knownOverhead),
 		local: newLRU[*bucket](opts.BucketsSize, opts.BucketsBytes, bucketOverhead)}
 	l.wb.init(opts.BucketsSize, opts.BucketsBytes)
@@ -252,6 +272,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 			continue
 		}
 		c := items[i].Check
+		c.Shadow = c.Shadow || items[i].Quota // quotas never veto in the store: see vetoes
 		if vetoed && !c.Refund && !c.Force {
 			c.Hits = 0 // the cache denied the request: the rest only checks
 		}
@@ -289,7 +310,11 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	default:
 		l.fallback(nowNs, items, sc, err)
 	}
-	fromStore := 0
+	// A call that timed out may have reached Redis and run after all: its
+	// consumption is unknown, and is not refunded (a refund of what was not
+	// consumed would admit beyond the limit).
+	sent := err != nil && causeOf(err) == CauseDeadline && !errors.Is(err, errNoTime)
+	fromStore, unknown := 0, 0
 	for j, i := range sc.idx {
 		if i < 0 {
 			continue // a write-back riding along
@@ -298,12 +323,19 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 		it.Result = sc.results[j]
 		if it.Result.Undecided {
 			it.Result.Undecided = false
+			if c := &sc.checks[j]; sent && c.Hits > 0 && !c.Refund && !c.Force {
+				unknown++
+			}
 			continue
 		}
 		fromStore++
 		l.learn(&sc.checks[j], &it.Result, nowNs) // the check as sent (a vetoed one only checked)
 	}
 	l.sources[FromStore].Add(uint64(fromStore))
+	if vetoes(items, func(i int) bool { return !items[i].Result.Allowed }) {
+		l.undoUnknown.Add(uint64(unknown))
+		l.undo(ctx, items)
+	}
 	return nil
 }
 
@@ -314,9 +346,14 @@ var errNoTime = fmt.Errorf("%w: the caller's deadline leaves no time for the sto
 // callStore asks the store, within the caller's deadline less a margin for
 // the answer (the store's own timeout when the caller sent no deadline).
 func (l *Limiter) callStore(ctx context.Context, now time.Time, sc *scratch) error {
+	return l.callStoreWith(ctx, now, sc.checks, sc.results)
+}
+
+// callStoreWith is callStore for any checks and results.
+func (l *Limiter) callStoreWith(ctx context.Context, now time.Time, checks []store.Check, results []store.Result) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		return l.st.Decide(ctx, sc.checks, sc.results)
+		return l.st.Decide(ctx, checks, results)
 	}
 	left := deadline.Sub(now)
 	budget := left - answerMargin(left)
@@ -325,7 +362,7 @@ func (l *Limiter) callStore(ctx context.Context, now time.Time, sc *scratch) err
 	}
 	sctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
-	return l.st.Decide(sctx, sc.checks, sc.results)
+	return l.st.Decide(sctx, checks, results)
 }
 
 // answerMargin is the part of the caller's remaining time kept for deciding
@@ -363,6 +400,8 @@ func (l *Limiter) Counters() Counters {
 	}
 	c.WrittenBack, c.WriteBackLost = l.wb.written.Load(), l.wb.lost.Load()
 	c.ProtocolErrors = l.protocol.Load()
+	c.Undone, c.UndoRetried, c.UndoLost = l.undone.Load(), l.undoRetried.Load(), l.undoLost.Load()
+	c.UndoUnknown = l.undoUnknown.Load()
 	return c
 }
 

@@ -69,13 +69,12 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		res.key = descriptors.AppendKey(res.key[:0], req.Domain, d.Entries, r)
 		c := ruleCheck(r, string(res.key))
 		c.Hits, c.Refund = hits, d.IsNegativeHits
-		// A quota descriptor, and every descriptor in the global modes,
-		// never vetoes the store's batch on its own: respond decides the
-		// request (see quotaMode) and undoes what it consumed when the
-		// quota rule denies it.
-		c.Shadow = c.Shadow || s.opts.ShadowMode || s.quotaMode(r)
+		// The global shadow mode makes every check a shadow. A quota
+		// descriptor denies the request only with all the others (the
+		// limiter's rule; it refunds what a denied request consumed).
+		c.Shadow = c.Shadow || s.opts.ShadowMode
 		res.slot = append(res.slot, len(res.items))
-		res.items = append(res.items, limiter.Item{Check: c, FailClosed: s.failClosed(r)})
+		res.items = append(res.items, limiter.Item{Check: c, FailClosed: s.failClosed(r), Quota: s.quotaMode(r)})
 	}
 	return nil
 }

@@ -184,10 +184,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			return nil, s.toStatus(err)
 		}
 	}
-	resp, undo := s.respond(snap, req, res)
-	if undo {
-		s.undo(ctx, res)
-	}
+	resp := s.respond(snap, req, res)
 	if m := s.opts.Metrics; m != nil {
 		m.latency.Observe(time.Since(start).Seconds())
 	}
@@ -220,11 +217,10 @@ func (s *Service) toStatus(err error) error {
 // respond builds the response to a decided request and counts its outcomes.
 // The request is OVER_LIMIT when a descriptor that is neither shadow nor
 // quota is over its limit, or when it has quota descriptors and every one of
-// them is over (envoyproxy/ratelimit's quota_mode); the global shadow mode
-// then still answers OK. undo reports that the request was denied by the
-// quota rule alone, so the store consumed its other checks and they must be
-// refunded (see Service.undo).
-func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *resolution) (resp *rlsv3.RateLimitResponse, undo bool) {
+// them is over (envoyproxy/ratelimit's quota_mode, the limiter's rule, which
+// refunded what such a request consumed); the global shadow mode then still
+// answers OK.
+func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *resolution) *rlsv3.RateLimitResponse {
 	resp, sts, lims, durs := newResponse(len(req.Descriptors))
 	var body, quotaBody *descriptors.Rule // the first denying rule with a response body
 	regularOver, quotas, quotasOver := false, 0, 0
@@ -288,7 +284,6 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 	quotaDenied := quotas > 0 && quotasOver == quotas
 	if (regularOver || quotaDenied) && !s.opts.ShadowMode {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		undo = !regularOver // the store vetoed nothing: quota checks never veto
 		if body == nil {
 			body = quotaBody
 		}
@@ -305,31 +300,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 	if s.opts.ResponseMetadata {
 		resp.DynamicMetadata = responseMetadata(req, res, resp)
 	}
-	return resp, undo
-}
-
-// undo refunds what a request denied by the quota rule alone consumed: its
-// allowed consuming checks (the quota checks that were over consumed
-// nothing). Until the refund lands, a concurrent request may see the
-// consumption and be denied; a window that ends between the decision and
-// the refund keeps the consumption in the old window and the refund comes
-// off the new one (README, "Descriptor YAML"). A failed refund is logged.
-func (s *Service) undo(ctx context.Context, res *resolution) {
-	items := make([]limiter.Item, 0, len(res.items))
-	for _, it := range res.items {
-		c := it.Check
-		if !it.Result.Allowed || c.Hits == 0 || c.Refund || it.Result.Undecided {
-			continue
-		}
-		c.Refund, c.Shadow = true, false
-		items = append(items, limiter.Item{Check: c, FailClosed: it.FailClosed})
-	}
-	if len(items) == 0 {
-		return
-	}
-	if err := s.lim.Decide(ctx, items); err != nil {
-		s.opts.Log.Warn("could not refund a request denied by its quota descriptors", "err", err)
-	}
+	return resp
 }
 
 // oneStatus holds a response to one descriptor, the usual request, in one

@@ -176,6 +176,12 @@ type Result struct {
 	// Undecided marks a check the store could not decide because the part of
 	// the backend that owns its key is unavailable (see Store.Decide).
 	Undecided bool
+	// Consumed marks a consuming check whose hits the store wrote: allowed
+	// in a batch (on a Redis Cluster: a hash slot's part of it) that no
+	// denial vetoed. Refunds, forced write-backs, check-only checks and
+	// denied checks are never Consumed. A caller that denies the request
+	// after all (another slot, its fallback, its quota rule) refunds these.
+	Consumed bool
 }
 
 // Store decides batches of checks. Implementations are safe for concurrent use.

@@ -74,6 +74,9 @@ func (m *Store) run(now int64, checks []store.Check, results []store.Result, slo
 	veto := evaluate(checks, results, slots, idx, peek)
 	if !peek {
 		commit(slots, veto)
+		if !veto {
+			markConsumed(checks, results)
+		}
 	}
 	m.unlock(locked)
 	if !peek {
@@ -149,6 +152,17 @@ func load(slots []slot, now int64, peek bool) {
 			s.ent, s.st = e, e.st.clone()
 		} else if !peek {
 			s.shard.remove(e)
+		}
+	}
+}
+
+// markConsumed sets Consumed on the allowed consuming checks of a batch
+// that was written.
+func markConsumed(checks []store.Check, results []store.Result) {
+	for i := range checks {
+		c := &checks[i]
+		if c.Hits > 0 && !c.Refund && !c.Force && results[i].Allowed {
+			results[i].Consumed = true
 		}
 	}
 }

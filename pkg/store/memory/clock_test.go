@@ -121,7 +121,7 @@ func TestMemoryClockStepsBack(t *testing.T) {
 	if got := peek(t, m, fixed("k", 0))[0]; got != want {
 		t.Errorf("Peek after the step back: %+v, want %+v", got, want)
 	}
-	fresh := store.Result{Allowed: true, Remaining: 2, Reset: 100 * time.Millisecond}
+	fresh := store.Result{Allowed: true, Remaining: 2, Reset: 100 * time.Millisecond, Consumed: true}
 	if got := decide(t, m, fixed("other", 1))[0]; got != fresh {
 		t.Errorf("a fresh key: %+v, want %+v", got, fresh)
 	}

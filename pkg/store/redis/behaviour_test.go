@@ -34,7 +34,7 @@ func TestVectors(t *testing.T) {
 		rc.Set(ctx, key, lua.State{Algorithm: lua.AlgSliding, Window: float64(win), Count: 30, Prev: 82}.Encode(), 0)
 		clk.Set(win*1_000_000 + 400_000)
 		r := decide(t, s, store.Check{Key: key, Limit: 100, Window: time.Second, Hits: 1})[0]
-		if want := (store.Result{Allowed: true, Remaining: 20, Reset: 600 * time.Millisecond}); r != want {
+		if want := (store.Result{Allowed: true, Remaining: 20, Reset: 600 * time.Millisecond, Consumed: true}); r != want {
 			t.Errorf("got %+v, want %+v", r, want)
 		}
 		if st := stateOf(t, rc, key); !reflect.DeepEqual(st, lua.State{Algorithm: lua.AlgSliding, Window: float64(win), Count: 31, Prev: 82}) {
@@ -83,7 +83,7 @@ func TestVectors(t *testing.T) {
 		c := store.Check{Key: "tb:{vec}:tb", Algorithm: store.TokenBucket, Limit: 10, Burst: 5, Window: time.Second, Hits: 5}
 		clk.Set(t0 + 123)
 		r := decide(t, s, c)[0]
-		if want := (store.Result{Allowed: true, Reset: 500 * time.Millisecond}); r != want {
+		if want := (store.Result{Allowed: true, Reset: 500 * time.Millisecond, Consumed: true}); r != want {
 			t.Errorf("take 5: got %+v, want %+v", r, want)
 		}
 		c.Hits = 1

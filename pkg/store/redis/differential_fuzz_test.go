@@ -322,7 +322,7 @@ func decideMerged(ctx context.Context, rs *Store, now any, reqs [][]store.Check,
 		if c.err != nil {
 			return c.err
 		}
-		if err := c.decode(c.reply); err != nil {
+		if err := c.decode(c.reply, true); err != nil {
 			return err
 		}
 	}

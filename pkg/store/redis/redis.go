@@ -16,8 +16,9 @@
 //
 // In cluster mode a batch whose keys span several slots is decided per slot,
 // in parallel: each slot group is atomic, but the batch as a whole is not (a
-// denial in one slot does not undo consumption in another). Only requests
-// that mix tenants can span slots.
+// denial in one slot does not undo consumption in another: Result.Consumed
+// says what each slot wrote, and the limiter refunds it when the request is
+// denied). Only requests that mix tenants can span slots.
 //
 // A call is bounded by its context's deadline when it has one (the limiter
 // sets it from its gRPC caller's), else by Options.Timeout. Each node has a
@@ -258,7 +259,7 @@ func (s *Store) eval(ctx context.Context, b budget, mode string, now any, c *cal
 	c.encode(mode, now)
 	reply, err := s.send(ctx, c)
 	if err == nil {
-		err = c.decode(reply)
+		err = c.decode(reply, mode == lua.ModeDecide)
 	}
 	err = s.fail(ctx, modeName(mode), b, err)
 	if errors.Is(err, store.ErrUnavailable) {
@@ -347,16 +348,35 @@ func flags(ch *store.Check) byte {
 	return f
 }
 
-// decode stores the script's reply in c's results.
-func (c *call) decode(reply string) error {
+// decode stores the script's reply in c's results. When decided (not
+// peeked), the allowed consuming checks are Consumed unless a denied
+// consuming non-shadow check vetoed c's request: the script wrote all of
+// its consumption or none.
+func (c *call) decode(reply string, decided bool) error {
 	if len(reply) != lua.ResultBytes*len(c.checks) {
 		return fmt.Errorf("%w: the script replied %d bytes for %d checks", store.ErrProtocol, len(reply), len(c.checks))
 	}
-	for j := range c.checks {
-		*c.results[j] = decodeResult(lua.ResultAt(reply, j))
+	veto := false
+	for j, ch := range c.checks {
+		r := decodeResult(lua.ResultAt(reply, j))
+		*c.results[j] = r
+		if consuming(ch) && !r.Allowed && !ch.Shadow {
+			veto = true
+		}
+	}
+	if decided && !veto {
+		for j, ch := range c.checks {
+			if consuming(ch) && c.results[j].Allowed {
+				c.results[j].Consumed = true
+			}
+		}
 	}
 	return nil
 }
+
+// consuming reports whether ch consumes when allowed: hits, and neither a
+// refund nor a forced write-back.
+func consuming(ch *store.Check) bool { return ch.Hits > 0 && !ch.Refund && !ch.Force }
 
 func modeName(mode string) string {
 	if mode == lua.ModePeek {

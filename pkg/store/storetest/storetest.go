@@ -464,15 +464,33 @@ func Run(t *testing.T, newStore func(t *testing.T, now func() time.Time) store.S
 				if err := st.Decide(context.Background(), checks, got); err != nil {
 					t.Fatalf("step %d at T0%+v: Decide: %v", i, sp.at, err)
 				}
+				want := withConsumed(sp.checks, sp.want)
 				for j := range got {
-					if got[j] != sp.want[j] {
+					if got[j] != want[j] {
 						t.Errorf("step %d at T0%+v, check %d (%s):\n got %s\nwant %s",
-							i, sp.at, j, describe(sp.checks[j]), format(got[j]), format(sp.want[j]))
+							i, sp.at, j, describe(sp.checks[j]), format(got[j]), format(want[j]))
 					}
 				}
 			}
 		})
 	}
+}
+
+// withConsumed returns want with Consumed set as the package doc says: on
+// the allowed consuming checks of a batch in which no consuming non-shadow
+// check was denied.
+func withConsumed(checks []store.Check, want []store.Result) []store.Result {
+	out := append([]store.Result(nil), want...)
+	consuming := func(c *store.Check) bool { return c.Hits > 0 && !c.Refund && !c.Force }
+	for j := range checks {
+		if consuming(&checks[j]) && !want[j].Allowed && !checks[j].Shadow {
+			return out
+		}
+	}
+	for j := range checks {
+		out[j].Consumed = consuming(&checks[j]) && want[j].Allowed
+	}
+	return out
 }
 
 func describe(c store.Check) string {
@@ -495,8 +513,8 @@ func describe(c store.Check) string {
 }
 
 func format(r store.Result) string {
-	return fmt.Sprintf("{Allowed:%t Remaining:%d RetryAfter:%dµs Reset:%dµs}",
-		r.Allowed, r.Remaining, r.RetryAfter.Microseconds(), r.Reset.Microseconds())
+	return fmt.Sprintf("{Allowed:%t Remaining:%d RetryAfter:%dµs Reset:%dµs Consumed:%t}",
+		r.Allowed, r.Remaining, r.RetryAfter.Microseconds(), r.Reset.Microseconds(), r.Consumed)
 }
 
 // RunConcurrent races 50 goroutines issuing 200 single-hit checks in all at

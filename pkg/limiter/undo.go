@@ -1,0 +1,138 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// A request is all-or-nothing: when it is denied, none of its counters
+// keeps a consumption from it. The store guarantees that within one atomic
+// call; the limiter extends it to what no single call sees: a Redis
+// Cluster request whose slots answered apart, a request the fallback
+// denied after a slot consumed, and a request only its quota checks deny.
+// What the store consumed for such a request (store.Result.Consumed) is
+// refunded before the answer leaves; a refund the store refused (its node
+// down, its breaker open) is retried in the background for a few seconds
+// (Counters.UndoRetried, UndoLost). A call that timed out after it may have
+// been sent is never retried or refunded (Counters.UndoUnknown): Redis may
+// still run it, and refunding twice, or refunding what was not consumed,
+// would admit beyond a limit. Until a refund lands, a concurrent request can
+// see the consumption and be denied by it; nothing is ever admitted beyond
+// a limit.
+
+// vetoes reports whether a request of items is denied when denied(i) says
+// which items' checks were: a consuming check that is neither shadow nor
+// quota is denied, or the request has consuming quota checks and every one
+// of them is denied.
+func vetoes(items []Item, denied func(i int) bool) bool {
+	quotas, quotasDenied := 0, 0
+	for i := range items {
+		c := &items[i].Check
+		if c.Hits == 0 || c.Refund || c.Force || c.Shadow {
+			continue
+		}
+		if !items[i].Quota {
+			if denied(i) {
+				return true
+			}
+			continue
+		}
+		quotas++
+		if denied(i) {
+			quotasDenied++
+		}
+	}
+	return quotas > 0 && quotasDenied == quotas
+}
+
+// undoRetries bounds the refunds being retried in the background at once;
+// beyond it a refund that failed is counted lost at once.
+const undoRetries = 256
+
+// defaultUndoBackoff is the wait before each background retry of a refund
+// (Limiter.undoBackoff; tests shorten it).
+var defaultUndoBackoff = []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
+
+// undo refunds the consumption the store wrote for items, a request that
+// is denied after all, within ctx's deadline (less the answer's margin).
+// What the store cannot take now is retried in the background.
+func (l *Limiter) undo(ctx context.Context, items []Item) {
+	var refunds []store.Check
+	for i := range items {
+		if !items[i].Result.Consumed {
+			continue
+		}
+		c := items[i].Check
+		c.Refund, c.Shadow, c.Force = true, false, false
+		refunds = append(refunds, c)
+		items[i].Result.Consumed = false
+	}
+	if len(refunds) == 0 {
+		return
+	}
+	l.undone.Add(uint64(len(refunds)))
+	results := make([]store.Result, len(refunds))
+	err := l.callStoreWith(ctx, l.opts.Now(), refunds, results)
+	if failed, maybeRan := failedRefunds(refunds, results, err); maybeRan {
+		l.undoUnknown.Add(uint64(len(failed)))
+	} else if len(failed) > 0 {
+		l.retryUndo(failed)
+	}
+}
+
+// failedRefunds returns the refunds the store did not take: all of them
+// when it failed as a whole, else those it could not decide. maybeRan
+// reports that a call timed out after it may have been sent: Redis may
+// still run it, so retrying could refund twice (and admit beyond a limit).
+func failedRefunds(refunds []store.Check, results []store.Result, err error) (failed []store.Check, maybeRan bool) {
+	if err == nil {
+		return nil, false
+	}
+	maybeRan = errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, errNoTime)
+	if !errors.Is(err, store.ErrUnavailable) {
+		return refunds, maybeRan
+	}
+	for j := range results {
+		if results[j].Undecided {
+			failed = append(failed, refunds[j])
+		}
+	}
+	if len(failed) == 0 {
+		return refunds, maybeRan
+	}
+	return failed, maybeRan
+}
+
+// retryUndo retries refunds in the background, a few times over a few
+// seconds, and counts what never lands as lost.
+func (l *Limiter) retryUndo(refunds []store.Check) {
+	l.undoRetried.Add(uint64(len(refunds)))
+	if l.undoInFlight.Add(1) > undoRetries {
+		l.undoInFlight.Add(-1)
+		l.undoLost.Add(uint64(len(refunds)))
+		return
+	}
+	go func() {
+		defer l.undoInFlight.Add(-1)
+		for _, wait := range l.undoBackoff {
+			time.Sleep(wait)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			results := make([]store.Result, len(refunds))
+			err := l.st.Decide(ctx, refunds, results)
+			cancel()
+			var maybeRan bool
+			if refunds, maybeRan = failedRefunds(refunds, results, err); len(refunds) == 0 {
+				return
+			} else if maybeRan {
+				l.undoUnknown.Add(uint64(len(refunds)))
+				return
+			}
+		}
+		l.undoLost.Add(uint64(len(refunds)))
+		l.opts.Log.Warn("could not refund a denied request's consumption: its counters keep it until their window passes",
+			"refunds", len(refunds), "key", refunds[0].Key)
+	}()
+}
