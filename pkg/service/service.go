@@ -21,6 +21,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -63,6 +64,8 @@ type Options struct {
 	Metrics *Metrics
 	// Log receives the errors mapped to gRPC codes [discard].
 	Log *slog.Logger
+	// Tracing makes a span of every ShouldRateLimit call; nil makes none.
+	Tracing *Tracing
 }
 
 // Limits bound one request. A request beyond any of them is InvalidArgument
@@ -129,20 +132,27 @@ func (s *Service) Config() *descriptors.Config { return s.snap.Load().cfg }
 // InvalidArgument.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
+	var span trace.Span // nil unless tracing is on: see tracing.go
+	if s.opts.Tracing != nil {
+		ctx, span = s.opts.Tracing.start(ctx)
+	}
 	snap := s.snap.Load()
 	res := s.pool.Get().(*resolution)
 	defer s.pool.Put(res)
 	if err := s.resolve(snap.cfg, req, res); err != nil {
-		return nil, s.toStatus(err)
+		return nil, s.endSpan(span, req, nil, nil, s.toStatus(err))
 	}
 	if len(res.items) > 0 {
 		if err := s.lim.Decide(ctx, res.items); err != nil {
-			return nil, s.toStatus(err)
+			return nil, s.endSpan(span, req, res, nil, s.toStatus(err))
 		}
 	}
 	resp := s.respond(snap, req, res)
 	if m := s.opts.Metrics; m != nil {
 		m.latency.Observe(time.Since(start).Seconds())
+	}
+	if span != nil {
+		s.endSpan(span, req, res, resp, nil)
 	}
 	return resp, nil
 }
