@@ -76,6 +76,8 @@ type Config struct {
 	OverLimitCache bool
 	LocalMaxKeys   int
 	LocalMaxBytes  int64
+
+	tracingConfig // --otlp-endpoint, --otlp-protocol, --trace-descriptor-values: tracing.go
 }
 
 // envName returns the environment twin of a flag: --redis-url → RLS_REDIS_URL.
@@ -135,6 +137,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.OverLimitCache, "over-limit-cache", true, "deny keys the store found over their limit locally until their retry time, without a store call")
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 100_000, "most keys kept by each local table (over-limit cache, fail-open buckets); least recently used evicted beyond it")
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes kept by the local tables (each key's length plus its entry's overhead): half for the over-limit cache, a quarter each for the fail-open buckets and the pending write-backs; least recently used evicted beyond it")
+	addTracingFlags(fs, &c.tracingConfig)
 	fs.IntVar(&c.GCPercent, "gc-percent", 400, "Go GC target (as GOGC) while the extra heap it allows stays under 64 MiB, falling toward 100 beyond; fewer collections, less CPU and a flatter tail; 0 or a GOGC environment variable leaves Go's setting alone")
 	return fs
 }
@@ -294,6 +297,7 @@ func (c *Config) Validate() error {
 		add(errors.New("--gc-percent (RLS_GC_PERCENT) is negative"))
 	}
 	add(c.validateGRPCTLS())
+	add(c.validateTracing())
 	if c.Store == "redis" {
 		add(c.validateRedis())
 	}
