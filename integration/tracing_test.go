@@ -258,7 +258,7 @@ func TestTracingOTLPGRPC(t *testing.T) {
 	if first.Kind != tracepb.Span_SPAN_KIND_SERVER {
 		t.Errorf("call span kind %v, want server", first.Kind)
 	}
-	if calls[1].ParentSpanId != nil || bytes.Equal(calls[1].TraceId, first.TraceId) {
+	if len(calls[1].ParentSpanId) != 0 || bytes.Equal(calls[1].TraceId, first.TraceId) {
 		t.Errorf("second span (no traceparent): trace %x parent %x, want a new root", calls[1].TraceId, calls[1].ParentSpanId)
 	}
 	for i, c := range calls {
