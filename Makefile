@@ -30,6 +30,8 @@ deps: ## install what the tests need (redis-server from Debian) when missing
 
 test: deps lint ## everything: vet, gofmt, unit and integration tests with the race detector
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v /integration$$)
+	@# Allocation bounds, without the race detector (whose sync.Pool drops items at random).
+	$(GO) test -count=1 -run 'Allocation' ./pkg/service/
 	@# The load generator is its own module (bench/), which ./... above does not reach.
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...
 	@# Alone, so its latency bounds are not measured against other packages' load.

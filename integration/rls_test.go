@@ -149,13 +149,19 @@ func startRLSNoWait(t testing.TB, configDir string, args ...string) *rlsProc {
 
 func startRLSBin(t testing.TB, bin, configDir string, args ...string) *rlsProc {
 	t.Helper()
+	return startRLSBinEnv(t, bin, nil, configDir, args...)
+}
+
+// startRLSBinEnv is startRLSBin with env (KEY=value) added to cleanEnv's.
+func startRLSBinEnv(t testing.TB, bin string, env []string, configDir string, args ...string) *rlsProc {
+	t.Helper()
 	addrs := freeAddrs(t, 2)
 	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &syncBuffer{}, done: make(chan struct{})}
 	all := append([]string{"serve", "--config-dir", configDir, "--grpc-addr", p.GRPCAddr,
 		"--http-addr", p.HTTPAddr, "--debug-addr", ""}, args...)
 	p.cmd = exec.Command(bin, all...)
 	p.cmd.SysProcAttr = redistest.ChildAttr()
-	p.cmd.Env = cleanEnv()
+	p.cmd.Env = append(cleanEnv(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -176,12 +182,13 @@ func startRLSBin(t testing.TB, bin, configDir string, args ...string) *rlsProc {
 	return p
 }
 
-// cleanEnv is the test's environment without RLS_* variables, so a
-// developer's shell cannot change what the binary under test does.
+// cleanEnv is the test's environment without RLS_* and OTEL_* variables,
+// so a developer's shell cannot change what the binary under test does (or
+// turn tracing on).
 func cleanEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "RLS_") {
+		if !strings.HasPrefix(kv, "RLS_") && !strings.HasPrefix(kv, "OTEL_") {
 			env = append(env, kv)
 		}
 	}

@@ -86,6 +86,8 @@ type Config struct {
 	HeaderLimit      string
 	HeaderRemaining  string
 	HeaderReset      string
+
+	tracingConfig // --otlp-endpoint, --otlp-protocol, --trace-descriptor-values: tracing.go
 }
 
 // envName returns the environment twin of a flag: --redis-url → RLS_REDIS_URL.
@@ -145,6 +147,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.OverLimitCache, "over-limit-cache", true, "deny keys the store found over their limit locally until their retry time, without a store call")
 	fs.IntVar(&c.LocalMaxKeys, "local-max-keys", 100_000, "most keys kept by each local table (over-limit cache, fail-open buckets); least recently used evicted beyond it")
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes kept by the local tables (each key's length plus its entry's overhead): half for the over-limit cache, a quarter each for the fail-open buckets and the pending write-backs; least recently used evicted beyond it")
+	addTracingFlags(fs, &c.tracingConfig)
 	fs.IntVar(&c.GCPercent, "gc-percent", 400, "Go GC target (as GOGC) while the extra heap it allows stays under 64 MiB, falling toward 100 beyond; fewer collections, less CPU and a flatter tail; 0 or a GOGC environment variable leaves Go's setting alone")
 	compatFlags(fs, c)
 	return fs
@@ -360,6 +363,7 @@ func (c *Config) Validate() error {
 	}
 	add(c.validateGRPCTLS())
 	add(c.validateCompat())
+	add(c.validateTracing())
 	if c.Store == "redis" {
 		add(c.validateRedis())
 	}

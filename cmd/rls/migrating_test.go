@@ -34,11 +34,7 @@ const (
 // other branches, each with the upstream variable whose row names it ("" for
 // none). DELETE each entry when its branch is merged: the test fails naming
 // the entries that exist by then.
-var pendingFlags = map[string]string{
-	"otlp-endpoint":           "TRACING_ENABLED",
-	"otlp-protocol":           "TRACING_EXPORTER_PROTOCOL",
-	"trace-descriptor-values": "",
-}
+var pendingFlags = map[string]string{}
 
 // plannedFlags are flags MIGRATING.md names as planned, not in this release
 // (issue #18, xDS): they may appear in notes, never as what rls does. When

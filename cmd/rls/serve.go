@@ -62,6 +62,7 @@ func newLogger(cfg *Config, w io.Writer) *slog.Logger {
 func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 	a := &app{cfg: cfg, log: newLogger(cfg, logw)}
 	defer a.closeStore()
+	defer a.stopTracing() // before the store closes: the spans of the last calls
 	if err := a.build(); err != nil {
 		return err
 	}
@@ -89,6 +90,8 @@ type app struct {
 	rawStore store.Store                 // as opened (the fleet's heartbeats need Redis itself)
 	st       *timedStore                 // rawStore with metrics; closed last
 	ready    func(context.Context) error // the store's readiness probe
+
+	tracing *tracing // nil when tracing is off
 
 	fleet   *limiter.Fleet
 	lim     *limiter.Limiter
@@ -125,6 +128,9 @@ func (a *app) build() error {
 	a.cfgMetrics = newConfigMetrics(a.reg)
 	a.cfgMetrics.set(rules)
 	if err := a.buildStore(); err != nil {
+		return err
+	}
+	if err := a.buildTracing(); err != nil {
 		return err
 	}
 	if err := a.buildGRPC(); err != nil {
@@ -256,7 +262,7 @@ func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.Serve
 func (a *app) buildDecisions(rules *descriptors.Config) {
 	cfg := a.cfg
 	a.fleet = newFleet(cfg, a.rawStore, a.log)
-	a.lim = limiter.New(a.st, limiter.Options{
+	a.lim = limiter.New(a.traceStore(a.st), limiter.Options{
 		FleetSize:    a.fleet.Size,
 		CacheSize:    cfg.LocalMaxKeys,
 		BucketsSize:  cfg.LocalMaxKeys,
@@ -278,6 +284,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 			KeyBytes: cfg.MaxKeyBytes, ValueBytes: cfg.MaxValueBytes, Hits: cfg.MaxHits},
 		Metrics: a.svcMetrics,
 		Log:     a.log,
+		Tracing: a.tracing.service(),
 	})
 	if cfg.Admin {
 		adminv1.RegisterAdminServiceServer(a.grpcSrv, service.NewAdmin(a.svc, a.st, a.lim))

@@ -60,7 +60,10 @@ func BenchmarkDecision(b *testing.B) {
 // BenchmarkHandler is the whole ShouldRateLimit handler on the memory store
 // (validation, matching, keys, local layer, decision, response), with
 // metrics on, for 1 and 2 descriptors and for 1 and 1,000 keys.
-func BenchmarkHandler(b *testing.B) {
+func BenchmarkHandler(b *testing.B) { benchHandler(b, nil) }
+
+// benchHandler runs BenchmarkHandler's cases, with tracing when tr is set.
+func benchHandler(b *testing.B, tr *Tracing) {
 	for _, tc := range []struct {
 		name  string
 		keys  int
@@ -68,7 +71,7 @@ func BenchmarkHandler(b *testing.B) {
 	}{{"one_key", 1, 1}, {"1000_keys", 1000, 1}, {"two_descriptors", 1, 2}} {
 		b.Run(tc.name, func(b *testing.B) {
 			s := New(benchCfg(b), limiter.New(memory.New(memory.Options{}), limiter.Options{}),
-				Options{Metrics: NewMetrics(prometheus.NewRegistry(), 100)})
+				Options{Metrics: NewMetrics(prometheus.NewRegistry(), 100), Tracing: tr})
 			reqs := make([]*rlsv3.RateLimitRequest, tc.keys)
 			for i := range reqs {
 				k := fmt.Sprint("customer-", i)

@@ -17,6 +17,8 @@ type resolution struct {
 	slot    []int               // per descriptor: its index in items; -1 when not counted
 	items   []limiter.Item
 	key     []byte
+	// outcomes holds, per descriptor, what respond counted (for traces).
+	outcomes []Outcome
 }
 
 // item returns descriptor i's limiter item, or nil when it is not counted.

@@ -21,6 +21,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -103,6 +104,8 @@ type Options struct {
 	Metrics *Metrics
 	// Log receives the errors mapped to gRPC codes [discard].
 	Log *slog.Logger
+	// Tracing makes a span of every ShouldRateLimit call; nil makes none.
+	Tracing *Tracing
 }
 
 // Limits bound one request. A request beyond any of them is InvalidArgument
@@ -173,20 +176,27 @@ func (s *Service) Config() *descriptors.Config { return s.snap.Load().cfg }
 // InvalidArgument.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
+	var span trace.Span // nil unless tracing is on: see tracing.go
+	if s.opts.Tracing != nil {
+		ctx, span = s.opts.Tracing.start(ctx)
+	}
 	snap := s.snap.Load()
 	res := s.pool.Get().(*resolution)
 	defer s.pool.Put(res)
 	if err := s.resolve(snap.cfg, req, res); err != nil {
-		return nil, s.toStatus(err)
+		return nil, s.endSpan(span, req, nil, nil, s.toStatus(err))
 	}
 	if len(res.items) > 0 {
 		if err := s.lim.Decide(ctx, res.items); err != nil {
-			return nil, s.toStatus(err)
+			return nil, s.endSpan(span, req, res, nil, s.toStatus(err))
 		}
 	}
 	resp := s.respond(snap, req, res)
 	if m := s.opts.Metrics; m != nil {
 		m.latency.Observe(time.Since(start).Seconds())
+	}
+	if span != nil {
+		s.endSpan(span, req, res, resp, nil)
 	}
 	return resp, nil
 }
@@ -224,6 +234,15 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 	resp, sts, lims, durs := newResponse(len(req.Descriptors))
 	var body, quotaBody *descriptors.Rule // the first denying rule with a response body
 	regularOver, quotas, quotasOver := false, 0, 0
+	res.outcomes = res.outcomes[:0]
+	record := func(r *descriptors.Rule, o Outcome, d *rlcommon.RateLimitDescriptor) {
+		res.outcomes = append(res.outcomes, o)
+		if r == nil {
+			snap.stats.record(req.Domain, nil, o, nil)
+		} else {
+			snap.stats.record(req.Domain, r, o, detailOf(d, r))
+		}
+	}
 	for i, d := range req.Descriptors {
 		r := res.rules[i]
 		st := &sts[i]
@@ -231,11 +250,11 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		resp.Statuses[i] = st
 		switch {
 		case r == nil:
-			snap.stats.record(req.Domain, nil, OutcomeNoRule, nil)
+			record(nil, OutcomeNoRule, d)
 			continue
 		case r.Unlimited:
 			st.LimitRemaining = math.MaxUint32
-			snap.stats.record(req.Domain, r, OutcomeUnlimited, detailOf(d, r))
+			record(r, OutcomeUnlimited, d)
 			continue
 		}
 		out := &res.item(i).Result
@@ -279,7 +298,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 				outcome = OutcomeShadowOverLimit
 			}
 		}
-		snap.stats.record(req.Domain, r, outcome, detailOf(d, r))
+		record(r, outcome, d)
 	}
 	quotaDenied := quotas > 0 && quotasOver == quotas
 	if (regularOver || quotaDenied) && !s.opts.ShadowMode {
@@ -349,6 +368,21 @@ func (s *Service) nearLimit(remaining uint64, limit uint32) bool {
 // is called only for detailed_metric and value_to_metric rules.
 func detailOf(d *rlcommon.RateLimitDescriptor, r *descriptors.Rule) func() string {
 	return func() string { return printable(r.MetricLabel(d.Entries)) }
+}
+
+// entriesText renders d's entries as key=value pairs joined by '|', bytes
+// that are not UTF-8 written \xNN (for traces with descriptor values).
+func entriesText(d *rlcommon.RateLimitDescriptor) string {
+	var b strings.Builder
+	for i, e := range d.Entries {
+		if i > 0 {
+			b.WriteByte('|')
+		}
+		writePrintable(&b, e.Key)
+		b.WriteByte('=')
+		writePrintable(&b, e.Value)
+	}
+	return b.String()
 }
 
 // printable returns s with every byte that is not part of valid UTF-8
