@@ -2,7 +2,6 @@ package descriptors
 
 import (
 	"bytes"
-	"hash/maphash"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -35,8 +34,6 @@ const splitStripes = 64
 type splitRR struct {
 	next [splitStripes]atomic.Uint32
 }
-
-var splitSeed = maphash.MakeSeed()
 
 // Splits returns the number of sub-keys r spreads a key's counter over: its
 // split, at most its requests_per_unit and, for a token bucket with a
@@ -76,24 +73,36 @@ func (r *Rule) SubLimit(i int) (requestsPerUnit, burst uint32) {
 // NextSub returns the sub-key (0 to Splits()-1) that a request for entries
 // of domain counts on: the rule keeps round-robin counters (one per stripe
 // of keys, picked by a hash of the domain and entries), so the requests one
-// process sends for one key go to each sub-key in turn. It is 0 without
-// split, and safe for concurrent use.
+// process sends for one key go to each sub-key in turn, whatever other keys
+// of the rule are requested in between (unless they share its stripe). It
+// is 0 without split, and safe for concurrent use.
 func (r *Rule) NextSub(domain string, entries []*rlcommon.RateLimitDescriptor_Entry) int {
 	n := r.Splits()
 	if n <= 1 || r.rr == nil {
 		return 0
 	}
-	var h maphash.Hash
-	h.SetSeed(splitSeed)
-	h.WriteString(domain)
-	for _, e := range entries {
-		h.WriteByte(0)
-		h.WriteString(e.GetKey())
-		h.WriteByte(0)
-		h.WriteString(e.GetValue())
-	}
-	c := &r.rr.next[h.Sum64()%splitStripes]
+	c := &r.rr.next[stripe(domain, entries)]
 	return int((c.Add(1) - 1) % uint32(n))
+}
+
+// stripe returns the round-robin counter of a request's key: FNV-1a of
+// the domain and the entries, modulo splitStripes. It is deterministic, so
+// tests (and replicas) agree on which keys share a counter.
+func stripe(domain string, entries []*rlcommon.RateLimitDescriptor_Entry) uint64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	add := func(s string) {
+		for i := 0; i < len(s); i++ {
+			h = (h ^ uint64(s[i])) * prime
+		}
+		h = (h ^ 0xff) * prime // a separator
+	}
+	add(domain)
+	for _, e := range entries {
+		add(e.GetKey())
+		add(e.GetValue())
+	}
+	return h % splitStripes
 }
 
 // AppendSubKey appends to dst the store key of sub-key i (0 <= i <

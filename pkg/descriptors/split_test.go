@@ -213,6 +213,21 @@ func TestNextSubRoundRobin(t *testing.T) {
 	if counts != [3]int{8000, 8000, 8000} {
 		t.Errorf("24000 concurrent requests spread %v over 3 sub-keys, want 8000 each", counts)
 	}
+	// Two keys requested in turn on a split of 2: each still alternates
+	// between the sub-keys (one shared counter would send each key to one
+	// sub-key only). Keys of distinct stripes, as most keys are.
+	two := &Rule{Unit: UnitSecond, RequestsPerUnit: 1000, Split: 2, rr: new(splitRR)}
+	a, b := entries("api_key", "a"), entries("api_key", "b")
+	if stripe("d", a) == stripe("d", b) {
+		t.Fatal("pick keys of distinct stripes")
+	}
+	var seq []int
+	for range 4 {
+		seq = append(seq, two.NextSub("d", a), two.NextSub("d", b))
+	}
+	if fmt.Sprint(seq) != "[0 0 1 1 0 0 1 1]" {
+		t.Errorf("keys a and b in turn got sub-keys %v, want each to alternate: [0 0 1 1 0 0 1 1]", seq)
+	}
 	if got := (&Rule{Unit: UnitSecond, RequestsPerUnit: 10}).NextSub("d", es); got != 0 {
 		t.Errorf("unsplit rule: sub-key %d, want 0", got)
 	}

@@ -215,7 +215,15 @@ func TestSplitAdmin(t *testing.T) {
 	if e.State.GetRemaining() != 6 || e.State.GetOverLimit() || !strings.Contains(e.Note, "3 sub-keys") || !strings.Contains(e.Key, "|0/3.") {
 		t.Errorf("after 4 of 10: %v", e)
 	}
-	for range 6 {
+	// Explain's own resolution took a turn of the round robin (sub-key 1):
+	// the next four go to 2, 0, 1, 2, leaving 4-3 = 1, 3-2 = 1, 3-3 = 0.
+	for range 4 {
+		call(t, svc, 1, d("hot", "a"))
+	}
+	if e := explain(); e.State.GetRemaining() != 2 || e.State.GetOverLimit() || !strings.Contains(e.Note, "1 of 3 over") {
+		t.Errorf("after 8 of 10, one sub-key with room: %v", e)
+	}
+	for range 4 {
 		call(t, svc, 1, d("hot", "a"))
 	}
 	if e := explain(); e.State.GetRemaining() != 0 || !e.State.GetOverLimit() || !strings.Contains(e.Note, "3 of 3 over") {
