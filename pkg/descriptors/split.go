@@ -112,7 +112,7 @@ func stripe(domain string, entries []*rlcommon.RateLimitDescriptor_Entry) uint64
 //
 //	{<tenant>|<i>/<N>.<salt>}
 //
-// where N = Splits() and salt (one to three characters of [0-9a-z]) is the
+// where N = Splits() and salt (one or two characters of [0-9a-z]) is the
 // first, in counting order, that puts the tag's Redis Cluster slot in the
 // middle three quarters of the i-th of N equal parts of the slot space:
 // [(8i+1)*16384/(8N), (8i+7)*16384/(8N)). On a Cluster whose masters hold
@@ -157,9 +157,11 @@ const maxSalt = 36 + 36*36 + 36*36*36
 
 // appendSalt appends the first salt (counting 0, 1, ..., z, 00, 01, ...)
 // that takes the CRC16 state crc to a slot in [lo, hi). The expected
-// number of tries is 16384/(hi-lo), at most 86 for 64 sub-keys; when none
-// of the one- to three-digit salts would do (never seen: the test tries
-// many tenants), it appends "0".
+// number of tries is 16384/(hi-lo), at most 86 for 64 sub-keys; from every
+// one of the 65,536 states, every sub-key's range of every split is reached
+// within the first 324 salts (checked exhaustively once; TestSaltReachesEveryRange
+// checks every state for a few splits), so the salt has at most two digits
+// and the fallback, "0", is never taken.
 func appendSalt(dst []byte, crc uint16, lo, hi int) []byte {
 	var salt [3]byte
 	for c := 0; c < maxSalt; c++ {

@@ -110,7 +110,7 @@ func TestSubKeySlots(t *testing.T) {
 		return b.String()
 	}
 	seen := make(map[string]string)
-	for trial := range 20000 {
+	for trial := range 3000 {
 		n := 2 + trial%(MaxSplit-1)
 		domain := word(6)
 		es := entries("api_key", word(12), "route", word(3))[:rng.IntN(3)]
@@ -252,5 +252,32 @@ func BenchmarkAppendSubKey(b *testing.B) {
 				buf = AppendSubKey(buf[:0], "api", es, r, r.NextSub("api", es))
 			}
 		})
+	}
+}
+
+// TestSaltReachesEveryRange: from every CRC16 state (whatever the tenant),
+// the salt search reaches every sub-key's range within two-digit salts, for
+// splits of 2, 3, 5, 8 and 64 (run once for every split from 2 to 64: at
+// most 324 salts).
+func TestSaltReachesEveryRange(t *testing.T) {
+	const twoDigits = 36 + 36*36
+	splits := []int{2, 3, 5, 8, 64}
+	var salt [3]byte
+	for state := 0; state < 1<<16; state++ {
+		var reached [5][64]bool
+		left := 2 + 3 + 5 + 8 + 64
+		for c := 0; c < twoDigits && left > 0; c++ {
+			slot := int(crc16Update(uint16(state), saltOf(&salt, c)) % slots)
+			for k, n := range splits {
+				i := slot * n / slots // the part holding slot
+				if lo, hi := splitRange(i, n); !reached[k][i] && slot >= lo && slot < hi {
+					reached[k][i] = true
+					left--
+				}
+			}
+		}
+		if left > 0 {
+			t.Fatalf("CRC state %#04x: %d sub-key ranges out of reach of one- and two-digit salts", state, left)
+		}
 	}
 }
