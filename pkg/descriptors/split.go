@@ -15,9 +15,11 @@ import (
 // N shards instead of one. Sub-key i enforces its share of the limit
 // (SubLimit: the shares differ by at most one and sum to requests_per_unit,
 // and likewise burst), each request counts on one sub-key (NextSub: round
-// robin per key within a process), and the whole key never admits more than
-// its limit; it can admit less, when one sub-key is spent while another
-// still has room (README, "Hot keys: split").
+// robin per key within a process). The whole key admits no more than its
+// limit (a sliding window rounds each sub-key's budget up: at most one
+// request per sub-key more than unsplit); it can admit less, when one
+// sub-key is spent while another still has room (README, "Hot keys:
+// split").
 
 // MaxSplit is the most sub-keys a rule's split may spread a counter over.
 const MaxSplit = 64
@@ -87,7 +89,7 @@ func (r *Rule) NextSub(domain string, entries []*rlcommon.RateLimitDescriptor_En
 
 // stripe returns the round-robin counter of a request's key: FNV-1a of
 // the domain and the entries, modulo splitStripes. It is deterministic, so
-// tests (and replicas) agree on which keys share a counter.
+// which keys share a counter does not change from run to run.
 func stripe(domain string, entries []*rlcommon.RateLimitDescriptor_Entry) uint64 {
 	const offset, prime = 14695981039346656037, 1099511628211
 	h := uint64(offset)
