@@ -660,6 +660,9 @@ func dumpConfig(w io.Writer, cfg *descriptors.Config) {
 			if r.Burst > 0 {
 				fmt.Fprintf(w, " burst=%d", r.Burst)
 			}
+			if r.Split > 1 {
+				fmt.Fprintf(w, " split=%d", r.Split)
+			}
 			if r.OnError != descriptors.OnErrorDefault {
 				fmt.Fprintf(w, " on_error=%s", r.OnError)
 			}

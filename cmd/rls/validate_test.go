@@ -72,3 +72,50 @@ func TestValidateUpstreamConfigs(t *testing.T) {
 		t.Errorf("validate bad_limit_unit.yaml:\n%s", out)
 	}
 }
+
+// TestValidateSplit: rls validate accepts a split hot key and names every
+// bad split value with its file and line (README, "Hot keys: split").
+func TestValidateSplit(t *testing.T) {
+	dir := t.TempDir()
+	good := "domain: hot\ndescriptors:\n  - key: tenant\n    value: big\n    rate_limit: {unit: second, requests_per_unit: 50000, split: 3}\n"
+	if err := os.WriteFile(filepath.Join(dir, "hot.yaml"), []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runValidate(dir); err != nil {
+		t.Fatalf("split: 3 refused: %v\n%s", err, out)
+	}
+	bad := `domain: bad
+descriptors:
+  - key: zero
+    rate_limit: {unit: second, requests_per_unit: 100, split: 0}
+  - key: many
+    rate_limit: {unit: second, requests_per_unit: 50000, split: 65}
+  - key: half
+    rate_limit: {unit: second, requests_per_unit: 100, split: 2.5}
+  - key: word
+    rate_limit: {unit: second, requests_per_unit: 100, split: all}
+  - key: small
+    rate_limit: {unit: second, requests_per_unit: 2, split: 3}
+  - key: free
+    rate_limit: {unlimited: true, split: 3}
+`
+	if err := os.WriteFile(filepath.Join(dir, "bad.yaml"), []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runValidate(dir)
+	if err == nil {
+		t.Fatalf("bad splits accepted:\n%s", out)
+	}
+	for _, want := range []string{
+		"bad.yaml:4: split: must be 1 to 64 sub-keys, got 0",
+		"bad.yaml:6: split: must be 1 to 64 sub-keys, got 65",
+		"bad.yaml:8: split: must be an integer, got 2.5",
+		`bad.yaml:10: split: must be a non-negative integer, got the scalar "all"`,
+		"bad.yaml:12: split: 3 sub-keys for requests_per_unit 2: each sub-key needs a share of at least 1",
+		"bad.yaml:14: split: must not be set when unlimited is true",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rls validate does not say %q:\n%s", want, out)
+		}
+	}
+}

@@ -27,6 +27,7 @@
 //	      algorithm: sliding_window  # | token_bucket | fixed_window (rls extension)
 //	      burst: 50                  # token_bucket only: capacity, default requests_per_unit
 //	      precision: 10              # sliding_window only: sub-windows per window (1..60)
+//	      split: 3                   # spread each key's counter over 3 sub-keys (1..64; see split.go)
 //	      on_error: fail_open        # | fail_closed; absent: the service's default
 //	    descriptors: [...]           # nested levels
 //
@@ -62,6 +63,9 @@
 // share_threshold wildcard is written as "%*" followed by the escaped pattern
 // instead of its value, so every value matching the wildcard shares one
 // counter ("%*" never occurs in an escaped value). Override rules never share.
+// A split rule counts each request on one of its sub-keys (NextSub), whose
+// keys AppendSubKey builds: the same key with a suffix in the hash tag that
+// moves it to another part of the Cluster's slot space.
 //
 // # Concurrency
 //

@@ -30,7 +30,7 @@ var (
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
 	rateLimitFields = []string{"unit", "requests_per_unit", "name", "unlimited", "replaces",
-		"algorithm", "burst", "precision", "on_error", "response_body", "content_type"}
+		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split"}
 	replacesFields = []string{"name"}
 )
 
@@ -601,6 +601,7 @@ func (p *parser) rateLimit(rf field) *Rule {
 		r.Replaces = p.replaces(f, r.Name)
 	}
 	p.algorithm(fs, r)
+	p.split(fs, r)
 	p.response(fs, r)
 	if f, ok := fs["on_error"]; ok {
 		r.OnError = p.onError(f)

@@ -17,6 +17,7 @@ type Rule struct {
 	Algorithm       Algorithm
 	Burst           uint32 // token bucket capacity as configured; 0 means RequestsPerUnit
 	Precision       uint32 // sliding window sub-windows (2..MaxPrecision); 0 or 1: the two-counter window
+	Split           uint32 // sub-keys a key's counter is spread over (1..MaxSplit, see Splits); 0 or 1: none
 	OnError         OnError
 	ShadowMode      bool
 	DetailedMetric  bool
@@ -41,6 +42,9 @@ type Rule struct {
 	// metric holds, per descriptor level, how value_to_metric names the
 	// level in metrics; nil when no level has value_to_metric.
 	metric []metricLevel
+	// rr is the round robin over sub-keys of a split rule (NextSub); nil
+	// without split. An override made from the rule shares it.
+	rr *splitRR
 }
 
 // Window returns the rule's window, its unit's length (0 for an invalid unit).

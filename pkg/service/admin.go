@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -34,7 +35,7 @@ func NewAdmin(svc *Service, st store.Store, lim *limiter.Limiter) *Admin {
 // resolve resolves an admin request exactly as ShouldRateLimit resolves the
 // same request (bounds, overrides, replaces, keys), checking without
 // consuming.
-func (a *Admin) resolve(domain string, ds []*adminv1.Descriptor) (*resolution, error) {
+func (a *Admin) resolve(domain string, ds []*adminv1.Descriptor) (*rlsv3.RateLimitRequest, *resolution, error) {
 	req := &rlsv3.RateLimitRequest{Domain: domain, Descriptors: make([]*rlcommon.RateLimitDescriptor, len(ds))}
 	for i, d := range ds {
 		rd := &rlcommon.RateLimitDescriptor{HitsAddend: wrapperspb.UInt64(0)}
@@ -44,7 +45,7 @@ func (a *Admin) resolve(domain string, ds []*adminv1.Descriptor) (*resolution, e
 		if l := d.GetLimit(); l != nil {
 			u, ok := typev3.RateLimitUnit_value[strings.ToUpper(l.Unit)]
 			if !ok || u == 0 {
-				return nil, a.svc.toStatus(badRequest{fmt.Errorf("descriptors[%d].limit.unit %q is invalid; choices are [SECOND MINUTE HOUR DAY MONTH YEAR]", i, l.Unit)})
+				return nil, nil, a.svc.toStatus(badRequest{fmt.Errorf("descriptors[%d].limit.unit %q is invalid; choices are [SECOND MINUTE HOUR DAY MONTH YEAR]", i, l.Unit)})
 			}
 			rd.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: l.RequestsPerUnit, Unit: typev3.RateLimitUnit(u)}
 		}
@@ -52,9 +53,28 @@ func (a *Admin) resolve(domain string, ds []*adminv1.Descriptor) (*resolution, e
 	}
 	res := new(resolution)
 	if err := a.svc.resolve(a.svc.Config(), req, res); err != nil {
-		return nil, a.svc.toStatus(err)
+		return nil, nil, a.svc.toStatus(err)
 	}
-	return res, nil
+	return req, res, nil
+}
+
+// subChecks returns the checks of every sub-key of descriptor i of req,
+// counted as res.item(i): one for a rule without split (the item's own),
+// else one per sub-key in sub-key order.
+func subChecks(req *rlsv3.RateLimitRequest, res *resolution, i int) []store.Check {
+	it, r := res.item(i), res.rules[i]
+	n := r.Splits()
+	if n <= 1 {
+		return []store.Check{it.Check}
+	}
+	out := make([]store.Check, n)
+	d := req.Descriptors[i]
+	for sub := range n {
+		c := ruleCheck(r, string(descriptors.AppendSubKey(nil, req.Domain, d.Entries, r, sub)), sub)
+		c.Hits, c.Refund, c.Shadow = it.Check.Hits, it.Check.Refund, it.Check.Shadow
+		out[sub] = c
+	}
+	return out
 }
 
 // note says why descriptor i of res is not counted ("" when it is).
@@ -70,17 +90,26 @@ func (res *resolution) note(i int) string {
 	return ""
 }
 
-// Explain implements AdminService.Explain.
+// Explain implements AdminService.Explain. A split rule's counter is read
+// on every sub-key: the state's remaining is their sum (exact, unlike the
+// estimate ShouldRateLimit reports from the one sub-key a request counts
+// on), it is over limit when every sub-key is, and the note says how many
+// are; the key shown is sub-key 0's.
 func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*adminv1.ExplainResponse, error) {
-	res, err := a.resolve(req.Domain, req.Descriptors)
+	rreq, res, err := a.resolve(req.Domain, req.Descriptors)
 	if err != nil {
 		return nil, err
 	}
-	checks := make([]store.Check, len(res.items))
-	results := make([]store.Result, len(res.items))
-	for j := range res.items {
-		checks[j] = res.items[j].Check
+	var checks []store.Check
+	first := make([]int, len(req.Descriptors)+1) // descriptor i's checks are checks[first[i]:first[i+1]]
+	for i := range req.Descriptors {
+		first[i] = len(checks)
+		if res.slot[i] >= 0 {
+			checks = append(checks, subChecks(rreq, res, i)...)
+		}
 	}
+	first[len(req.Descriptors)] = len(checks)
+	results := make([]store.Result, len(checks))
 	if len(checks) > 0 {
 		if err := a.st.Peek(ctx, checks, results); err != nil {
 			return nil, a.svc.toStatus(fmt.Errorf("read counters: %w", err))
@@ -90,39 +119,55 @@ func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*admi
 	for i := range req.Descriptors {
 		e := &adminv1.Explanation{Matched: res.matched[i] != nil, Note: res.note(i), Rule: ruleProto(res.matched[i])}
 		resp.Explanations[i] = e
-		j := res.slot[i]
-		if j < 0 {
+		if res.slot[i] < 0 {
 			continue
 		}
-		r := results[j]
-		e.Key = printable(checks[j].Key) // keys are UTF-8 (AppendKey escapes); a proto string must be
-		e.State = &adminv1.CounterState{
-			Remaining:  r.Remaining,
-			OverLimit:  !r.Allowed,
-			UntilReset: durationpb.New(r.Reset),
-			Source:     limiter.FromStore.String(),
+		lo, hi := first[i], first[i+1]
+		e.Key = printable(checks[lo].Key) // keys are UTF-8 (AppendKey escapes); a proto string must be
+		e.State = &adminv1.CounterState{Source: limiter.FromStore.String()}
+		over := 0
+		var retry time.Duration
+		for j := lo; j < hi; j++ {
+			r := results[j]
+			if d, ok := a.lim.CachedDenial(&checks[j]); ok {
+				r.Allowed, r.Remaining, r.RetryAfter = false, 0, d
+				e.State.Source = limiter.FromCache.String()
+			}
+			e.State.Remaining += r.Remaining
+			e.State.UntilReset = durationpb.New(max(e.State.UntilReset.AsDuration(), r.Reset))
+			if !r.Allowed {
+				if over == 0 || r.RetryAfter < retry {
+					retry = r.RetryAfter
+				}
+				over++
+			}
 		}
-		if !r.Allowed {
-			e.State.RetryAfter = durationpb.New(r.RetryAfter)
+		if n := hi - lo; n > 1 {
+			e.Note = fmt.Sprintf("split: each request counts on one of %d sub-keys in turn (key: sub-key 0); remaining is their sum; %d of %d over their share", n, over, n)
 		}
-		if d, ok := a.lim.CachedDenial(&checks[j]); ok {
-			e.State.OverLimit, e.State.Remaining = true, 0
-			e.State.RetryAfter = durationpb.New(d)
-			e.State.Source = limiter.FromCache.String()
+		if over == hi-lo {
+			e.State.OverLimit = true
+			e.State.RetryAfter = durationpb.New(retry)
 		}
 	}
 	return resp, nil
 }
 
-// ResetCounters implements AdminService.ResetCounters.
+// ResetCounters implements AdminService.ResetCounters: every sub-key of a
+// split rule's counter is deleted.
 func (a *Admin) ResetCounters(ctx context.Context, req *adminv1.ResetCountersRequest) (*adminv1.ResetCountersResponse, error) {
-	res, err := a.resolve(req.Domain, req.Descriptors)
+	rreq, res, err := a.resolve(req.Domain, req.Descriptors)
 	if err != nil {
 		return nil, err
 	}
-	keys := make([]string, 0, len(res.items))
-	for j := range res.items {
-		keys = append(keys, res.items[j].Check.Key)
+	var keys []string
+	for i := range req.Descriptors {
+		if res.slot[i] < 0 {
+			continue
+		}
+		for _, c := range subChecks(rreq, res, i) {
+			keys = append(keys, c.Key)
+		}
 	}
 	if len(keys) == 0 {
 		return &adminv1.ResetCountersResponse{}, nil

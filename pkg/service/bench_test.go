@@ -49,7 +49,7 @@ func BenchmarkDecision(b *testing.B) {
 	for b.Loop() {
 		r := cfg.Match("bench", entries)
 		key = descriptors.AppendKey(key[:0], "bench", entries, r)
-		checks[0] = ruleCheck(r, string(key))
+		checks[0] = ruleCheck(r, string(key), 0)
 		checks[0].Hits = 1
 		if err := st.Decide(ctx, checks, results); err != nil || !results[0].Allowed {
 			b.Fatal(err, results[0])

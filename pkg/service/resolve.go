@@ -68,8 +68,11 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		if d.HitsAddend != nil {
 			hits = d.HitsAddend.Value
 		}
-		res.key = descriptors.AppendKey(res.key[:0], req.Domain, d.Entries, r)
-		c := ruleCheck(r, string(res.key))
+		// A split rule counts this request on one of its sub-keys, in
+		// turn (README, "Hot keys: split").
+		sub := r.NextSub(req.Domain, d.Entries)
+		res.key = descriptors.AppendSubKey(res.key[:0], req.Domain, d.Entries, r, sub)
+		c := ruleCheck(r, string(res.key), sub)
 		c.Hits, c.Refund = hits, d.IsNegativeHits
 		// The global shadow mode makes every check a shadow. A quota
 		// descriptor denies the request only with all the others (the
@@ -94,19 +97,43 @@ func (s *Service) failClosed(r *descriptors.Rule) bool {
 	return r.OnError == descriptors.OnErrorFailClosed || (r.OnError == descriptors.OnErrorDefault && s.opts.FailClosed)
 }
 
-// ruleCheck returns the store check of rule r at key, consuming nothing
-// (the caller sets Hits and Refund). It is the one place where a rule
-// becomes a store check.
-func ruleCheck(r *descriptors.Rule, key string) store.Check {
+// ruleCheck returns the store check of rule r at key, the key of its
+// sub-key sub (0 without split), consuming nothing (the caller sets Hits
+// and Refund): a sub-key's limit and burst are its shares of the rule's. It
+// is the one place where a rule becomes a store check.
+func ruleCheck(r *descriptors.Rule, key string, sub int) store.Check {
+	limit, burst := r.SubLimit(sub)
 	return store.Check{
 		Key:       key,
 		Algorithm: storeAlgorithm(r.Algorithm),
-		Limit:     uint64(r.RequestsPerUnit),
+		Limit:     uint64(limit),
 		Window:    r.Window(),
-		Burst:     uint64(r.Burst),
+		Burst:     uint64(burst),
 		Precision: uint8(r.Precision), // at most descriptors.MaxPrecision
 		Shadow:    r.ShadowMode,
 	}
+}
+
+// wholeRemaining returns what a split rule r reports as the whole key's
+// remaining budget, given rem, the remaining of the sub-key its check c
+// counted on: rem scaled by the whole capacity over the sub-key's share of
+// it (requests_per_unit, or a token bucket's burst), so a sub-key with its
+// whole share left reports the whole limit. It is an estimate, exact when
+// every sub-key has as much left as this one (which the round robin keeps
+// them close to); reading every sub-key would cost N store calls. Without
+// split it is rem.
+func wholeRemaining(r *descriptors.Rule, c *store.Check, rem uint64) uint64 {
+	if r.Splits() <= 1 {
+		return rem
+	}
+	share, whole := c.Limit, uint64(r.RequestsPerUnit)
+	if c.Algorithm == store.TokenBucket && c.Burst > 0 {
+		share, whole = c.Burst, uint64(r.Burst)
+	}
+	if share == 0 {
+		return rem
+	}
+	return min(rem, share) * whole / share // both at most 2^32: no overflow
 }
 
 // badRequest marks an error the caller made: InvalidArgument.

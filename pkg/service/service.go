@@ -257,12 +257,14 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 			record(r, OutcomeUnlimited, d)
 			continue
 		}
-		out := &res.item(i).Result
+		it := res.item(i)
+		out := &it.Result
+		remaining := wholeRemaining(r, &it.Check, out.Remaining)
 		lim := &lims[i]
 		lim.Name, lim.RequestsPerUnit = r.Name, r.RequestsPerUnit
 		lim.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit)
 		st.CurrentLimit = lim
-		st.LimitRemaining = clampUint32(out.Remaining)
+		st.LimitRemaining = clampUint32(remaining)
 		st.DurationUntilReset = &durs[i]
 		quota := s.quotaMode(r)
 		if quota {
@@ -272,7 +274,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		switch {
 		case out.Allowed:
 			setDuration(&durs[i], out.Reset)
-			if s.nearLimit(out.Remaining, r.RequestsPerUnit) {
+			if s.nearLimit(remaining, r.RequestsPerUnit) {
 				outcome = OutcomeNearLimit
 			}
 		case r.ShadowMode: // counted and reported, never denied
