@@ -83,6 +83,7 @@ func exBurnCPU(t *testing.T, n int) {
 	t.Helper()
 	for range n {
 		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		cmd.SysProcAttr = redistest.ChildAttr() // killed with the test process, even when it is killed
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
