@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -62,7 +64,27 @@ type Client struct {
 
 	mu       sync.Mutex
 	accepted string // version_info of the last response ACKed (any stream)
+
+	// rejected is the response last NACKed on the current stream, to
+	// answer its repetitions (see answer) without applying them again.
+	rejected struct {
+		key  string // responseKey
+		err  error
+		wait time.Duration // before the last repeated NACK
+	}
 }
+
+// A control plane resends a NACKed response at once: go-control-plane's
+// snapshot cache answers every request whose version_info (a NACK's is the
+// last version ACKed) differs from its snapshot's. Repetitions are NACKed
+// again without being applied, after a wait that doubles from
+// nackRepeatMin to nackRepeatMax, so a bad snapshot costs a few messages a
+// minute rather than a busy loop on both sides. A new version is applied
+// at once; a fixed config arrives within nackRepeatMax.
+const (
+	nackRepeatMin = time.Second
+	nackRepeatMax = 10 * time.Second
+)
 
 // New checks opts and returns a Client.
 func New(opts Options) (*Client, error) {
@@ -184,6 +206,9 @@ func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscovery
 	if err := st.Send(c.request("", "", nil)); err != nil {
 		return false, recvErr(st, err)
 	}
+	c.mu.Lock()
+	c.rejected.key, c.rejected.err = "", nil
+	c.mu.Unlock()
 	if c.opts.Connected != nil {
 		c.opts.Connected(true)
 		defer c.opts.Connected(false)
@@ -204,17 +229,39 @@ func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscovery
 			c.opts.Log.Warn("xds: ignoring a response of a type rls did not ask for", "type", resp.GetTypeUrl())
 			continue
 		}
-		if err := st.Send(c.answer(resp)); err != nil {
+		req, wait := c.answer(resp)
+		if wait > 0 {
+			select {
+			case <-sctx.Done():
+				return got, sctx.Err()
+			case <-time.After(wait):
+			}
+		}
+		if err := st.Send(req); err != nil {
 			return got, recvErr(st, err)
 		}
 	}
 }
 
 // answer applies resp and returns its ACK (version_info: resp's) or NACK
-// (version_info: the last ACKed, error_detail: why), both with resp's nonce.
-func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) *discoveryv3.DiscoveryRequest {
+// (version_info: the last ACKed, error_detail: why), both with resp's
+// nonce, and how long to wait before sending it: 0, except for a repetition
+// of the response last NACKed (same version, same resources), which is not
+// applied again.
+func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) (*discoveryv3.DiscoveryRequest, time.Duration) {
 	version, nonce := resp.GetVersionInfo(), resp.GetNonce()
 	res, err := decode(resp)
+	key := responseKey(version, res, resp)
+	c.mu.Lock()
+	if c.rejected.err != nil && c.rejected.key == key {
+		r := &c.rejected
+		r.wait = min(max(2*r.wait, nackRepeatMin), nackRepeatMax)
+		c.opts.Log.Debug("xds: the rejected config again; NACKing it again", "version", version, "nonce", nonce, "after", r.wait)
+		defer c.mu.Unlock()
+		return c.nack(nonce, r.err), r.wait
+	}
+	c.mu.Unlock()
+
 	if err == nil {
 		err = c.opts.Update(version, res)
 	}
@@ -223,11 +270,52 @@ func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) *discoveryv3.Discov
 	if err != nil {
 		c.opts.Log.Error("xds: config rejected (NACK); keeping the last good config",
 			"version", version, "nonce", nonce, "last_accepted", c.accepted, "error", err.Error())
-		return c.request(c.accepted, nonce, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: truncate(err.Error(), maxDetail)})
+		c.rejected.key, c.rejected.err, c.rejected.wait = key, err, 0
+		return c.nack(nonce, err), 0
 	}
+	c.rejected.key, c.rejected.err = "", nil
 	c.accepted = version
 	c.opts.Log.Debug("xds: ACK", "version", version, "nonce", nonce)
-	return c.request(version, nonce, nil)
+	return c.request(version, nonce, nil), 0
+}
+
+// nack is the NACK of the response with nonce: version_info is the last
+// version ACKed. c.mu is held.
+func (c *Client) nack(nonce string, err error) *discoveryv3.DiscoveryRequest {
+	return c.request(c.accepted, nonce, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: truncate(err.Error(), maxDetail)})
+}
+
+// responseKey identifies a response's content: its version and its
+// resources in any order (go-control-plane sends a snapshot's in map
+// order), each marshalled deterministically (a server may not: metadata is
+// a map). res is resp's decoded resources, nil when they do not decode.
+func responseKey(version string, res []*rlsconf.RateLimitConfig, resp *discoveryv3.DiscoveryResponse) string {
+	var sums []string
+	sum := func(parts ...[]byte) {
+		h := sha256.New()
+		for _, p := range parts {
+			fmt.Fprintf(h, "%d\x00", len(p))
+			h.Write(p)
+		}
+		sums = append(sums, string(h.Sum(nil)))
+	}
+	if res != nil {
+		for _, r := range res {
+			b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+			sum(b)
+		}
+	} else {
+		for _, a := range resp.GetResources() {
+			sum([]byte(a.GetTypeUrl()), a.GetValue())
+		}
+	}
+	sort.Strings(sums)
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%d\x00", version, len(sums))
+	for _, s := range sums {
+		h.Write([]byte(s))
+	}
+	return string(h.Sum(nil))
 }
 
 // maxDetail bounds a NACK's message: a response with thousands of bad

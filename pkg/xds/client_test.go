@@ -13,17 +13,16 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/xds/xdstest"
 )
 
 func TestTypeURLIsGoControlPlanes(t *testing.T) {
@@ -32,112 +31,22 @@ func TestTypeURLIsGoControlPlanes(t *testing.T) {
 	}
 }
 
-// cpServer is a go-control-plane SotW server on a loopback port with a
-// snapshot cache, recording the requests it receives and the responses it
-// sends, by stream.
-type cpServer struct {
-	addr  string
-	cache cachev3.SnapshotCache
-	grpc  *grpc.Server
-
-	mu        sync.Mutex
-	requests  []*discoveryv3.DiscoveryRequest
-	responses []*discoveryv3.DiscoveryResponse
-	opened    int
-}
-
-func startCP(t *testing.T, addr string) *cpServer {
-	t.Helper()
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &cpServer{addr: lis.Addr().String(), cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)}
-	ctx, cancel := context.WithCancel(context.Background())
-	cb := serverv3.CallbackFuncs{
-		StreamOpenFunc: func(context.Context, int64, string) error {
-			s.mu.Lock()
-			s.opened++
-			s.mu.Unlock()
-			return nil
-		},
-		StreamRequestFunc: func(_ int64, r *discoveryv3.DiscoveryRequest) error {
-			s.mu.Lock()
-			s.requests = append(s.requests, r)
-			s.mu.Unlock()
-			return nil
-		},
-		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoveryv3.DiscoveryRequest, r *discoveryv3.DiscoveryResponse) {
-			s.mu.Lock()
-			s.responses = append(s.responses, r)
-			s.mu.Unlock()
-		},
-	}
-	s.grpc = grpc.NewServer()
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, serverv3.NewServer(ctx, s.cache, cb))
-	done := make(chan struct{})
-	go func() { _ = s.grpc.Serve(lis); close(done) }()
-	t.Cleanup(func() { s.stop(); cancel(); <-done })
-	return s
-}
-
-func (s *cpServer) stop() { s.grpc.Stop() }
-
-// set puts a snapshot of configs at version for node "test".
-func (s *cpServer) set(t *testing.T, version string, configs ...*rlsconf.RateLimitConfig) {
-	t.Helper()
-	res := make([]types.Resource, len(configs))
-	for i, c := range configs {
-		res[i] = c
-	}
-	snap, err := cachev3.NewSnapshot(version, map[resourcev3.Type][]types.Resource{resourcev3.RateLimitConfigType: res})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.cache.SetSnapshot(context.Background(), "test", snap); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// answerTo returns the request that answered the response with version
-// (the request carrying its nonce), waiting up to 5 s.
-func (s *cpServer) answerTo(t *testing.T, version string) (*discoveryv3.DiscoveryResponse, *discoveryv3.DiscoveryRequest) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		s.mu.Lock()
-		for _, resp := range s.responses {
-			if resp.GetVersionInfo() != version {
-				continue
-			}
-			for _, req := range s.requests {
-				if req.GetResponseNonce() == resp.GetNonce() {
-					s.mu.Unlock()
-					return resp, req
-				}
-			}
-		}
-		s.mu.Unlock()
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("no answer to version %q within 5s", version)
-	return nil, nil
-}
-
-func limit(name, domain, key string, rpu uint32, unit rlsconf.RateLimitUnit) *rlsconf.RateLimitConfig {
-	return &rlsconf.RateLimitConfig{Name: name, Domain: domain, Descriptors: []*rlsconf.RateLimitDescriptor{
-		{Key: key, RateLimit: &rlsconf.RateLimitPolicy{Unit: unit, RequestsPerUnit: rpu}}}}
-}
-
 // applied records what a client's Update accepted.
 type applied struct {
 	mu        sync.Mutex
+	calls     map[string]int // Update calls by version
 	versions  []string
 	cfg       *descriptors.Config
 	connected bool
 }
 
 func (a *applied) update(version string, res []*rlsconf.RateLimitConfig) error {
+	a.mu.Lock()
+	if a.calls == nil {
+		a.calls = map[string]int{}
+	}
+	a.calls[version]++
+	a.mu.Unlock()
 	cfg, err := Build(res, descriptors.ParseOptions{})
 	if err != nil {
 		return err
@@ -208,12 +117,12 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // answered with its nonce; an ACK names its version, a NACK the version last
 // ACKed and the validation error, and the config in force stays.
 func TestACKAndNACK(t *testing.T) {
-	s := startCP(t, "127.0.0.1:0")
+	s := xdstest.Start(t, "127.0.0.1:0")
 	a := &applied{}
-	c := startClient(t, s.addr, a, nil)
+	c := startClient(t, s.Addr, a, nil)
 
-	s.set(t, "1", limit("foo", "foo", "k1", 3, rlsconf.RateLimitUnit_MINUTE))
-	_, ack := s.answerTo(t, "1")
+	s.Set(t, "test", "1", xdstest.Limit("foo", "foo", "k1", 3, rlsconf.RateLimitUnit_MINUTE))
+	_, ack := s.AnswerTo(t, "1", 5*time.Second)
 	if ack.GetVersionInfo() != "1" || ack.GetErrorDetail() != nil {
 		t.Fatalf("answer to version 1: version %q, error %v; want an ACK of 1", ack.GetVersionInfo(), ack.GetErrorDetail())
 	}
@@ -226,11 +135,11 @@ func TestACKAndNACK(t *testing.T) {
 	}
 
 	// Bad: a unit of UNKNOWN, and a duplicate descriptor in another resource.
-	bad := limit("bar", "bar", "k", 1, rlsconf.RateLimitUnit_UNKNOWN)
-	dup := limit("foo", "foo", "k1", 3, rlsconf.RateLimitUnit_MINUTE)
+	bad := xdstest.Limit("bar", "bar", "k", 1, rlsconf.RateLimitUnit_UNKNOWN)
+	dup := xdstest.Limit("foo", "foo", "k1", 3, rlsconf.RateLimitUnit_MINUTE)
 	dup.Descriptors = append(dup.Descriptors, dup.Descriptors[0])
-	s.set(t, "2", bad, dup)
-	resp, nack := s.answerTo(t, "2")
+	s.Set(t, "test", "2", bad, dup)
+	resp, nack := s.AnswerTo(t, "2", 5*time.Second)
 	if nack.GetVersionInfo() != "1" || nack.GetResponseNonce() != resp.GetNonce() {
 		t.Errorf("NACK of 2: version %q nonce %q; want version 1 and nonce %q", nack.GetVersionInfo(), nack.GetResponseNonce(), resp.GetNonce())
 	}
@@ -243,9 +152,28 @@ func TestACKAndNACK(t *testing.T) {
 	if v, _ := a.last(); v != "1" || c.Accepted() != "1" {
 		t.Errorf("after a NACK: applied %q, accepted %q; want 1", v, c.Accepted())
 	}
+	// The server resends a NACKed version at once (the NACK names another
+	// version than its snapshot's): the repetitions are NACKed again after
+	// 1 s, then 2 s, without being applied again.
+	time.Sleep(1500 * time.Millisecond)
+	nacks := 0
+	for _, r := range s.Requests() {
+		if r.GetErrorDetail() != nil {
+			nacks++
+			if r.GetVersionInfo() != "1" || r.GetErrorDetail().GetMessage() != want {
+				t.Errorf("a repeated NACK: version %q, detail %q", r.GetVersionInfo(), r.GetErrorDetail().GetMessage())
+			}
+		}
+	}
+	a.mu.Lock()
+	calls := a.calls["2"]
+	a.mu.Unlock()
+	if nacks != 2 || calls != 1 {
+		t.Errorf("1.5 s after the first NACK of version 2: %d NACKs, %d Update calls; want 2 NACKs (at 0 and 1 s), 1 call", nacks, calls)
+	}
 
-	s.set(t, "3", limit("foo", "foo", "k1", 5, rlsconf.RateLimitUnit_SECOND))
-	if _, ack := s.answerTo(t, "3"); ack.GetVersionInfo() != "3" || ack.GetErrorDetail() != nil {
+	s.Set(t, "test", "3", xdstest.Limit("foo", "foo", "k1", 5, rlsconf.RateLimitUnit_SECOND))
+	if _, ack := s.AnswerTo(t, "3", 5*time.Second); ack.GetVersionInfo() != "3" || ack.GetErrorDetail() != nil {
 		t.Errorf("answer to 3: version %q error %v", ack.GetVersionInfo(), ack.GetErrorDetail())
 	}
 	if v, cfg := a.last(); v != "3" || cfg.Match("foo", entries("k1", "x")).RequestsPerUnit != 5 {
@@ -257,23 +185,23 @@ func TestACKAndNACK(t *testing.T) {
 // config) and comes back on the same address with a new cache that reuses
 // a version number for other content; the client applies it.
 func TestReconnect(t *testing.T) {
-	s := startCP(t, "127.0.0.1:0")
+	s := xdstest.Start(t, "127.0.0.1:0")
 	a := &applied{}
 	logs := &syncBuf{}
-	startClient(t, s.addr, a, logs)
-	s.set(t, "1", limit("foo", "foo", "k", 1, rlsconf.RateLimitUnit_SECOND))
-	s.answerTo(t, "1")
+	startClient(t, s.Addr, a, logs)
+	s.Set(t, "test", "1", xdstest.Limit("foo", "foo", "k", 1, rlsconf.RateLimitUnit_SECOND))
+	s.AnswerTo(t, "1", 5*time.Second)
 	waitUntil(t, "connected", a.isConnected)
-	s.stop()
+	s.Stop()
 	waitUntil(t, "disconnected", func() bool { return !a.isConnected() })
 	time.Sleep(300 * time.Millisecond) // a few failed attempts
 	if v, cfg := a.last(); v != "1" || cfg == nil {
 		t.Fatalf("config after disconnect: %q", v)
 	}
 
-	s2 := startCP(t, s.addr)
-	s2.set(t, "1", limit("foo", "foo", "k", 7, rlsconf.RateLimitUnit_SECOND))
-	_, ack := s2.answerTo(t, "1")
+	s2 := xdstest.Start(t, s.Addr)
+	s2.Set(t, "test", "1", xdstest.Limit("foo", "foo", "k", 7, rlsconf.RateLimitUnit_SECOND))
+	_, ack := s2.AnswerTo(t, "1", 5*time.Second)
 	if ack.GetErrorDetail() != nil {
 		t.Fatalf("NACK: %v", ack.GetErrorDetail())
 	}
@@ -282,9 +210,7 @@ func TestReconnect(t *testing.T) {
 		return cfg.Match("foo", entries("k", "x")).RequestsPerUnit == 7
 	})
 	// A stream's first request names no version and no nonce.
-	s2.mu.Lock()
-	first := s2.requests[0]
-	s2.mu.Unlock()
+	first := s2.Requests()[0]
 	if first.GetVersionInfo() != "" || first.GetResponseNonce() != "" || first.GetTypeUrl() != TypeURL {
 		t.Errorf("first request on the new stream: %v", first)
 	}
@@ -346,7 +272,7 @@ func mustAny(t *testing.T, m *rlsconf.RateLimitConfig) *anypb.Any {
 // TestResponsesThatCannotBeDecoded are NACKed with the reason; a response
 // of a type not asked for is not answered.
 func TestResponsesThatCannotBeDecoded(t *testing.T) {
-	good := mustAny(t, limit("foo", "foo", "k", 1, rlsconf.RateLimitUnit_SECOND))
+	good := mustAny(t, xdstest.Limit("foo", "foo", "k", 1, rlsconf.RateLimitUnit_SECOND))
 	wrongType, _ := anypb.New(durationpb.New(time.Second))
 	garbage := &anypb.Any{TypeUrl: TypeURL, Value: []byte{0xff, 0xff}}
 	f := &fakeADS{requests: make(chan *discoveryv3.DiscoveryRequest, 10), responses: []*discoveryv3.DiscoveryResponse{
@@ -452,3 +378,38 @@ func (s *syncBuf) String() string {
 }
 
 type rlcommonEntry = rlcommon.RateLimitDescriptor_Entry
+
+// TestResponseKey: a response's key ignores the order of its resources and
+// of metadata fields, and follows its version and content.
+func TestResponseKey(t *testing.T) {
+	meta := func() *structpb.Struct {
+		m := map[string]any{}
+		for i := range 20 {
+			m[string(rune('a'+i))] = float64(i)
+		}
+		s, _ := structpb.NewStruct(m)
+		return s
+	}
+	a, b := xdstest.Limit("a", "a", "k", 1, rlsconf.RateLimitUnit_SECOND), xdstest.Limit("b", "b", "k", 2, rlsconf.RateLimitUnit_SECOND)
+	a.Descriptors[0].Metadata = meta()
+	resp := func(version string, rs ...*rlsconf.RateLimitConfig) string {
+		r := &discoveryv3.DiscoveryResponse{VersionInfo: version, TypeUrl: TypeURL}
+		for _, c := range rs {
+			r.Resources = append(r.Resources, mustAny(t, c))
+		}
+		res, err := decode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return responseKey(version, res, r)
+	}
+	k := resp("1", a, b)
+	a2 := xdstest.Limit("a", "a", "k", 1, rlsconf.RateLimitUnit_SECOND)
+	a2.Descriptors[0].Metadata = meta()
+	if resp("1", b, a2) != k {
+		t.Error("key depends on the order of resources or metadata fields")
+	}
+	if resp("2", a, b) == k || resp("1", a) == k || resp("1", a, xdstest.Limit("b", "b", "k", 3, rlsconf.RateLimitUnit_SECOND)) == k {
+		t.Error("key ignores a new version or content")
+	}
+}
