@@ -86,6 +86,17 @@ type Config struct {
 	HeaderLimit      string
 	HeaderRemaining  string
 	HeaderReset      string
+
+	// Configuration over xDS (--config-source xds).
+	ConfigSource     string
+	XDSServer        string
+	XDSNodeID        string
+	XDSNodeMetadata  string
+	XDSTLSCA         string
+	XDSTLSCert       string
+	XDSTLSKey        string
+	XDSTLSServerName string
+	XDSMaxRecvBytes  int
 }
 
 // envName returns the environment twin of a flag: --redis-url → RLS_REDIS_URL.
@@ -147,6 +158,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes kept by the local tables (each key's length plus its entry's overhead): half for the over-limit cache, a quarter each for the fail-open buckets and the pending write-backs; least recently used evicted beyond it")
 	fs.IntVar(&c.GCPercent, "gc-percent", 400, "Go GC target (as GOGC) while the extra heap it allows stays under 64 MiB, falling toward 100 beyond; fewer collections, less CPU and a flatter tail; 0 or a GOGC environment variable leaves Go's setting alone")
 	compatFlags(fs, c)
+	xdsFlags(fs, c)
 	return fs
 }
 
@@ -283,12 +295,16 @@ func (c *Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if c.ConfigDir == "" {
+	switch {
+	case c.ConfigSource == "xds": // --config-dir is not read
+	case c.ConfigDir == "":
 		add(errors.New("--config-dir (RLS_CONFIG_DIR) is empty"))
-	} else if st, err := os.Stat(c.ConfigDir); err != nil {
-		add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR): %v", err))
-	} else if !st.IsDir() {
-		add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR) %q is not a directory", c.ConfigDir))
+	default:
+		if st, err := os.Stat(c.ConfigDir); err != nil {
+			add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR): %v", err))
+		} else if !st.IsDir() {
+			add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR) %q is not a directory", c.ConfigDir))
+		}
 	}
 	add(validAddr("grpc-addr", c.GRPCAddr, false))
 	add(validAddr("http-addr", c.HTTPAddr, true))
@@ -360,6 +376,7 @@ func (c *Config) Validate() error {
 	}
 	add(c.validateGRPCTLS())
 	add(c.validateCompat())
+	add(c.validateXDS())
 	if c.Store == "redis" {
 		add(c.validateRedis())
 	}
