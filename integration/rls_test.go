@@ -149,13 +149,20 @@ func startRLSNoWait(t testing.TB, configDir string, args ...string) *rlsProc {
 
 func startRLSBin(t testing.TB, bin, configDir string, args ...string) *rlsProc {
 	t.Helper()
+	return startRLSEnv(t, bin, configDir, nil, args...)
+}
+
+// startRLSEnv is startRLSBin with env (NAME=value) added to the cleaned
+// environment; flags on the command line still win over RLS_* variables.
+func startRLSEnv(t testing.TB, bin, configDir string, env []string, args ...string) *rlsProc {
+	t.Helper()
 	addrs := freeAddrs(t, 2)
 	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &syncBuffer{}, done: make(chan struct{})}
 	all := append([]string{"serve", "--config-dir", configDir, "--grpc-addr", p.GRPCAddr,
 		"--http-addr", p.HTTPAddr, "--debug-addr", ""}, args...)
 	p.cmd = exec.Command(bin, all...)
 	p.cmd.SysProcAttr = redistest.ChildAttr()
-	p.cmd.Env = cleanEnv()
+	p.cmd.Env = append(cleanEnv(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
