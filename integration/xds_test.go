@@ -363,3 +363,36 @@ func TestXDSEnvoyGatewayStyle(t *testing.T) {
 	})
 	allows("u3", 5)
 }
+
+// TestXDSReadmeSnippets: the Go code README.md shows for a control plane
+// is examples/xds-control-plane's, line for line, so it compiles and
+// TestXDSEnvoyGatewayStyle runs it.
+func TestXDSReadmeSnippets(t *testing.T) {
+	src, err := os.ReadFile("../examples/xds-control-plane/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	norm := func(s string) string {
+		var lines []string
+		for _, l := range strings.Split(s, "\n") {
+			if l = strings.TrimSpace(l); l != "" {
+				lines = append(lines, l)
+			}
+		}
+		return strings.Join(lines, "\n")
+	}
+	example := norm(string(src))
+	n := 0
+	for _, b := range readmeBlocks(t) {
+		if b.lang != "go" {
+			continue
+		}
+		n++
+		if !strings.Contains(example, norm(b.text)) {
+			t.Errorf("README.md:%d: this Go block is not in examples/xds-control-plane/main.go:\n%s", b.line, b.text)
+		}
+	}
+	if n < 2 {
+		t.Errorf("README.md has %d Go blocks, want the control plane's two", n)
+	}
+}
