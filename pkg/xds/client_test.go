@@ -413,3 +413,58 @@ func TestResponseKey(t *testing.T) {
 		t.Error("key ignores a new version or content")
 	}
 }
+
+// oldCacheADS answers a stream's first request only when it names another
+// version than its own, as a snapshot cache that does not track what each
+// stream was sent would.
+type oldCacheADS struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+	version string
+	res     *anypb.Any
+}
+
+func (o *oldCacheADS) StreamAggregatedResources(st grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]) error {
+	req, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	if req.GetVersionInfo() != o.version {
+		if err := st.Send(&discoveryv3.DiscoveryResponse{VersionInfo: o.version, Nonce: "1", TypeUrl: TypeURL, Resources: []*anypb.Any{o.res}}); err != nil {
+			return err
+		}
+	}
+	for {
+		if _, err := st.Recv(); err != nil {
+			return nil
+		}
+	}
+}
+
+func serveOldCache(t *testing.T, addr string, o *oldCacheADS) (string, func()) {
+	t.Helper()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(srv, o)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String(), srv.Stop
+}
+
+// TestNewStreamNamesNoVersion: a control plane restarted with its version
+// counter back at the version rls last accepted, but other content, still
+// sends it, because a new stream's first request names no version.
+func TestNewStreamNamesNoVersion(t *testing.T) {
+	addr, stop := serveOldCache(t, "127.0.0.1:0", &oldCacheADS{version: "1", res: mustAny(t, xdstest.Limit("foo", "foo", "k", 1, rlsconf.RateLimitUnit_SECOND))})
+	a := &applied{}
+	startClient(t, addr, a, nil)
+	waitUntil(t, "version 1 applied", func() bool { v, _ := a.last(); return v == "1" })
+	stop()
+	serveOldCache(t, addr, &oldCacheADS{version: "1", res: mustAny(t, xdstest.Limit("foo", "foo", "k", 9, rlsconf.RateLimitUnit_SECOND))})
+	waitUntil(t, "the restarted server's version 1 applied", func() bool {
+		_, cfg := a.last()
+		return cfg.Match("foo", entries("k", "x")).RequestsPerUnit == 9
+	})
+}
