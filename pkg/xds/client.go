@@ -158,25 +158,25 @@ func (c *Client) Run(ctx context.Context) error {
 	c.opts.Log.Info("xds: connecting", "server", c.opts.Server, "node_id", c.opts.NodeID, "type", TypeURL)
 	var (
 		wait       = c.opts.MinBackoff
-		failures   int       // attempts since the last stream that got a response
+		failures   int       // attempts since the last healthy stream
 		lastLog    time.Time // of a failure
 		suppressed int
 	)
 	for {
-		got, err := c.stream(ctx, ads)
+		healthy, err := c.stream(ctx, ads)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if got {
+		if healthy {
 			wait, failures = c.opts.MinBackoff, 0
 		}
 		failures++
 		d := wait/2 + rand.N(wait/2+1) // jittered: replicas do not come back in step
 		wait = min(2*wait, c.opts.MaxBackoff)
-		// Logged when a working stream ends, then at most every 30 s while
+		// Logged when a healthy stream ends, then at most every 30 s while
 		// the server cannot be reached.
-		if got || time.Since(lastLog) >= 30*time.Second {
-			c.opts.Log.Warn("xds: stream to the management server failed; serving the last good config, retrying",
+		if healthy || time.Since(lastLog) >= 30*time.Second {
+			c.opts.Log.Warn("xds: stream to the management server failed; retrying, the config in force (if any) stays",
 				"server", c.opts.Server, "err", err, "retry_in", d.Round(time.Millisecond), "attempts", failures, "not_logged", suppressed)
 			lastLog, suppressed = time.Now(), 0
 		} else {
@@ -190,9 +190,10 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 }
 
-// stream runs one ADS stream until it fails; got reports whether the
-// server sent any response on it.
-func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClient) (got bool, err error) {
+// stream runs one ADS stream until it fails. healthy reports whether the
+// server sent any response on it, or kept it open for MaxBackoff (a server
+// with no snapshot for rls's node sends nothing): the backoff starts over.
+func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClient) (healthy bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := ads.StreamAggregatedResources(sctx)
@@ -214,6 +215,9 @@ func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscovery
 		defer c.opts.Connected(false)
 	}
 	c.opts.Log.Info("xds: stream open", "server", c.opts.Server)
+	opened := time.Now()
+	got := false
+	defer func() { healthy = got || time.Since(opened) >= c.opts.MaxBackoff }()
 	for {
 		resp, err := st.Recv()
 		if err != nil {

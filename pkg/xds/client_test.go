@@ -468,3 +468,43 @@ func TestNewStreamNamesNoVersion(t *testing.T) {
 		return cfg.Match("foo", entries("k", "x")).RequestsPerUnit == 9
 	})
 }
+
+// TestBackoffBounds: a server that fails every stream at once is retried
+// with waits between half and all of a backoff doubling from MinBackoff to
+// MaxBackoff, not in a loop.
+func TestBackoffBounds(t *testing.T) {
+	var mu sync.Mutex
+	var at []time.Time
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+		return errors.New("no")
+	}))
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	c, err := New(Options{Server: lis.Addr().String(), NodeID: "n", MinBackoff: 40 * time.Millisecond, MaxBackoff: 160 * time.Millisecond,
+		Update: func(string, []*rlsconf.RateLimitConfig) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	_ = c.Run(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	// Waits: [20,40], [40,80], [80,160], then [80,160] ms each, plus the
+	// attempts themselves: 1.5 s holds about 10 to 17 attempts.
+	if len(at) < 5 || len(at) > 25 {
+		t.Fatalf("%d attempts in 1.5 s, want about 10 to 17", len(at))
+	}
+	for i := 3; i+1 < len(at); i++ {
+		if gap := at[i+1].Sub(at[i]); gap < 70*time.Millisecond {
+			t.Errorf("attempt %d came %v after the one before, want at least 80 ms (half of MaxBackoff)", i+2, gap)
+		}
+	}
+}
