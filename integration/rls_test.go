@@ -152,6 +152,13 @@ func startRLSBin(t testing.TB, bin, configDir string, args ...string) *rlsProc {
 	return startRLSBinEnv(t, bin, nil, configDir, args...)
 }
 
+// startRLSEnv is startRLSBinEnv with its arguments in another order (the
+// xDS tests' helper).
+func startRLSEnv(t testing.TB, bin, configDir string, env []string, args ...string) *rlsProc {
+	t.Helper()
+	return startRLSBinEnv(t, bin, env, configDir, args...)
+}
+
 // startRLSBinEnv is startRLSBin with env (KEY=value) added to cleanEnv's.
 func startRLSBinEnv(t testing.TB, bin string, env []string, configDir string, args ...string) *rlsProc {
 	t.Helper()

@@ -88,6 +88,17 @@ type Config struct {
 	HeaderReset      string
 
 	tracingConfig // --otlp-endpoint, --otlp-protocol, --trace-descriptor-values: tracing.go
+
+	// Configuration over xDS (--config-source xds).
+	ConfigSource     string
+	XDSServer        string
+	XDSNodeID        string
+	XDSNodeMetadata  string
+	XDSTLSCA         string
+	XDSTLSCert       string
+	XDSTLSKey        string
+	XDSTLSServerName string
+	XDSMaxRecvBytes  int
 }
 
 // envName returns the environment twin of a flag: --redis-url → RLS_REDIS_URL.
@@ -150,6 +161,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	addTracingFlags(fs, &c.tracingConfig)
 	fs.IntVar(&c.GCPercent, "gc-percent", 400, "Go GC target (as GOGC) while the extra heap it allows stays under 64 MiB, falling toward 100 beyond; fewer collections, less CPU and a flatter tail; 0 or a GOGC environment variable leaves Go's setting alone")
 	compatFlags(fs, c)
+	xdsFlags(fs, c)
 	return fs
 }
 
@@ -286,12 +298,16 @@ func (c *Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if c.ConfigDir == "" {
+	switch {
+	case c.ConfigSource == "xds": // --config-dir is not read
+	case c.ConfigDir == "":
 		add(errors.New("--config-dir (RLS_CONFIG_DIR) is empty"))
-	} else if st, err := os.Stat(c.ConfigDir); err != nil {
-		add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR): %v", err))
-	} else if !st.IsDir() {
-		add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR) %q is not a directory", c.ConfigDir))
+	default:
+		if st, err := os.Stat(c.ConfigDir); err != nil {
+			add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR): %v", err))
+		} else if !st.IsDir() {
+			add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR) %q is not a directory", c.ConfigDir))
+		}
 	}
 	add(validAddr("grpc-addr", c.GRPCAddr, false))
 	add(validAddr("http-addr", c.HTTPAddr, true))
@@ -364,6 +380,8 @@ func (c *Config) Validate() error {
 	add(c.validateGRPCTLS())
 	add(c.validateCompat())
 	add(c.validateTracing())
+
+	add(c.validateXDS())
 	if c.Store == "redis" {
 		add(c.validateRedis())
 	}

@@ -39,7 +39,7 @@ var pendingFlags = map[string]string{}
 // plannedFlags are flags MIGRATING.md names as planned, not in this release
 // (issue #18, xDS): they may appear in notes, never as what rls does. When
 // one exists, its rows must say how it is used now.
-var plannedFlags = map[string]bool{"config-source": true, "xds-server": true, "xds-node-id": true}
+var plannedFlags = map[string]bool{}
 
 // newerUpstreamSettings are the envconfig variables upstream's main branch
 // added after the copied version, as of f2fb157 (2026-07-05: the commit

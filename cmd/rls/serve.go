@@ -32,6 +32,7 @@ import (
 	"github.com/rls-project/rls/pkg/store/memory"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
 	"github.com/rls-project/rls/pkg/tlsconfig"
+	"github.com/rls-project/rls/pkg/xds"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
@@ -96,7 +97,14 @@ type app struct {
 	fleet   *limiter.Fleet
 	lim     *limiter.Limiter
 	svc     *service.Service
-	watcher *reload.Watcher
+	watcher *reload.Watcher // --config-source file
+	xds     *xds.Client     // --config-source xds
+
+	// configReady is set once a config is in force: at start-up from
+	// files, with the first valid config from xDS. Until then the rate
+	// limit service is NOT_SERVING and refuses calls.
+	configReady  atomic.Bool
+	xdsConnected prometheus.Gauge
 
 	grpcLis   net.Listener
 	conns     *connMetrics // open and refused connections per port
@@ -120,13 +128,19 @@ type app struct {
 // yet. On error, what build opened is closed (the store by closeStore).
 func (a *app) build() error {
 	a.logStart()
-	rules, err := loadRules(a.cfg, a.log)
-	if err != nil {
-		return err
+	rules := &descriptors.Config{} // none until the xDS server sends one
+	if !a.cfg.fromXDS() {
+		var err error
+		if rules, err = loadRules(a.cfg, a.log); err != nil {
+			return err
+		}
+		a.configReady.Store(true)
 	}
 	a.reg = newRegistry()
 	a.cfgMetrics = newConfigMetrics(a.reg)
-	a.cfgMetrics.set(rules)
+	if a.configReady.Load() {
+		a.cfgMetrics.set(rules)
+	}
 	if err := a.buildStore(); err != nil {
 		return err
 	}
@@ -137,7 +151,13 @@ func (a *app) build() error {
 		return err
 	}
 	a.buildDecisions(rules)
-	a.buildReloader(rules)
+	if a.cfg.fromXDS() {
+		if err := a.buildXDS(); err != nil {
+			return err
+		}
+	} else {
+		a.buildReloader(rules)
+	}
 	a.registerGRPC()
 	return nil
 }
@@ -145,10 +165,14 @@ func (a *app) build() error {
 // logStart says which store rls starts on.
 func (a *app) logStart() {
 	cfg := a.cfg
+	source := []any{"config_dir", cfg.ConfigDir}
+	if cfg.fromXDS() {
+		source = []any{"xds_server", cfg.XDSServer, "xds_node_id", cfg.XDSNodeID}
+	}
 	if cfg.Store == "memory" {
-		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", "config_dir", cfg.ConfigDir)
+		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", source...)
 	} else {
-		a.log.Info("rls starting on redis", "mode", cfg.RedisMode, "url", redactURL(cfg.RedisURL), "config_dir", cfg.ConfigDir)
+		a.log.Info("rls starting on redis", append([]any{"mode", cfg.RedisMode, "url", redactURL(cfg.RedisURL)}, source...)...)
 	}
 }
 
@@ -213,7 +237,11 @@ func (a *app) buildGRPC() error {
 	}
 	a.grpcLis = newCapListener(lis, "grpc-addr", a.cfg.MaxConns, a.conns, a.log)
 	watch := newRefusedWatch(refusedStreamsLimit(a.cfg.GRPCMaxStreams), "grpc-addr", a.conns, a.log)
-	a.grpcSrv = grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(watch.creds(creds))}, grpcOptions(a.cfg, a.svcMetrics, a.log)...)...)
+	opts := append([]grpc.ServerOption{grpc.Creds(watch.creds(creds))}, grpcOptions(a.cfg, a.svcMetrics, a.log)...)
+	if a.cfg.fromXDS() {
+		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
+	}
+	a.grpcSrv = grpc.NewServer(opts...)
 	return nil
 }
 
@@ -312,18 +340,17 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 }
 
 // registerGRPC registers RateLimitService, health and reflection.
-// Readiness: serving from start-up to SIGTERM. A store outage does not
-// make rls unready (it decides in fallback); it shows as degraded on
-// /healthcheck and as NOT_SERVING of the gRPC health service "rls.store".
+// Readiness: serving from start-up to SIGTERM (with --config-source xds,
+// from the first valid config). A store outage does not make rls unready
+// (it decides in fallback); it shows as degraded on /healthcheck and as
+// NOT_SERVING of the gRPC health service "rls.store".
 func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.healthSrv = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpcSrv, a.healthSrv)
 	reflection.Register(a.grpcSrv)
 	a.healthSrv.SetServingStatus(storeHealthName, healthpb.HealthCheckResponse_NOT_SERVING)
-	a.healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	a.healthSrv.SetServingStatus(rlsServiceName, healthpb.HealthCheckResponse_SERVING)
-	a.healthSrv.SetServingStatus(upstreamHealthName, healthpb.HealthCheckResponse_SERVING)
+	a.setRLSServing(a.configReady.Load())
 }
 
 // setStoreHealth records whether the store answers ("rls.store" and
@@ -369,6 +396,10 @@ func (a *app) start(ctx context.Context) error {
 	a.stopBg = stopBg
 	a.background.Go(func() { watchReadiness(bgCtx, a.ready, a.setStoreHealth, a.log) })
 	a.background.Go(func() { a.fleet.Run(bgCtx) })
+	if a.xds != nil {
+		a.background.Go(func() { a.runXDS(bgCtx) })
+		return nil
+	}
 	a.background.Go(func() {
 		if err := a.watcher.Run(bgCtx); err != nil {
 			a.log.Error("cannot watch the config directory; config changes need a restart", "dir", a.cfg.ConfigDir, "err", err)
@@ -426,12 +457,14 @@ func (a *app) httpHandler() http.Handler {
 	return mux
 }
 
-// healthcheck is 503 once shutdown began, else 200 OK, or 200 DEGRADED
-// while the store does not answer.
+// healthcheck is 503 once shutdown began or before a config is in force,
+// else 200 OK, or 200 DEGRADED while the store does not answer.
 func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
 	switch {
 	case a.shuttingDown.Load():
 		http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
+	case !a.configReady.Load():
+		http.Error(w, "NOT_SERVING: no config yet, waiting for the first valid config from the xDS server", http.StatusServiceUnavailable)
 	case !a.storeOK.Load() || a.lim.Degraded(degradedWindow):
 		io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")
 	default:
@@ -676,6 +709,10 @@ func dumpConfig(w io.Writer, cfg *descriptors.Config) {
 		if len(r.Replaces) > 0 {
 			fmt.Fprintf(w, " replaces=%v", r.Replaces)
 		}
-		fmt.Fprintf(w, " (%s:%d)\n", r.File, r.Line)
+		if r.Line > 0 {
+			fmt.Fprintf(w, " (%s:%d)\n", r.File, r.Line)
+		} else {
+			fmt.Fprintf(w, " (%s)\n", r.File) // from xDS: the resource
+		}
 	}
 }

@@ -54,27 +54,47 @@ func Parse(files map[string][]byte) (*Config, error) {
 // and Rule.File) to YAML content. It returns every problem of every file as
 // an Errors, sorted by file and line, and a nil Config then.
 func ParseWith(files map[string][]byte, opts ParseOptions) (*Config, error) {
-	names := make([]string, 0, len(files))
-	for name := range files {
-		names = append(names, name)
+	srcs := make([]source, 0, len(files))
+	for name, data := range files {
+		srcs = append(srcs, source{name: name, data: data})
 	}
-	sort.Strings(names)
+	return parse(srcs, opts)
+}
+
+// source is one input of parse: a file's YAML text, or a document already
+// decoded into a YAML node tree (ParseSpecs), with its text for the hash.
+type source struct {
+	name string
+	data []byte
+	top  *yaml.Node // nil: parse data
+}
+
+// parse builds a Config from srcs, in name order (see ParseWith).
+func parse(srcs []source, opts ParseOptions) (*Config, error) {
+	sort.Slice(srcs, func(i, j int) bool { return srcs[i].name < srcs[j].name })
 
 	var errs Errors
 	h := sha256.New()
 	cfg := &Config{domains: make(map[string]*level)}
 	firstFile := make(map[string]*ConfigError) // domain -> where it was first defined
-	for _, name := range names {
-		data := files[name]
+	for _, src := range srcs {
+		name, data := src.name, src.data
 		fmt.Fprintf(h, "%s\x00%d\x00", name, len(data))
 		h.Write(data)
 
 		p := &parser{file: name, errs: &errs, budget: maxNodes}
 		before := len(errs)
-		domain, domainNode, root := p.parseFile(data)
+		var domain string
+		var domainNode *yaml.Node
+		var root *level
+		if src.top != nil {
+			domain, domainNode, root = p.parseTop(src.top)
+		} else {
+			domain, domainNode, root = p.parseFile(data)
+		}
 		// The YAML parser can place a node past the end of a file (the
 		// empty document of "---"): name the last line instead.
-		if len(errs) > before {
+		if len(errs) > before && src.top == nil {
 			last := lineCount(data)
 			for _, e := range errs[before:] {
 				e.Line = min(e.Line, last)
@@ -157,7 +177,13 @@ func (p *parser) parseFile(data []byte) (domain string, domainNode *yaml.Node, r
 		p.errs.add(p.file, 1, "domain", "file is empty: missing domain")
 		return "", nil, nil
 	}
-	top := resolve(doc.Content[0])
+	return p.parseTop(doc.Content[0])
+}
+
+// parseTop parses a document's top node: a mapping with domain and
+// descriptors.
+func (p *parser) parseTop(top *yaml.Node) (domain string, domainNode *yaml.Node, root *level) {
+	top = resolve(top)
 	if top.Kind != yaml.MappingNode {
 		if top.Tag == "!!null" {
 			p.errorf(top, "domain", "file is empty: missing domain")

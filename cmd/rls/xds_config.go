@@ -1,0 +1,81 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+)
+
+// xdsFlags declares --config-source and the --xds-* flags: the descriptor
+// config from an xDS management server instead of --config-dir.
+func xdsFlags(fs *flag.FlagSet, c *Config) {
+	fs.StringVar(&c.ConfigSource, "config-source", "file", "where the descriptor config comes from: file (--config-dir, hot-reloaded) or xds (RateLimitConfig resources from --xds-server, as Envoy Gateway serves them)")
+	fs.StringVar(&c.XDSServer, "xds-server", "", "xDS management server, host:port (--config-source xds)")
+	fs.StringVar(&c.XDSNodeID, "xds-node-id", "", "node id rls presents to the xDS server, which picks the snapshot by it (required with --config-source xds)")
+	fs.StringVar(&c.XDSNodeMetadata, "xds-node-metadata", "", "node metadata for the xDS server, as key=value pairs separated by commas")
+	fs.StringVar(&c.XDSTLSCA, "xds-tls-ca", "", "PEM CA bundle to trust for the xDS server's certificate instead of the system roots; any --xds-tls-* flag turns TLS on")
+	fs.StringVar(&c.XDSTLSCert, "xds-tls-cert", "", "PEM client certificate for the xDS server (mutual TLS), with --xds-tls-key; re-read when the file changes")
+	fs.StringVar(&c.XDSTLSKey, "xds-tls-key", "", "PEM private key of --xds-tls-cert")
+	fs.StringVar(&c.XDSTLSServerName, "xds-tls-server-name", "", "name to verify the xDS server's certificate against, instead of --xds-server's host")
+	fs.IntVar(&c.XDSMaxRecvBytes, "xds-max-recv-bytes", 4<<20, "largest xDS response accepted, in bytes")
+}
+
+// fromXDS reports whether the config comes over xDS.
+func (c *Config) fromXDS() bool { return c.ConfigSource == "xds" }
+
+// xdsTLSSet reports whether any --xds-tls-* flag is set: TLS is on then.
+func (c *Config) xdsTLSSet() bool {
+	return c.XDSTLSCA != "" || c.XDSTLSCert != "" || c.XDSTLSKey != "" || c.XDSTLSServerName != ""
+}
+
+// validateXDS checks --config-source and the --xds-* flags; those are
+// refused with --config-source file, where they would do nothing.
+func (c *Config) validateXDS() error {
+	if err := oneOf("config-source", c.ConfigSource, "file", "xds"); err != nil {
+		return err
+	}
+	if !c.fromXDS() {
+		if c.XDSServer != "" || c.XDSNodeID != "" || c.XDSNodeMetadata != "" || c.xdsTLSSet() {
+			return fmt.Errorf("the --xds-* flags need %s xds", flagRef("config-source"))
+		}
+		return nil
+	}
+	var errs []error
+	if c.XDSServer == "" {
+		errs = append(errs, fmt.Errorf("%s is required with --config-source xds: the management server's host:port", flagRef("xds-server")))
+	} else {
+		errs = append(errs, validAddr("xds-server", c.XDSServer, false))
+	}
+	if c.XDSNodeID == "" {
+		errs = append(errs, fmt.Errorf("%s is required with --config-source xds: the node id the management server keys rls's snapshot by", flagRef("xds-node-id")))
+	}
+	if _, err := parseNodeMetadata(c.XDSNodeMetadata); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %v", flagRef("xds-node-metadata"), err))
+	}
+	if c.XDSMaxRecvBytes < 1 {
+		errs = append(errs, fmt.Errorf("%s must be at least 1", flagRef("xds-max-recv-bytes")))
+	}
+	errs = append(errs, validCA("xds-tls-ca", c.XDSTLSCA), validPair("xds-tls-cert", c.XDSTLSCert, "xds-tls-key", c.XDSTLSKey))
+	return errors.Join(errs...)
+}
+
+// parseNodeMetadata reads key=value pairs separated by commas.
+func parseNodeMetadata(s string) (map[string]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%q is not key=value (want key=value pairs separated by commas)", kv)
+		}
+		if _, dup := m[k]; dup {
+			return nil, fmt.Errorf("key %q given twice", k)
+		}
+		m[k] = strings.TrimSpace(v)
+	}
+	return m, nil
+}

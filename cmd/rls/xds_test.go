@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/rls-project/rls/pkg/tlsconfig/tlstest"
+	"github.com/rls-project/rls/pkg/xds/xdstest"
+)
+
+func TestXDSFlags(t *testing.T) {
+	dir := t.TempDir()
+	ca := tlstest.NewCA(t, "xds CA")
+	pair := ca.Client(t, "rls")
+	caFile := tlstest.Write(t, dir, "ca.crt", ca.PEM)
+	certFile := tlstest.Write(t, dir, "tls.crt", pair.CertPEM)
+	keyFile := tlstest.Write(t, dir, "tls.key", pair.KeyPEM)
+	noEnv := func(string) string { return "" }
+
+	// --config-dir is not read with xds: a missing directory is fine.
+	c, err := parseConfig([]string{"--config-dir", "/does/not/exist", "--config-source", "xds", "--xds-server", "cp.example:18001",
+		"--xds-node-id", "envoy-ratelimit", "--xds-node-metadata", "cluster=rls, zone=a", "--xds-tls-ca", caFile,
+		"--xds-tls-cert", certFile, "--xds-tls-key", keyFile}, noEnv, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.fromXDS() || !c.xdsTLSSet() || c.XDSMaxRecvBytes != 4<<20 {
+		t.Errorf("config %+v", c)
+	}
+	if m, _ := parseNodeMetadata(c.XDSNodeMetadata); len(m) != 2 || m["cluster"] != "rls" || m["zone"] != "a" {
+		t.Errorf("node metadata %v", m)
+	}
+	env := map[string]string{"RLS_CONFIG_SOURCE": "xds", "RLS_XDS_SERVER": "127.0.0.1:18000", "RLS_XDS_NODE_ID": "n"}
+	if c, err := parseConfig(nil, func(k string) string { return env[k] }, &bytes.Buffer{}); err != nil || c.XDSServer != "127.0.0.1:18000" {
+		t.Errorf("from the environment: %v %+v", err, c)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--config-source", "xds"}, []string{
+			"--xds-server (RLS_XDS_SERVER) is required with --config-source xds",
+			"--xds-node-id (RLS_XDS_NODE_ID) is required with --config-source xds"}},
+		{[]string{"--config-source", "etcd"}, []string{`--config-source (RLS_CONFIG_SOURCE) "etcd" is invalid; choices are [file xds]`}},
+		{[]string{"--xds-server", "127.0.0.1:1"}, []string{"the --xds-* flags need --config-source (RLS_CONFIG_SOURCE) xds"}},
+		{[]string{"--xds-tls-ca", caFile}, []string{"the --xds-* flags need --config-source (RLS_CONFIG_SOURCE) xds"}},
+		{[]string{"--config-source", "xds", "--xds-server", "cp", "--xds-node-id", "n"}, []string{`--xds-server (RLS_XDS_SERVER) "cp" is invalid: want host:port`}},
+		{[]string{"--config-source", "xds", "--xds-server", "cp:1", "--xds-node-id", "n", "--xds-node-metadata", "a=1,b"},
+			[]string{`--xds-node-metadata (RLS_XDS_NODE_METADATA): "b" is not key=value`}},
+		{[]string{"--config-source", "xds", "--xds-server", "cp:1", "--xds-node-id", "n", "--xds-node-metadata", "a=1,a=2"},
+			[]string{`--xds-node-metadata (RLS_XDS_NODE_METADATA): key "a" given twice`}},
+		{[]string{"--config-source", "xds", "--xds-server", "cp:1", "--xds-node-id", "n", "--xds-tls-cert", certFile},
+			[]string{"--xds-tls-cert (RLS_XDS_TLS_CERT) and --xds-tls-key (RLS_XDS_TLS_KEY) go together"}},
+		{[]string{"--config-source", "xds", "--xds-server", "cp:1", "--xds-node-id", "n", "--xds-tls-ca", keyFile},
+			[]string{"--xds-tls-ca (RLS_XDS_TLS_CA)"}},
+		{[]string{"--config-source", "xds", "--xds-server", "cp:1", "--xds-node-id", "n", "--xds-max-recv-bytes", "0"},
+			[]string{"--xds-max-recv-bytes (RLS_XDS_MAX_RECV_BYTES) must be at least 1"}},
+	} {
+		_, err := parseConfig(append([]string{"--config-dir", "../../config"}, tc.args...), noEnv, &bytes.Buffer{})
+		for _, w := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: got %v, want an error containing %q", tc.args, err, w)
+			}
+		}
+	}
+}
+
+// xdsServe runs serve with --config-source xds against server (node
+// "test") and returns its gRPC connection, its HTTP address and its log.
+func xdsServe(t *testing.T, server string, args ...string) (*grpc.ClientConn, string, *logBuffer) {
+	t.Helper()
+	log := &logBuffer{}
+	cfg := testConfig(t, append([]string{"--config-source", "xds", "--xds-server", server, "--xds-node-id", "test"}, args...)...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, log) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("serve still running 15 s after cancellation")
+		}
+		if t.Failed() {
+			t.Logf("log:\n%s", log.String())
+		}
+	})
+	waitFor(t, "ports listening", 5*time.Second, func() bool { return listening(log.String(), "debug-addr") != "" })
+	conn, err := grpc.NewClient(listening(log.String(), "grpc"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, listening(log.String(), "http-addr"), log
+}
+
+func healthOf(t *testing.T, conn *grpc.ClientConn, service string) healthpb.HealthCheckResponse_ServingStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatalf("health %q: %v", service, err)
+	}
+	return r.GetStatus()
+}
+
+func decide(conn *grpc.ClientConn, domain, key, value string) (rlsv3.RateLimitResponse_Code, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain,
+		Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}})
+	return resp.GetOverallCode(), err
+}
+
+// TestServeFromXDS: NOT_SERVING and no decision until the first valid
+// config; decisions follow it; a bad or empty update is NACKed and the
+// config in force stays; losing the server changes nothing but the
+// connected gauge.
+func TestServeFromXDS(t *testing.T) {
+	cp := xdstest.Start(t, "127.0.0.1:0")
+	conn, httpAddr, log := xdsServe(t, cp.Addr)
+
+	waitFor(t, "stream open", 5*time.Second, func() bool { return cp.Streams() > 0 })
+	for _, svc := range []string{"", rlsServiceName, upstreamHealthName} {
+		if s := healthOf(t, conn, svc); s != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("health %q before any config: %v", svc, s)
+		}
+	}
+	if code, body := httpGet(t, "http://"+httpAddr+"/healthcheck"); code != 503 || !strings.Contains(body, "waiting for the first valid config") {
+		t.Errorf("/healthcheck before any config: %d %q", code, body)
+	}
+	if _, err := decide(conn, "api", "k", "v"); status.Code(err) != codes.Unavailable {
+		t.Errorf("ShouldRateLimit before any config: %v, want Unavailable", err)
+	}
+	if m := metricsOf(t, httpAddr); !strings.Contains(m, "rls_xds_connected 1") {
+		t.Errorf("rls_xds_connected not 1 with the stream open")
+	}
+
+	cp.Set(t, "test", "1", xdstest.Limit("api", "api", "k", 2, rlsconf.RateLimitUnit_MINUTE))
+	if _, ack := cp.AnswerTo(t, "1", 5*time.Second); ack.GetErrorDetail() != nil || ack.GetVersionInfo() != "1" {
+		t.Fatalf("version 1 not ACKed: %v", ack)
+	}
+	waitFor(t, "SERVING", 5*time.Second, func() bool { return healthOf(t, conn, rlsServiceName) == healthpb.HealthCheckResponse_SERVING })
+	if code, body := httpGet(t, "http://"+httpAddr+"/healthcheck"); code != 200 {
+		t.Errorf("/healthcheck with a config: %d %q", code, body)
+	}
+	want := func(key string, codes ...rlsv3.RateLimitResponse_Code) {
+		t.Helper()
+		for i, w := range codes {
+			got, err := decide(conn, "api", "k", key)
+			if err != nil || got != w {
+				t.Fatalf("%s call %d: %v %v, want %v", key, i+1, got, err, w)
+			}
+		}
+	}
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	want("a", ok, ok, over)
+
+	bad := xdstest.Limit("api", "api", "k", 50, rlsconf.RateLimitUnit_UNKNOWN)
+	cp.Set(t, "test", "2", bad)
+	if _, nack := cp.AnswerTo(t, "2", 5*time.Second); nack.GetVersionInfo() != "1" ||
+		!strings.Contains(nack.GetErrorDetail().GetMessage(), `xds:api: descriptors[0].rate_limit.unit: invalid unit "UNKNOWN"`) {
+		t.Fatalf("version 2 not NACKed as it should: %v", nack)
+	}
+	want("a", over)
+	want("b", ok, ok, over) // still 2 a minute, not 50
+
+	cp.Set(t, "test", "3")
+	if _, nack := cp.AnswerTo(t, "3", 5*time.Second); nack.GetVersionInfo() != "1" ||
+		!strings.Contains(nack.GetErrorDetail().GetMessage(), "has no RateLimitConfig with a domain") {
+		t.Fatalf("an empty version 3 not NACKed: %v", nack)
+	}
+	m := metricsOf(t, httpAddr)
+	for _, s := range []string{`rls_config_reloads_total{result="failure"} 2`, `rls_config_reloads_total{result="success"} 1`,
+		"rls_config_last_reload_successful 0"} {
+		if !strings.Contains(m, s) {
+			t.Errorf("metrics lack %s", s)
+		}
+	}
+
+	cp.Set(t, "test", "4", xdstest.Limit("api", "api", "k", 4, rlsconf.RateLimitUnit_MINUTE))
+	cp.AnswerTo(t, "4", 5*time.Second)
+	want("c", ok, ok, ok, ok, over)
+	if code, body := httpGet(t, "http://"+listening(log.String(), "debug-addr")+"/rlconfig"); code != 200 || !strings.Contains(body, "api: k 4/minute sliding_window (xds:api)") {
+		t.Errorf("/rlconfig: %d %q", code, body)
+	}
+
+	cp.Stop()
+	waitFor(t, "rls_xds_connected 0", 5*time.Second, func() bool { return strings.Contains(metricsOf(t, httpAddr), "rls_xds_connected 0") })
+	if s := healthOf(t, conn, rlsServiceName); s != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health while disconnected: %v", s)
+	}
+	want("d", ok, ok, ok, ok, over)
+}
+
+// TestServeFromXDSAllowEmpty: with --allow-empty-config an empty first
+// snapshot is a config: rls serves, limiting nothing.
+func TestServeFromXDSAllowEmpty(t *testing.T) {
+	cp := xdstest.Start(t, "127.0.0.1:0")
+	conn, _, _ := xdsServe(t, cp.Addr, "--allow-empty-config")
+	cp.Set(t, "test", "1")
+	if _, ack := cp.AnswerTo(t, "1", 5*time.Second); ack.GetErrorDetail() != nil {
+		t.Fatalf("empty snapshot NACKed: %v", ack.GetErrorDetail())
+	}
+	waitFor(t, "SERVING", 5*time.Second, func() bool { return healthOf(t, conn, "") == healthpb.HealthCheckResponse_SERVING })
+	if code, err := decide(conn, "api", "k", "v"); err != nil || code != rlsv3.RateLimitResponse_OK {
+		t.Errorf("decision on an empty config: %v %v", code, err)
+	}
+}
+
+func metricsOf(t *testing.T, httpAddr string) string {
+	t.Helper()
+	code, body := httpGet(t, "http://"+httpAddr+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	return body
+}
