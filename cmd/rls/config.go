@@ -76,6 +76,9 @@ type Config struct {
 	OverLimitCache bool
 	LocalMaxKeys   int
 	LocalMaxBytes  int64
+
+	// DryRun: check the flags, environment and config, then exit (dryrun.go).
+	DryRun bool
 }
 
 // envName returns the environment twin of a flag: --redis-url → RLS_REDIS_URL.
@@ -87,6 +90,7 @@ func envName(flagName string) string {
 func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("rls serve", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.BoolVar(&c.DryRun, "dry-run", false, dryRunUsage)
 	fs.StringVar(&c.ConfigDir, "config-dir", "./config", "directory of descriptor YAML files, one domain per file")
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC listen address (RateLimitService, health, reflection)")
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate (chain) for TLS on the gRPC port, with --grpc-tls-key; reloaded when the file changes")
@@ -221,7 +225,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ConfigDir == "" {
 		add(errors.New("--config-dir (RLS_CONFIG_DIR) is empty"))
-	} else if st, err := os.Stat(c.ConfigDir); err != nil {
+	} else if st, err := os.Stat(c.ConfigDir); c.DryRun && errors.Is(err, os.ErrNotExist) {
+		// --dry-run: often a volume of the pod only (dryrun.go)
+	} else if err != nil {
 		add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR): %v", err))
 	} else if !st.IsDir() {
 		add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR) %q is not a directory", c.ConfigDir))
