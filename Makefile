@@ -7,13 +7,25 @@ export CGO_ENABLED ?= 1
 GOBIN    ?= $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: help build run test unit deps lint tidy proto bench bench-quick clean
+.PHONY: help build run test unit deps lint tidy proto bench bench-quick clean image
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## build bin/rls
 	$(GO) build -o $(BIN) ./cmd/rls
+
+# The container image (Dockerfile). There is no docker on every machine: say so
+# plainly rather than fail on "command not found".
+IMAGE  ?= rls:dev
+DOCKER ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+
+image: ## build the container image (IMAGE=rls:dev; IMAGE=registry/rls:tag to push it) with docker or podman
+	@if [ -z "$(DOCKER)" ]; then \
+	  echo "make image: neither docker nor podman is installed here: install one, or set DOCKER=/path/to/it" >&2; exit 1; fi
+	@$(DOCKER) info >/dev/null 2>&1 || { \
+	  echo "make image: $(DOCKER) is installed but cannot build: '$(DOCKER) info' fails (is its daemon running, and may you use it?)" >&2; exit 1; }
+	$(DOCKER) build -t $(IMAGE) .
 
 run: build ## serve ./config on the embedded memory store (gRPC :8081, HTTP :8080)
 	./$(BIN) serve --config-dir $(CONFIG)
