@@ -234,7 +234,9 @@ func TestDryRunCatchesBadValues(t *testing.T) {
 }
 
 // TestChartRefuses: values that would deploy something other than what
-// they say fail at render time, with a message naming the value.
+// they say fail at render time, with a message naming the value: by the
+// templates' checks, or by values.schema.json (a key the chart does not
+// know, which helm would otherwise ignore).
 func TestChartRefuses(t *testing.T) {
 	for name, tc := range map[string]struct {
 		set  map[string]any
@@ -244,7 +246,9 @@ func TestChartRefuses(t *testing.T) {
 		"memory store, autoscaling":  {map[string]any{"autoscaling": map[string]any{"enabled": true}}, "autoscaling.enabled with store: memory"},
 		"two passwords":              {map[string]any{"store": "redis", "redis": map[string]any{"existingSecret": "s", "password": "p"}}, "redis.existingSecret and redis.password"},
 		"a config file rls skips":    {map[string]any{"config": map[string]any{"files": map[string]any{"limits.json": "{}"}}}, "config.files.limits.json"},
-		"unknown store":              {map[string]any{"store": "etcd"}, `store "etcd"`},
+		"unknown store":              {map[string]any{"store": "etcd"}, "/store"},
+		"a misspelt value":           {map[string]any{"replicaCont": 2}, "replicaCont"},
+		"a misspelt nested value":    {map[string]any{"store": "redis", "redis": map[string]any{"existingsecret": "s"}}, "existingsecret"},
 		"min over max":               {map[string]any{"store": "redis", "autoscaling": map[string]any{"enabled": true, "minReplicas": 5, "maxReplicas": 3}}, "minReplicas is more than"},
 		"URL key, no existingSecret": {map[string]any{"store": "redis", "redis": map[string]any{"existingSecretURLKey": "url"}}, "existingSecretURLKey needs"},
 	} {
