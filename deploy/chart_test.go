@@ -955,3 +955,19 @@ func TestReadmeHelmCommands(t *testing.T) {
 		t.Errorf("found %d helm install commands in the README, want the Kubernetes and Istio ones", n)
 	}
 }
+
+// TestProbeOverride: a probe handler in the values replaces the gRPC one
+// (the kubelet's gRPC probes do not speak TLS), timings are kept.
+func TestProbeOverride(t *testing.T) {
+	r := mustRender(t, nil, map[string]any{
+		"extraArgs":      []any{"--grpc-tls-cert=/tls/tls.crt", "--grpc-tls-key=/tls/tls.key"},
+		"readinessProbe": map[string]any{"tcpSocket": map[string]any{"port": "grpc"}},
+	})
+	c := one[*appsv1.Deployment](t, r).Spec.Template.Spec.Containers[0]
+	if p := c.ReadinessProbe; p.GRPC != nil || p.TCPSocket == nil || p.TCPSocket.Port.StrVal != "grpc" || p.PeriodSeconds != 5 {
+		t.Errorf("readinessProbe %+v: want the tcpSocket handler alone, periodSeconds 5 kept", p)
+	}
+	if p := c.LivenessProbe; p.GRPC == nil {
+		t.Errorf("livenessProbe %+v: want the gRPC one, not overridden", p)
+	}
+}
