@@ -70,9 +70,12 @@ func TestDefaultValues(t *testing.T) {
 		t.Errorf("the chart's default config.files is not config/example.yaml (keys %v): copy it into values.yaml again", keys(cm.Data))
 	}
 	for _, o := range r.objects {
-		if strings.Contains(o.source, "monitoring") || o.kind == "ServiceMonitor" || o.kind == "PrometheusRule" || o.kind == "NetworkPolicy" || o.kind == "HorizontalPodAutoscaler" {
+		if slices.Contains([]string{"ServiceMonitor", "PrometheusRule", "NetworkPolicy", "HorizontalPodAutoscaler", "Secret"}, o.kind) {
 			t.Errorf("default values render %s %s: optional objects must be off by default", o.kind, o.name)
 		}
+	}
+	if dashboardConfigMap(t, r) != nil {
+		t.Error("default values render the Grafana dashboard ConfigMap: optional objects must be off by default")
 	}
 	if !strings.Contains(r.notes, "rls.rls.svc:8081") {
 		t.Errorf("NOTES.txt does not give the gRPC address:\n%s", r.notes)
