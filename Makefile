@@ -7,13 +7,25 @@ export CGO_ENABLED ?= 1
 GOBIN    ?= $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: help build run test unit deps lint tidy proto bench bench-quick clean
+.PHONY: help build run test unit deps lint tidy proto bench bench-quick clean image
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## build bin/rls
 	$(GO) build -o $(BIN) ./cmd/rls
+
+# The container image (Dockerfile). There is no docker on every machine: say so
+# plainly rather than fail on "command not found".
+IMAGE  ?= rls:dev
+DOCKER ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+
+image: ## build the container image (IMAGE=rls:dev; IMAGE=registry/rls:tag to push it) with docker or podman
+	@if [ -z "$(DOCKER)" ]; then \
+	  echo "make image: neither docker nor podman is installed here: install one, or set DOCKER=/path/to/it" >&2; exit 1; fi
+	@$(DOCKER) info >/dev/null 2>&1 || { \
+	  echo "make image: $(DOCKER) is installed but cannot build: '$(DOCKER) info' fails (is its daemon running, and may you use it?)" >&2; exit 1; }
+	$(DOCKER) build -t $(IMAGE) .
 
 run: build ## serve ./config on the embedded memory store (gRPC :8081, HTTP :8080)
 	./$(BIN) serve --config-dir $(CONFIG)
@@ -34,6 +46,11 @@ test: deps lint ## everything: vet, gofmt, unit and integration tests with the r
 	$(GO) test -count=1 -run 'Allocation' ./pkg/service/
 	@# The load generator is its own module (bench/), which ./... above does not reach.
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...
+	@# So is the Kubernetes kit's test (deploy/: the Helm chart rendered with Helm's
+	@# packages, decoded into k8s.io/api types, its command run by rls --dry-run).
+	@# No -race: it runs no concurrent code (rls runs as its own process), and
+	@# building Helm and client-go twice (vet, race) costs ~2 min on a cold cache.
+	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
 	@# Alone, so its latency bounds are not measured against other packages' load.
 	$(GO) test -race -count=1 -timeout 15m -p 1 ./integration/
 
@@ -56,6 +73,7 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck (pinned, installed into bi
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	cd bench && ../$(STATICCHECK) ./...
+	cd deploy && ../$(STATICCHECK) ./...
 
 bench: deps ## micro-benchmarks, end-to-end scenarios (memory, Cluster; Redis side by side with envoyproxy/ratelimit) into docs/BENCHMARKS.md (~10 min)
 	bash scripts/bench.sh

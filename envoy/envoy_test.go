@@ -2,12 +2,10 @@ package envoy_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -157,7 +155,8 @@ func TestTCPProxyFilter(t *testing.T) {
 
 // TestIstioEnvoyFiltersValid: every EnvoyFilter patch value in istio/ is a
 // valid Envoy message of the type its applyTo names, and the filter points at
-// the Istio outbound cluster of the rls Service of istio/rls.yaml.
+// the Istio outbound cluster of the rls Service (deploy/chart_test.go checks
+// that the chart with istio/values.yaml makes that Service).
 func TestIstioEnvoyFiltersValid(t *testing.T) {
 	files, err := filepath.Glob("istio/*.yaml")
 	if err != nil {
@@ -238,80 +237,24 @@ func get(v any, path ...any) any {
 	return v
 }
 
-// TestIstioManifests checks the Kubernetes side: the ConfigMap carries
-// config/example.yaml unchanged and is mounted as the --config-dir directory,
-// 2+ replicas with gRPC health probes and resource requests, a PDB, and a
-// Service whose gRPC port Istio recognises.
+// TestIstioManifests checks what envoy/istio/ applies besides the chart (the
+// chart's objects with istio/values.yaml are checked by deploy/chart_test.go):
+// the namespace with sidecar injection on, and the demo Redis.
 func TestIstioManifests(t *testing.T) {
 	byKind := map[string]map[string]any{}
-	for _, f := range []string{"istio/rls.yaml", "istio/redis.yaml"} {
+	for _, f := range []string{"istio/namespace.yaml", "istio/redis.yaml"} {
 		for _, d := range k8sDocs(t, f) {
 			byKind[d["kind"].(string)+"/"+get(d, "metadata", "name").(string)] = d
 		}
 	}
-	cm := byKind["ConfigMap/rls-config"]
-	want, err := os.ReadFile("../config/example.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := get(cm, "data", "example.yaml").(string); got != string(want) {
-		t.Error("ConfigMap rls-config's example.yaml differs from config/example.yaml: copy it again")
-	}
-
-	dep := byKind["Deployment/rls"]
-	if r, _ := get(dep, "spec", "replicas").(int); r < 2 {
-		t.Errorf("rls replicas %d, want 2 or more", r)
-	}
-	c := get(dep, "spec", "template", "spec", "containers", 0)
-	var args []string
-	for _, a := range get(c, "args").([]any) {
-		args = append(args, a.(string))
-	}
-	mount := get(c, "volumeMounts", 0, "mountPath")
-	for _, want := range []string{"--config-dir=" + mount.(string), "--store=redis", "--redis-url=redis://redis:6379", "--grpc-addr=:8081"} {
-		if !slices.Contains(args, want) {
-			t.Errorf("rls args %v lack %s", args, want)
-		}
-	}
-	// The container runs the image's ENTRYPOINT followed by args: that must
-	// be `rls serve` and flags only (an extra `serve` crash-looped it:
-	// `rls: unexpected argument "serve"`).
-	if get(c, "command") != nil {
-		t.Error("the rls container overrides the image's ENTRYPOINT")
-	}
-	full := append(dockerEntrypoint(t), args...)
-	if len(full) < 2 || filepath.Base(full[0]) != "rls" || full[1] != "serve" {
-		t.Errorf("container command %v; want rls serve ...", full)
-	}
-	for _, a := range full[2:] {
-		if !strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "/") {
-			t.Errorf("container command %v: %q is not a flag (rls serve takes flags only)", full, a)
-		}
-	}
-	if get(c, "volumeMounts", 0, "subPath") != nil {
-		t.Error("the ConfigMap must be mounted as a directory (no subPath) to be updated in place")
-	}
-	for _, probe := range []string{"readinessProbe", "livenessProbe"} {
-		if get(c, probe, "grpc", "port") != 8081 {
-			t.Errorf("%s is not a gRPC probe on 8081", probe)
-		}
-	}
-	if get(c, "resources", "requests", "cpu") == nil || get(c, "resources", "requests", "memory") == nil {
-		t.Error("rls has no resource requests")
-	}
-	if byKind["PodDisruptionBudget/rls"] == nil {
-		t.Error("no PodDisruptionBudget for rls")
-	}
-	svc := byKind["Service/rls"]
-	ports := map[string]any{}
-	for _, p := range get(svc, "spec", "ports").([]any) {
-		ports[get(p, "name").(string)] = get(p, "port")
-	}
-	if ports["grpc-ratelimit"] != 8081 || ports["http"] != 8080 {
-		t.Errorf("rls Service ports %v, want grpc-ratelimit 8081 and http 8080", ports)
+	if get(byKind["Namespace/rls"], "metadata", "labels", "istio-injection") != "enabled" {
+		t.Error("namespace rls without istio-injection: enabled (the gateway reaches rls over mTLS through its sidecar)")
 	}
 	if byKind["Service/redis"] == nil || byKind["Deployment/redis"] == nil {
 		t.Error("no Redis Deployment and Service for the demo")
+	}
+	if get(byKind["Service/redis"], "spec", "ports", 0, "port") != 6379 {
+		t.Error("the demo Redis Service does not listen on 6379")
 	}
 }
 
@@ -390,9 +333,9 @@ func TestValidatorCatchesMistakes(t *testing.T) {
 	}
 }
 
-// TestReadmeSnippets: the YAML the README's "Use with Envoy" and "Use with
-// Istio" sections show is cut from the files validated above, so it cannot
-// drift from them.
+// TestReadmeSnippets: the YAML the README's sections from "Use with Envoy"
+// to "Use with Istio" (Kubernetes between them) show is cut from the files
+// validated above or the chart's values files, so it cannot drift from them.
 func TestReadmeSnippets(t *testing.T) {
 	md, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -413,7 +356,7 @@ func TestReadmeSnippets(t *testing.T) {
 	}
 	sections := s[start : start+1+end+1+next]
 	var shipped []string
-	for _, glob := range []string{"*.yaml", "istio/*.yaml"} {
+	for _, glob := range []string{"*.yaml", "istio/*.yaml", "../deploy/helm/rls/values*.yaml"} {
 		files, _ := filepath.Glob(glob)
 		for _, f := range files {
 			b, err := os.ReadFile(f)
@@ -437,7 +380,7 @@ func TestReadmeSnippets(t *testing.T) {
 			}
 		}
 		if !found {
-			t.Errorf("README yaml block is not a verbatim excerpt of envoy/*.yaml or envoy/istio/*.yaml:\n%s", snippet)
+			t.Errorf("README yaml block is not a verbatim excerpt of envoy/*.yaml, envoy/istio/*.yaml or the chart's values files:\n%s", snippet)
 		}
 	}
 	if n < 4 {
@@ -504,47 +447,118 @@ func TestDockerCompose(t *testing.T) {
 	}
 }
 
-// dockerEntrypoint returns the Dockerfile's ENTRYPOINT (exec form).
-func dockerEntrypoint(t *testing.T) []string {
-	t.Helper()
-	b, err := os.ReadFile("../Dockerfile")
+// TestIstioInstallSteps: the README's Istio commands and the ones in
+// istio/values.yaml's header are the same, and in an order that works: the
+// namespace (with its injection label) before anything in it, the chart
+// installed into that namespace with istio/values.yaml, then the
+// EnvoyFilters; every file of istio/ is used and every file named exists.
+func TestIstioInstallSteps(t *testing.T) {
+	md, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "ENTRYPOINT "); ok {
-			var ep []string
-			if err := json.Unmarshal([]byte(rest), &ep); err != nil {
-				t.Fatalf("Dockerfile ENTRYPOINT %s: %v (want the exec form)", rest, err)
-			}
-			return ep
+	_, section, ok := strings.Cut(string(md), "\n## Use with Istio\n")
+	if !ok {
+		t.Fatal(`README.md has no "## Use with Istio" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	_, block, ok := strings.Cut(section, "```sh\n")
+	if !ok {
+		t.Fatal("the README's Istio section has no sh block")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	readme := installSteps(block)
+
+	v, err := os.ReadFile("istio/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var header strings.Builder
+	for _, line := range strings.Split(string(v), "\n") {
+		if rest, ok := strings.CutPrefix(line, "#   "); ok {
+			header.WriteString(rest + "\n")
 		}
 	}
-	t.Fatal("Dockerfile has no ENTRYPOINT")
-	return nil
+	if got := installSteps(header.String()); !slices.Equal(got, readme) {
+		t.Errorf("istio/values.yaml's header says\n%s\nthe README says\n%s", strings.Join(got, "\n"), strings.Join(readme, "\n"))
+	}
+
+	ns := ""
+	for _, d := range k8sDocs(t, "istio/namespace.yaml") {
+		ns = get(d, "metadata", "name").(string)
+	}
+	used := map[string]bool{}
+	created := map[string]bool{"istio-system": true}
+	installed := false
+	for _, step := range readme {
+		words := strings.Fields(step)
+		switch {
+		case len(words) > 2 && words[0] == "kubectl" && words[1] == "apply":
+			var files []string
+			for i, w := range words {
+				if w == "-f" && i+1 < len(words) {
+					files = append(files, words[i+1])
+				}
+			}
+			for _, f := range files {
+				used[f] = true
+				docs := k8sDocs(t, filepath.Join("..", f))
+				for _, d := range docs {
+					if d["kind"] == "Namespace" {
+						created[get(d, "metadata", "name").(string)] = true
+					}
+				}
+				for _, d := range docs {
+					if n, _ := get(d, "metadata", "namespace").(string); n != "" && !created[n] {
+						t.Errorf("%q: %s %v goes into namespace %q before it is created", step, d["kind"], get(d, "metadata", "name"), n)
+					}
+					if d["kind"] == "EnvoyFilter" && !installed {
+						t.Errorf("%q: the EnvoyFilter is applied before rls is installed", step)
+					}
+				}
+			}
+		case len(words) > 3 && words[0] == "helm" && words[1] == "install":
+			if _, err := os.Stat(filepath.Join("..", words[3], "Chart.yaml")); err != nil {
+				t.Errorf("%q: no chart at %s: %v", step, words[3], err)
+			}
+			i := slices.Index(words, "-n")
+			if i < 0 || i+1 >= len(words) || words[i+1] != ns {
+				t.Errorf("%q: want -n %s, the namespace of istio/namespace.yaml", step, ns)
+			} else if !created[ns] {
+				t.Errorf("%q: installs into %s before namespace.yaml creates it (helm's --create-namespace would not label it for injection)", step, ns)
+			}
+			i = slices.Index(words, "-f")
+			if i < 0 || i+1 >= len(words) || words[i+1] != "envoy/istio/values.yaml" {
+				t.Errorf("%q: want -f envoy/istio/values.yaml", step)
+			}
+			used["envoy/istio/values.yaml"] = true
+			installed = true
+		default:
+			t.Errorf("unexpected install step %q", step)
+		}
+	}
+	if !installed {
+		t.Error("no helm install step")
+	}
+	files, _ := filepath.Glob("istio/*.yaml")
+	for _, f := range files {
+		if !used["envoy/"+f] {
+			t.Errorf("envoy/%s is not used by any install step", f)
+		}
+	}
 }
 
-// TestIstioApplyOrder: `kubectl apply -f envoy/istio/` applies the files in
-// name order, so a namespace the manifests create must be created by a file
-// that comes before every file that puts objects in it.
-func TestIstioApplyOrder(t *testing.T) {
-	files, err := filepath.Glob("istio/*.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(files)
-	created := map[string]bool{"istio-system": true, "default": true}
-	for _, f := range files {
-		docs := k8sDocs(t, f)
-		for _, d := range docs {
-			if d["kind"] == "Namespace" {
-				created[get(d, "metadata", "name").(string)] = true
-			}
-		}
-		for _, d := range docs {
-			if ns, _ := get(d, "metadata", "namespace").(string); ns != "" && !created[ns] {
-				t.Errorf("%s: %s %v in namespace %q, which no earlier file creates", f, d["kind"], get(d, "metadata", "name"), ns)
-			}
+// installSteps returns the kubectl and helm commands of a shell snippet,
+// one a line, with comments and continuation lines folded.
+func installSteps(sh string) []string {
+	var steps []string
+	sh = strings.ReplaceAll(sh, "\\\n", " ")
+	for _, line := range strings.Split(sh, "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		line = strings.Join(strings.Fields(line), " ")
+		if strings.HasPrefix(line, "kubectl apply") || strings.HasPrefix(line, "helm ") {
+			steps = append(steps, line)
 		}
 	}
+	return steps
 }

@@ -99,6 +99,9 @@ type Config struct {
 	XDSTLSKey        string
 	XDSTLSServerName string
 	XDSMaxRecvBytes  int
+
+	// DryRun: check the flags, environment and config, then exit (dryrun.go).
+	DryRun bool
 }
 
 // envName returns the environment twin of a flag: --redis-url → RLS_REDIS_URL.
@@ -110,6 +113,7 @@ func envName(flagName string) string {
 func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("rls serve", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.BoolVar(&c.DryRun, "dry-run", false, dryRunUsage)
 	fs.StringVar(&c.ConfigDir, "config-dir", "./config", "directory of descriptor YAML files, one domain per file")
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC listen address (RateLimitService, health, reflection)")
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate (chain) for TLS on the gRPC port, with --grpc-tls-key; reloaded when the file changes")
@@ -303,7 +307,9 @@ func (c *Config) Validate() error {
 	case c.ConfigDir == "":
 		add(errors.New("--config-dir (RLS_CONFIG_DIR) is empty"))
 	default:
-		if st, err := os.Stat(c.ConfigDir); err != nil {
+		if st, err := os.Stat(c.ConfigDir); c.DryRun && errors.Is(err, os.ErrNotExist) {
+			// --dry-run: often a volume of the pod only (dryrun.go)
+		} else if err != nil {
 			add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR): %v", err))
 		} else if !st.IsDir() {
 			add(fmt.Errorf("--config-dir (RLS_CONFIG_DIR) %q is not a directory", c.ConfigDir))

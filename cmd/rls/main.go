@@ -56,6 +56,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	if cfg.DryRun {
+		return dryRun(cfg, stdout, stderr)
+	}
 	return serve(ctx, cfg, stderr)
 }
 

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+const dryRunUsage = "check the flags and their RLS_* twins as serve would, and --config-dir's descriptor files when the directory exists here, then exit 0 (or 1 with the error) without opening a port or the store"
+
+// dryRun is `rls serve --dry-run`: parseConfig has parsed and validated the
+// flags and environment exactly as for serving. It loads --config-dir as
+// serve would when the directory exists here; a container's config is often
+// a volume that exists only in the pod (a ConfigMap), so a missing one is
+// reported and not checked. Nothing listens and no store is opened, so the
+// container command of a manifest or chart can be checked anywhere.
+func dryRun(cfg *Config, stdout, stderr io.Writer) error {
+	store := cfg.Store
+	if store == "redis" {
+		store = fmt.Sprintf("redis (%s, %s)", cfg.RedisMode, redactURL(cfg.RedisURL))
+	}
+	if _, err := os.Stat(cfg.ConfigDir); errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(stdout, "rls serve --dry-run: flags ok, store %s; --config-dir %s does not exist here: not checked\n", store, cfg.ConfigDir)
+		return nil
+	}
+	rules, err := loadRules(cfg, newLogger(cfg, stderr))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "rls serve --dry-run: flags ok, store %s; config ok, %d domain(s) %v\n", store, len(rules.Domains()), rules.Domains())
+	return nil
+}

@@ -1,0 +1,85 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "rls.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The objects' name: fullnameOverride, else the release name, with the chart's name when it
+does not already contain it ("rls" for release rls). */}}
+{{- define "rls.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rls.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rls.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "rls.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "rls.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "rls.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rls.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "rls.configMapName" -}}
+{{- default (printf "%s-config" (include "rls.fullname" .)) .Values.config.existingConfigMap }}
+{{- end }}
+
+{{/* The fewest replicas the Deployment runs: --min-fleet-size. */}}
+{{- define "rls.minReplicas" -}}
+{{- if .Values.autoscaling.enabled }}
+{{- max 1 (int .Values.autoscaling.minReplicas) }}
+{{- else }}
+{{- max 1 (int .Values.replicaCount) }}
+{{- end }}
+{{- end }}
+
+{{/* Refuse values that would deploy something that does not do what it says. */}}
+{{- define "rls.checkValues" -}}
+{{- if not (has .Values.store (list "memory" "redis")) }}
+{{- fail (printf "store %q: want memory or redis" .Values.store) }}
+{{- end }}
+{{- if eq .Values.store "memory" }}
+{{- if .Values.autoscaling.enabled }}
+{{- fail "autoscaling.enabled with store: memory: each replica would count alone, so the limits would grow with the replicas; use store: redis" }}
+{{- end }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- fail (printf "replicaCount %d with store: memory: each replica would count alone, %d times the limits; use store: redis" (int .Values.replicaCount) (int .Values.replicaCount)) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.redis.existingSecret .Values.redis.password }}
+{{- fail "redis.existingSecret and redis.password: set one (the chart creates a Secret only from redis.password)" }}
+{{- end }}
+{{- if and .Values.redis.existingSecretURLKey (not .Values.redis.existingSecret) }}
+{{- fail "redis.existingSecretURLKey needs redis.existingSecret" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
+{{- fail "autoscaling.minReplicas is more than autoscaling.maxReplicas" }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding Redis's password, when there is one. */}}
+{{- define "rls.redisSecretName" -}}
+{{- if .Values.redis.existingSecret }}
+{{- .Values.redis.existingSecret }}
+{{- else if .Values.redis.password }}
+{{- printf "%s-redis" (include "rls.fullname" .) }}
+{{- end }}
+{{- end }}
