@@ -150,3 +150,61 @@ func infoField(info, field string) string {
 	}
 	return ""
 }
+
+// BenchmarkRedisScript measures what one decision costs Redis for each
+// state layout: the script's time as Redis counts it (INFO commandstats,
+// usec per EVALSHA call, reported as redis-µs/op), one key, one decision
+// per call, every one admitted (10^9 a second: each call reads, decides
+// and writes the key) or every one denied (1 an hour, after the first: no
+// write).
+//
+//	go test ./pkg/simulate -run '^$' -bench RedisScript -benchtime 20000x
+func BenchmarkRedisScript(b *testing.B) {
+	srv := redistest.StartServer(b)
+	rc := srv.Client()
+	defer rc.Close()
+	s, err := redisstore.New(redisstore.Options{Client: rc, Timeout: 5 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	cands := []Candidate{{Algorithm: store.SlidingWindow}, {Algorithm: store.FixedWindow}, {Algorithm: store.TokenBucket}}
+	for _, p := range DefaultPrecisions {
+		cands = append(cands, Candidate{Algorithm: store.SlidingWindow, Precision: p})
+	}
+	for _, admitted := range []bool{true, false} {
+		for _, c := range cands {
+			l, what := Limit{Requests: 1, Window: time.Hour}, "denied"
+			if admitted {
+				l, what = Limit{Requests: 1e9, Window: time.Second}, "admitted"
+			}
+			b.Run(what+"/"+strings.ReplaceAll(c.Name(l), " ", "_"), func(b *testing.B) {
+				key := RedisExampleKey(c) + "|" + what
+				checks, res := []store.Check{c.check(l, key, 1)}, make([]store.Result, 1)
+				if err := s.Decide(ctx, checks, res); err != nil {
+					b.Fatal(err)
+				}
+				rc.ConfigResetStat(ctx)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if err := s.Decide(ctx, checks, res); err != nil || res[0].Allowed != admitted {
+						b.Fatalf("%v %+v", err, res[0])
+					}
+				}
+				b.StopTimer()
+				info, err := rc.Info(ctx, "commandstats").Result()
+				if err != nil {
+					b.Fatal(err)
+				}
+				// cmdstat_evalsha:calls=N,usec=U,usec_per_call=X,...
+				for _, f := range strings.Split(infoField(info, "cmdstat_evalsha"), ",") {
+					if v, ok := strings.CutPrefix(f, "usec_per_call="); ok {
+						x, _ := strconv.ParseFloat(v, 64)
+						b.ReportMetric(x, "redis-µs/op")
+					}
+				}
+			})
+		}
+	}
+}

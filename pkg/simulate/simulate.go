@@ -365,6 +365,25 @@ func Exact(tr Trace, l Limit) []bool {
 	return allowed
 }
 
+// Measure returns the figures of decisions made elsewhere (a running
+// service's, one per event of tr): admitted, the peak and the series of
+// the key with the most requests, as Run reports them for a candidate.
+func Measure(tr Trace, l Limit, allowed []bool) Result {
+	if len(tr.Events) == 0 || len(allowed) != len(tr.Events) {
+		return Result{}
+	}
+	counts := map[string]int{}
+	best, chartKey := 0, ""
+	for _, e := range tr.Events {
+		counts[e.Key]++
+		if counts[e.Key] > best {
+			best, chartKey = counts[e.Key], e.Key
+		}
+	}
+	wus := l.Window.Microseconds()
+	return result(tr, l, allowed, floorDiv(tr.Events[0].At, wus)*wus, chartKey)
+}
+
 // result measures one set of decisions on tr: counts, the peak over all
 // keys, and the series of chartKey.
 func result(tr Trace, l Limit, allowed []bool, origin int64, chartKey string) Result {
