@@ -208,3 +208,59 @@ func BenchmarkRedisScript(b *testing.B) {
 		}
 	}
 }
+
+// TestRedisCommands checks RedisCost on a real redis-server: a decision is
+// one EVALSHA, which runs TIME and MGET, and SET only when it admits.
+func TestRedisCommands(t *testing.T) {
+	srv := redistest.StartServer(t)
+	rc := srv.Client()
+	defer rc.Close()
+	s, err := redisstore.New(redisstore.Options{Client: rc, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	l := Limit{Requests: 5, Window: time.Hour}
+	// Load the script first (the first call is an EVALSHA answered
+	// NOSCRIPT, then an EVAL).
+	if err := s.Decide(ctx, []store.Check{{Key: "warm-up", Limit: 1, Window: time.Second, Hits: 1}}, make([]store.Result, 1)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []Candidate{{Algorithm: store.SlidingWindow}, {Algorithm: store.SlidingWindow, Precision: 10}, {Algorithm: store.FixedWindow}, {Algorithm: store.TokenBucket}} {
+		rc.ConfigResetStat(ctx)
+		const n = 12
+		admitted := 0
+		for range n {
+			res := make([]store.Result, 1)
+			if err := s.Decide(ctx, []store.Check{c.check(l, RedisExampleKey(c), 1)}, res); err != nil {
+				t.Fatal(err)
+			}
+			if res[0].Allowed {
+				admitted++
+			}
+		}
+		info, err := rc.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := func(cmd string) int {
+			for _, f := range strings.Split(infoField(info, "cmdstat_"+cmd), ",") {
+				if v, ok := strings.CutPrefix(f, "calls="); ok {
+					n, _ := strconv.Atoi(v)
+					return n
+				}
+			}
+			return 0
+		}
+		got := [4]int{calls("evalsha") + calls("eval"), calls("time"), calls("mget"), calls("set")}
+		want := [4]int{n, n, n, admitted}
+		if got != want || admitted != 5 {
+			t.Errorf("%s: %d decisions, %d admitted: EVALSHA, TIME, MGET, SET calls %v, want %v", c.Name(l), n, admitted, got, want)
+		}
+		callsPer, cmdsPer := RedisCost(admitted, n)
+		if callsPer != float64(got[0])/n || cmdsPer != float64(got[1]+got[2]+got[3])/n {
+			t.Errorf("%s: RedisCost says %v calls and %v commands per decision; Redis counted %v", c.Name(l), callsPer, cmdsPer, got)
+		}
+	}
+}
