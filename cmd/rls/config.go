@@ -232,7 +232,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*Con
 	fs.Usage = func() {}
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(out, "usage: rls [serve] [flags]\n       rls validate DIR\n       rls version\n       rls help\n\nFlags (each also read from its RLS_* environment twin):\n")
+		fmt.Fprintf(out, "usage: rls [serve] [flags]\n       rls validate DIR\n       rls simulate --help\n       rls version\n       rls help\n\nFlags (each also read from its RLS_* environment twin):\n")
 		fs.VisitAll(func(f *flag.Flag) {
 			fmt.Fprintf(out, "  --%s (%s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
 		})

@@ -35,7 +35,7 @@ func main() {
 // is done (for serve: when ctx is cancelled and shutdown has finished).
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "validate" || args[0] == "version" || args[0] == "help") {
+	if len(args) > 0 && (args[0] == "serve" || args[0] == "validate" || args[0] == "simulate" || args[0] == "version" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
@@ -48,6 +48,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return flag.ErrHelp
 		}
 		return validate(args, stdout)
+	case "simulate":
+		return runSimulate(args, stdout)
 	case "help":
 		args = []string{"--help"}
 		stderr = stdout // asked for: not an error

@@ -1,0 +1,321 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/simulate"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// simulateFlags are rls simulate's flags.
+type simulateFlags struct {
+	configDir    string
+	rule         string
+	mergeDomains bool
+	limit        uint64
+	window       time.Duration
+	precisions   string
+	trace        string
+	gens         multiFlag
+	seed         uint64
+	jsonOut      string
+	svgOut       string
+}
+
+// multiFlag is a flag that may be given several times.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, " ") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func newSimulateFlagSet(f *simulateFlags) *flag.FlagSet {
+	fs := flag.NewFlagSet("rls simulate", flag.ContinueOnError)
+	fs.StringVar(&f.configDir, "config", "", "descriptor config directory: simulate one of its rules (--rule, else the first limited rule)")
+	fs.StringVar(&f.rule, "rule", "", "the rule to simulate, as the descriptor that matches it: domain:key=value[,key=value...] (needs --config)")
+	fs.BoolVar(&f.mergeDomains, "merge-domains", false, "let several files of --config define one domain, as rls serve --merge-domains does")
+	fs.Uint64Var(&f.limit, "limit", 0, "without --config: the limit, requests per --window")
+	fs.DurationVar(&f.window, "window", time.Second, "without --config: the window, a whole number of seconds")
+	fs.StringVar(&f.precisions, "precisions", "2,5,10,20,60", "sliding-window precisions to compare besides the two-counter window (2 to 60, comma-separated; empty for none)")
+	fs.StringVar(&f.trace, "trace", "", "CSV trace: timestamp seconds, then the descriptor's key=value entries, then optionally the hits (one request a line)")
+	fs.Var(&f.gens, "gen", "generated trace (repeatable): poisson[:rate=R,duration=D], onoff[:rate=R,on=D,off=D,duration=D], boundary[:n=N,spread=D,every=D,duration=D] or standard (the five of the README)")
+	fs.Uint64Var(&f.seed, "seed", 1, "random seed of the generated traces")
+	fs.StringVar(&f.jsonOut, "json", "", "also write the results as JSON to this file (- for stdout, instead of the tables)")
+	fs.StringVar(&f.svgOut, "svg", "", "also draw admitted-per-trailing-window over time as SVG into this file (with several traces: FILE-1.svg, FILE-2.svg, ...)")
+	return fs
+}
+
+const simulateUsage = `usage: rls simulate (--config DIR [--rule DOMAIN:KEY=VALUE,...] | --limit L [--window 1s])
+                    (--trace FILE.csv | --gen SPEC ...) [--precisions 2,5,10,20,60]
+                    [--seed N] [--json FILE] [--svg FILE]
+
+Replays a trace through every algorithm and precision the rule could use
+(sliding window with two counters and with each precision, fixed window,
+token buckets of burst L and L/10; '*' marks the rule's own), with the
+stores' own arithmetic on a simulated clock, and compares each with an
+exact sliding log: a request is admitted by the log iff the hits it
+admitted in the trailing window (t-W, t], plus the request's, are at most L.
+
+Per candidate: peak/L, the most hits admitted in any trailing window over
+the limit (the busiest key's); wrongly admitted, requests it admitted that
+the exact log denied (share of the log's denials); wrongly denied, requests
+it denied that the log admitted (share of the log's admissions); Redis
+script calls per decision (one EVALSHA) and the commands it runs (TIME, MGET,
+and SET when admitted); Redis MEMORY USAGE per key of its state.
+
+CSV: timestamp,key=value[,key=value...][,hits] a line; timestamp in
+seconds (12.5 or 1751540400.123456; windows align to multiples of the
+window from 0); '#' lines and a "timestamp,..." header are skipped. With
+--config, rows whose descriptor matches another rule are skipped; a row
+without entries counts against --rule's descriptor.
+
+`
+
+// runSimulate is rls simulate.
+func runSimulate(args []string, stdout io.Writer) error {
+	var f simulateFlags
+	fs := newSimulateFlagSet(&f)
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, simulateUsage)
+		fmt.Fprintln(stdout, "Flags:")
+		fs.VisitAll(func(fl *flag.Flag) {
+			fmt.Fprintf(stdout, "  --%s (default %q)\n    \t%s\n", fl.Name, fl.DefValue, fl.Usage)
+		})
+		fmt.Fprintf(stdout, "\n%s\n", simulate.GeneratorHelp)
+		return err
+	} else if err != nil {
+		msg := strings.Replace(err.Error(), "flag -", "flag --", 1)
+		return fmt.Errorf("simulate: %s (rls simulate --help lists the flags)", msg)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("simulate: unexpected argument %q (rls simulate --help)", fs.Arg(0))
+	}
+	return f.run(stdout)
+}
+
+// setup is what the flags resolve to: the limit, the candidates and how a
+// CSV row's descriptor becomes a counter key.
+type setup struct {
+	limit  simulate.Limit
+	cands  []simulate.Candidate
+	key    simulate.KeyFunc
+	genKey string // the key of generated events
+}
+
+func (f *simulateFlags) setup() (*setup, error) {
+	precisions, err := simulate.ParsePrecisions(f.precisions)
+	if err != nil {
+		return nil, fmt.Errorf("--precisions: %v", err)
+	}
+	if f.configDir == "" {
+		if f.rule != "" || f.mergeDomains {
+			return nil, errors.New("--rule and --merge-domains need --config")
+		}
+		if f.limit == 0 {
+			return nil, errors.New("give --config DIR (and --rule) or --limit L (rls simulate --help)")
+		}
+		l := simulate.Limit{Requests: f.limit, Window: f.window}
+		if err := l.Validate(); err != nil {
+			return nil, fmt.Errorf("--limit/--window: %v", err)
+		}
+		return &setup{limit: l, cands: simulate.Candidates(l, precisions, nil), genKey: "sim",
+			key: func(entries []string) (string, bool) {
+				if len(entries) == 0 {
+					return "sim", true
+				}
+				return strings.Join(entries, "|"), true
+			}}, nil
+	}
+	if f.limit != 0 {
+		return nil, errors.New("--limit: give either --config (the rule's limit) or --limit")
+	}
+	cfg, _, err := descriptors.LoadWith(f.configDir, descriptors.LoadOptions{MergeDomains: f.mergeDomains})
+	if err != nil {
+		return nil, fmt.Errorf("--config %s: %v", f.configDir, err)
+	}
+	var (
+		domain  string
+		entries []*rlcommon.RateLimitDescriptor_Entry
+		r       *descriptors.Rule
+	)
+	if f.rule != "" {
+		var err error
+		if domain, entries, err = parseRuleFlag(f.rule); err != nil {
+			return nil, err
+		}
+		if r = cfg.Match(domain, entries); r == nil {
+			return nil, fmt.Errorf("--rule %s: no rule of --config %s matches it", f.rule, f.configDir)
+		}
+	} else {
+		for _, c := range cfg.Rules() {
+			if !c.Unlimited {
+				r, domain = c, c.Domain
+				break
+			}
+		}
+		if r == nil {
+			return nil, fmt.Errorf("--config %s: no limited rule in it", f.configDir)
+		}
+	}
+	if r.Unlimited {
+		return nil, fmt.Errorf("--rule %s: %s:%d is unlimited: nothing to simulate", f.rule, r.File, r.Line)
+	}
+	l := simulate.Limit{Requests: uint64(r.RequestsPerUnit), Window: r.Window()}
+	if err := l.Validate(); err != nil {
+		return nil, fmt.Errorf("%s:%d: %v", r.File, r.Line, err)
+	}
+	own := simulate.Candidate{Precision: uint64(r.Precision), Burst: uint64(r.Burst)}
+	switch r.Algorithm {
+	case descriptors.TokenBucket:
+		own.Algorithm = store.TokenBucket
+	case descriptors.FixedWindow:
+		own.Algorithm = store.FixedWindow
+	}
+	genKey := r.Path
+	if entries != nil {
+		genKey = string(descriptors.AppendKey(nil, domain, entries, r))
+	}
+	return &setup{limit: l, cands: simulate.Candidates(l, precisions, &own), genKey: genKey,
+		key: func(row []string) (string, bool) {
+			if len(row) == 0 {
+				return genKey, true
+			}
+			es := make([]*rlcommon.RateLimitDescriptor_Entry, len(row))
+			for i, kv := range row {
+				k, v, _ := strings.Cut(kv, "=")
+				es[i] = &rlcommon.RateLimitDescriptor_Entry{Key: k, Value: v}
+			}
+			if cfg.Match(domain, es) != r {
+				return "", false
+			}
+			return string(descriptors.AppendKey(nil, domain, es, r)), true
+		}}, nil
+}
+
+// parseRuleFlag reads --rule: domain:key=value[,key=value...].
+func parseRuleFlag(s string) (string, []*rlcommon.RateLimitDescriptor_Entry, error) {
+	domain, rest, ok := strings.Cut(s, ":")
+	if !ok || domain == "" || rest == "" {
+		return "", nil, fmt.Errorf("--rule %q: want domain:key=value[,key=value...]", s)
+	}
+	var es []*rlcommon.RateLimitDescriptor_Entry
+	for _, kv := range strings.Split(rest, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return "", nil, fmt.Errorf("--rule %q: entry %q: want key=value", s, kv)
+		}
+		es = append(es, &rlcommon.RateLimitDescriptor_Entry{Key: k, Value: v})
+	}
+	return domain, es, nil
+}
+
+func (f *simulateFlags) run(stdout io.Writer) error {
+	su, err := f.setup()
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
+	}
+	var traces []simulate.Trace
+	if f.trace != "" {
+		file, err := os.Open(f.trace)
+		if err != nil {
+			return fmt.Errorf("simulate: --trace: %w", err)
+		}
+		tr, err := simulate.ReadCSV(file, f.trace, su.key)
+		file.Close()
+		if err != nil {
+			return fmt.Errorf("simulate: --trace %w", err)
+		}
+		traces = append(traces, tr)
+	}
+	var gens []string
+	for _, g := range f.gens {
+		if g == "standard" {
+			gens = append(gens, simulate.StandardGenerators...)
+		} else {
+			gens = append(gens, g)
+		}
+	}
+	for _, g := range gens {
+		tr, err := simulate.Generate(g, su.limit.Requests, su.limit.Window, f.seed, su.genKey)
+		if err != nil {
+			return fmt.Errorf("simulate: %w", err)
+		}
+		traces = append(traces, tr)
+	}
+	if len(traces) == 0 {
+		return errors.New("simulate: no trace: give --trace FILE.csv or --gen SPEC (rls simulate --help)")
+	}
+	var reps []*simulate.Report
+	for _, tr := range traces {
+		rep, err := simulate.Run(tr, su.limit, su.cands)
+		if err != nil {
+			return fmt.Errorf("simulate: %s: %w", tr.Name, err)
+		}
+		reps = append(reps, rep)
+	}
+	if f.jsonOut != "-" {
+		for i, rep := range reps {
+			if i > 0 {
+				fmt.Fprintln(stdout)
+			}
+			if err := simulate.WriteTable(stdout, rep); err != nil {
+				return err
+			}
+		}
+		if len(reps) > 1 {
+			fmt.Fprintln(stdout)
+			if err := simulate.WriteSummary(stdout, reps); err != nil {
+				return err
+			}
+		}
+	}
+	if f.jsonOut != "" {
+		if err := writeOut(f.jsonOut, stdout, func(w io.Writer) error { return simulate.WriteJSON(w, reps) }); err != nil {
+			return fmt.Errorf("simulate: --json: %w", err)
+		}
+	}
+	if f.svgOut != "" {
+		for i, rep := range reps {
+			name := f.svgOut
+			if len(reps) > 1 {
+				ext := filepath.Ext(name)
+				name = fmt.Sprintf("%s-%d%s", strings.TrimSuffix(name, ext), i+1, ext)
+			}
+			if err := writeOut(name, nil, func(w io.Writer) error { return simulate.WriteSVG(w, rep) }); err != nil {
+				return fmt.Errorf("simulate: --svg: %w", err)
+			}
+			if f.jsonOut != "-" {
+				fmt.Fprintf(stdout, "wrote %s (%s)\n", name, rep.Trace)
+			}
+		}
+	}
+	return nil
+}
+
+// writeOut writes to the file name, or to stdout when name is "-" and
+// stdout is not nil.
+func writeOut(name string, stdout io.Writer, write func(io.Writer) error) error {
+	if name == "-" && stdout != nil {
+		return write(stdout)
+	}
+	file, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	if err := write(file); err != nil {
+		file.Close()
+		return err
+	}
+	return file.Close()
+}
