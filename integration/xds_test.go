@@ -396,3 +396,27 @@ func TestXDSReadmeSnippets(t *testing.T) {
 		t.Errorf("README.md has %d Go blocks, want the control plane's two", n)
 	}
 }
+
+// TestXDSStartWithoutConfig: with --allow-empty-config (upstream's
+// FORCE_START_WITHOUT_INITIAL_CONFIG, which Envoy Gateway sets) rls serves
+// before the xDS server sends anything, every descriptor without a rule,
+// and applies the config when it comes.
+func TestXDSStartWithoutConfig(t *testing.T) {
+	t.Parallel()
+	cp := xdstest.Start(t, "127.0.0.1:0")
+	p := startRLS(t, t.TempDir(), "--config-source", "xds", "--xds-server", cp.Addr, "--xds-node-id", "test",
+		"--allow-empty-config")
+	if code, _ := xdsHealthcheck(t, p); code != http.StatusOK {
+		t.Errorf("/healthcheck before any config with --allow-empty-config: %d, want 200", code)
+	}
+	for i := 0; i < 5; i++ {
+		if got := should(t, p.client(), "xds", desc("tenant", "a")).GetOverallCode(); got != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("request %d before any config: %v, want OK (no rule yet)", i+1, got)
+		}
+	}
+	cp.Set(t, "test", "1", tenantLimit(3))
+	if _, ack := cp.AnswerTo(t, "1", 10*time.Second); ack.GetErrorDetail() != nil || ack.GetVersionInfo() != "1" {
+		t.Fatalf("version 1: %v, want an ACK", ack)
+	}
+	xdsAllows(t, p, "b", 3)
+}

@@ -135,6 +135,10 @@ func (a *app) build() error {
 			return err
 		}
 		a.configReady.Store(true)
+	} else if a.cfg.AllowEmptyConfig {
+		// Serve at once, with no rule (every descriptor OK) until the xDS
+		// server sends a config: upstream's FORCE_START_WITHOUT_INITIAL_CONFIG.
+		a.configReady.Store(true)
 	}
 	a.reg = newRegistry()
 	a.cfgMetrics = newConfigMetrics(a.reg)

@@ -21,8 +21,10 @@ import (
 
 // With --config-source xds the descriptor config comes from an xDS
 // management server: rls serves no decision and reports NOT_SERVING until
-// the first valid config arrives, then keeps the last valid config through
-// rejected updates and disconnections.
+// the first valid config arrives (with --allow-empty-config it serves at
+// once, every descriptor without a rule, as upstream's
+// FORCE_START_WITHOUT_INITIAL_CONFIG), then keeps the last valid config
+// through rejected updates and disconnections.
 
 // buildXDS makes the xDS client; applyXDS receives its updates.
 func (a *app) buildXDS() error {
