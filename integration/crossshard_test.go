@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -86,7 +85,7 @@ func TestCrossShardDeniedConsumesNothing(t *testing.T) {
 	if got := csRemaining(t, c, "big", "T"); got != 100000-10-1 {
 		t.Errorf("big: %d left after 10 admitted and 190 denied requests (and this one), want %d", got, 100000-10-1)
 	}
-	if n := csMetric(t, p, `rls_undo_refunds_total{result="refunded"}`); n < 190 {
+	if n := exMetric(t, p, "rls_undo_refunds_total", `result="refunded"`); n < 190 {
 		t.Errorf("rls_undo_refunds_total{result=\"refunded\"} = %v, want at least 190", n)
 	}
 }
@@ -145,12 +144,12 @@ func TestCrossShardUndoDuringPause(t *testing.T) {
 	wg.Wait()
 	// Background retries end within their backoff (3.75 s) plus a 1 s
 	// timeout per try.
-	if csMetric(t, p, `rls_undo_refunds_total{result="retried"}`) > 0 {
+	if exMetric(t, p, "rls_undo_refunds_total", `result="retried"`) > 0 {
 		time.Sleep(9 * time.Second)
 	}
-	lost := csMetric(t, p, `rls_undo_refunds_total{result="lost"}`)
-	unknown := csMetric(t, p, `rls_undo_refunds_total{result="unknown"}`)
-	retried := csMetric(t, p, `rls_undo_refunds_total{result="retried"}`)
+	lost := exMetric(t, p, "rls_undo_refunds_total", `result="lost"`)
+	unknown := exMetric(t, p, "rls_undo_refunds_total", `result="unknown"`)
+	retried := exMetric(t, p, "rls_undo_refunds_total", `result="retried"`)
 	v, err := cl.Client().Get(context.Background(), "rl:{cs|big=P}:s3600").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -181,20 +180,4 @@ func csSlidingCount(t *testing.T, v string) float64 {
 	}
 	x /= 8
 	return float64(x>>24 + x&(1<<24-1))
-}
-
-// csMetric returns one series' value from rls's /metrics (0 when absent).
-func csMetric(t *testing.T, p *rlsProc, series string) float64 {
-	t.Helper()
-	body := scrape(t, p)
-	for _, line := range strings.Split(body, "\n") {
-		if rest, ok := strings.CutPrefix(line, series+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			if err != nil {
-				t.Fatalf("%s: %v", series, err)
-			}
-			return f
-		}
-	}
-	return 0
 }

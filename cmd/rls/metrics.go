@@ -133,21 +133,19 @@ func registerLocal(reg prometheus.Registerer, lim *limiter.Limiter, fleet *limit
 			Name: "rls_writeback_hits_total", Help: "Hits admitted locally while the store could not answer, then written back to it.",
 			ConstLabels: prometheus.Labels{"result": "lost"}}, func() float64 { return float64(lim.Counters().WriteBackLost) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "rls_undo_refunds_total", Help: "Checks the store consumed for a request that was denied after all (another Cluster slot, the fallback or its quotas denied it), refunded; result retried: not at once; lost: never; unknown: their call timed out after it was sent, so Redis may have consumed them, not refunded.",
-			ConstLabels: prometheus.Labels{"result": "refunded"}}, func() float64 { return float64(lim.Counters().Undone) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "rls_undo_refunds_total", Help: "Checks the store consumed for a request that was denied after all (another Cluster slot, the fallback or its quotas denied it), refunded; result retried: not at once; lost: never; unknown: their call timed out after it was sent, so Redis may have consumed them, not refunded.",
-			ConstLabels: prometheus.Labels{"result": "retried"}}, func() float64 { return float64(lim.Counters().UndoRetried) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "rls_undo_refunds_total", Help: "Checks the store consumed for a request that was denied after all (another Cluster slot, the fallback or its quotas denied it), refunded; result retried: not at once; lost: never; unknown: their call timed out after it was sent, so Redis may have consumed them, not refunded.",
-			ConstLabels: prometheus.Labels{"result": "lost"}}, func() float64 { return float64(lim.Counters().UndoLost) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "rls_undo_refunds_total", Help: "Checks the store consumed for a request that was denied after all (another Cluster slot, the fallback or its quotas denied it), refunded; result retried: not at once; lost: never; unknown: their call timed out after it was sent, so Redis may have consumed them, not refunded.",
-			ConstLabels: prometheus.Labels{"result": "unknown"}}, func() float64 { return float64(lim.Counters().UndoUnknown) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rls_store_protocol_errors_total", Help: "Store answers rls could not use (a script error, a reply of the wrong shape): bugs, answered with codes.Internal, never a fallback."},
 			func() float64 { return float64(lim.Counters().ProtocolErrors) }),
 	)
+	for result, n := range map[string]func(limiter.Counters) uint64{
+		"refunded": func(c limiter.Counters) uint64 { return c.Undone },
+		"retried":  func(c limiter.Counters) uint64 { return c.UndoRetried },
+		"lost":     func(c limiter.Counters) uint64 { return c.UndoLost },
+		"unknown":  func(c limiter.Counters) uint64 { return c.UndoUnknown },
+	} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_undo_refunds_total", Help: "Checks the store consumed for a request denied after all (another Cluster slot, the fallback or its quotas denied it), by what became of their refund: refunded, retried (not at once), lost (never), unknown (the call timed out after it may have been sent: not refunded).",
+			ConstLabels: prometheus.Labels{"result": result}}, func() float64 { return float64(n(lim.Counters())) }))
+	}
 	for _, s := range limiter.Sources {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rls_checks_total", Help: "Checks (one per counted descriptor) by where their result came from: store, local_cache, fail_open, fail_closed.",

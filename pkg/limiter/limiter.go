@@ -323,7 +323,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 		it.Result = sc.results[j]
 		if it.Result.Undecided {
 			it.Result.Undecided = false
-			if c := &sc.checks[j]; sent && c.Hits > 0 && !c.Refund && !c.Force {
+			if sent && sc.checks[j].Consuming() {
 				unknown++
 			}
 			continue

@@ -31,7 +31,7 @@ func vetoes(items []Item, denied func(i int) bool) bool {
 	quotas, quotasDenied := 0, 0
 	for i := range items {
 		c := &items[i].Check
-		if c.Hits == 0 || c.Refund || c.Force || c.Shadow {
+		if !c.Consuming() || c.Shadow {
 			continue
 		}
 		if !items[i].Quota {

@@ -167,6 +167,10 @@ type Check struct {
 	Precision uint8         // sliding window: sub-windows per window (see the package doc); 0 and 1 are the two-counter window
 }
 
+// Consuming reports whether c consumes when allowed: it has hits and is
+// neither a refund nor a forced write-back.
+func (c *Check) Consuming() bool { return c.Hits > 0 && !c.Refund && !c.Force }
+
 // Result is the outcome of one Check.
 type Result struct {
 	Allowed    bool

@@ -161,7 +161,7 @@ func load(slots []slot, now int64, peek bool) {
 func markConsumed(checks []store.Check, results []store.Result) {
 	for i := range checks {
 		c := &checks[i]
-		if c.Hits > 0 && !c.Refund && !c.Force && results[i].Allowed {
+		if c.Consuming() && results[i].Allowed {
 			results[i].Consumed = true
 		}
 	}

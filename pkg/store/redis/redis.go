@@ -360,23 +360,19 @@ func (c *call) decode(reply string, decided bool) error {
 	for j, ch := range c.checks {
 		r := decodeResult(lua.ResultAt(reply, j))
 		*c.results[j] = r
-		if consuming(ch) && !r.Allowed && !ch.Shadow {
+		if ch.Consuming() && !r.Allowed && !ch.Shadow {
 			veto = true
 		}
 	}
 	if decided && !veto {
 		for j, ch := range c.checks {
-			if consuming(ch) && c.results[j].Allowed {
+			if ch.Consuming() && c.results[j].Allowed {
 				c.results[j].Consumed = true
 			}
 		}
 	}
 	return nil
 }
-
-// consuming reports whether ch consumes when allowed: hits, and neither a
-// refund nor a forced write-back.
-func consuming(ch *store.Check) bool { return ch.Hits > 0 && !ch.Refund && !ch.Force }
 
 func modeName(mode string) string {
 	if mode == lua.ModePeek {

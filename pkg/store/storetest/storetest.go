@@ -481,14 +481,13 @@ func Run(t *testing.T, newStore func(t *testing.T, now func() time.Time) store.S
 // check was denied.
 func withConsumed(checks []store.Check, want []store.Result) []store.Result {
 	out := append([]store.Result(nil), want...)
-	consuming := func(c *store.Check) bool { return c.Hits > 0 && !c.Refund && !c.Force }
 	for j := range checks {
-		if consuming(&checks[j]) && !want[j].Allowed && !checks[j].Shadow {
+		if checks[j].Consuming() && !want[j].Allowed && !checks[j].Shadow {
 			return out
 		}
 	}
 	for j := range checks {
-		out[j].Consumed = consuming(&checks[j]) && want[j].Allowed
+		out[j].Consumed = checks[j].Consuming() && want[j].Allowed
 	}
 	return out
 }
