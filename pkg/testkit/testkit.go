@@ -1,0 +1,121 @@
+// Package testkit holds what the tests of every package share: polling for a
+// state instead of sleeping for a time, a buffer safe for a writer and a
+// reader at once, and a clock that only the test moves. It is for tests
+// only; no package of rls imports it outside a _test.go file, an
+// integration/ helper or a test double.
+package testkit
+
+import (
+	"bytes"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// PollEvery is how often Eventually and WaitFor evaluate their condition.
+const PollEvery = 5 * time.Millisecond
+
+// Eventually evaluates cond every PollEvery until it returns true or within
+// has passed, and reports whether it returned true. cond runs on the
+// caller's goroutine. A test polls with it for a state to change rather than
+// sleeping for a fixed time, so a busy machine makes it slower, not wrong.
+func Eventually(within time.Duration, cond func() bool) bool {
+	return EventuallyEvery(within, PollEvery, cond)
+}
+
+// EventuallyEvery is Eventually with its own polling interval, for a cond
+// that is costly (a scrape, a process listing).
+func EventuallyEvery(within, every time.Duration, cond func() bool) bool {
+	if cond() {
+		return true
+	}
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-deadline.C:
+			return cond()
+		case <-tick.C:
+			if cond() {
+				return true
+			}
+		}
+	}
+}
+
+// TB is the part of testing.TB that WaitFor uses.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+// WaitFor polls cond as Eventually does and fails the test, naming what it
+// waited for, when cond does not hold within the deadline.
+func WaitFor(t TB, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	if !Eventually(within, cond) {
+		t.Fatalf("%s: not within %v", what, within)
+	}
+}
+
+// Buffer is a bytes.Buffer safe for concurrent writers and readers: the
+// log sink of a server under test that the test reads while it runs. The
+// zero value is ready to use.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// Len returns the number of bytes written so far.
+func (b *Buffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Len()
+}
+
+// Reset discards everything written so far.
+func (b *Buffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b.Reset()
+}
+
+// Clock is a clock that only the test moves, safe for concurrent use. The
+// zero value reads the Unix epoch; NewClock starts it elsewhere.
+type Clock struct{ ns atomic.Int64 }
+
+// NewClock returns a Clock reading start.
+func NewClock(start time.Time) *Clock {
+	c := &Clock{}
+	c.Set(start)
+	return c
+}
+
+// Now returns the clock's reading. It has the signature of time.Now, so
+// c.Now is what an Options.Now or a now field takes.
+func (c *Clock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
+
+// Advance moves the clock d forward (backward when d is negative) and
+// returns the new reading.
+func (c *Clock) Advance(d time.Duration) time.Time {
+	return time.Unix(0, c.ns.Add(int64(d)))
+}
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) { c.ns.Store(t.UnixNano()) }

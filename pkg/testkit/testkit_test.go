@@ -1,0 +1,86 @@
+package testkit
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestEventually(t *testing.T) {
+	var n atomic.Int32
+	go func() {
+		for range 3 {
+			n.Add(1)
+		}
+	}()
+	if !Eventually(10*time.Second, func() bool { return n.Load() == 3 }) {
+		t.Fatalf("n = %d, want 3", n.Load())
+	}
+	calls := 0
+	if Eventually(20*time.Millisecond, func() bool { calls++; return false }) {
+		t.Fatal("a condition that never holds was reported as holding")
+	}
+	if calls < 2 {
+		t.Fatalf("cond evaluated %d times, want the first and at least the last at the deadline", calls)
+	}
+}
+
+type fakeT struct{ failed string }
+
+func (f *fakeT) Helper()                           {}
+func (f *fakeT) Fatalf(format string, args ...any) { f.failed = fmt.Sprintf(format, args...) }
+
+func TestWaitForNamesWhat(t *testing.T) {
+	var f fakeT
+	WaitFor(&f, "the thing", time.Millisecond, func() bool { return false })
+	if f.failed != "the thing: not within 1ms" {
+		t.Fatalf("failure = %q", f.failed)
+	}
+	f = fakeT{}
+	WaitFor(&f, "the thing", time.Millisecond, func() bool { return true })
+	if f.failed != "" {
+		t.Fatalf("a condition that holds failed: %q", f.failed)
+	}
+}
+
+func TestBufferConcurrent(t *testing.T) {
+	var b Buffer
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 100 {
+				b.Write([]byte("x"))
+				_ = b.String()
+			}
+		})
+	}
+	wg.Wait()
+	if b.Len() != 800 {
+		t.Fatalf("len = %d, want 800", b.Len())
+	}
+	b.Reset()
+	if b.String() != "" {
+		t.Fatal("reset kept data")
+	}
+}
+
+func TestClock(t *testing.T) {
+	start := time.Unix(1_751_540_400, 0)
+	c := NewClock(start)
+	if !c.Now().Equal(start) {
+		t.Fatalf("now = %v", c.Now())
+	}
+	if got := c.Advance(1500 * time.Millisecond); !got.Equal(start.Add(1500 * time.Millisecond)) {
+		t.Fatalf("advance = %v", got)
+	}
+	c.Set(start)
+	if !c.Now().Equal(start) {
+		t.Fatalf("set: now = %v", c.Now())
+	}
+	var z Clock
+	if z.Now().UnixNano() != 0 {
+		t.Fatal("zero clock is not the epoch")
+	}
+}
