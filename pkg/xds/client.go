@@ -10,8 +10,10 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -25,6 +27,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/logthrottle"
 )
 
 // Options configure a Client. Zero fields take the defaults in brackets.
@@ -41,6 +46,8 @@ type Options struct {
 	TLS *tls.Config
 	// MaxRecvBytes bounds one response [4 MiB, gRPC's default].
 	MaxRecvBytes int
+	// Limits bound each response before it is decoded (see Limits).
+	Limits Limits
 	// MinBackoff and MaxBackoff bound the wait between two attempts to
 	// open the stream [500ms, 30s]. It doubles from MinBackoff after each
 	// attempt that got no response, jittered down by up to half.
@@ -64,6 +71,8 @@ type Client struct {
 
 	mu       sync.Mutex
 	accepted string // version_info of the last response ACKed (any stream)
+
+	nackLog *logthrottle.Throttle // the NACKs' log line
 
 	// rejected is the response last NACKed on the current stream, to
 	// answer its repetitions (see answer) without applying them again.
@@ -101,6 +110,7 @@ func New(opts Options) (*Client, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	opts.Limits = opts.Limits.withDefaults(opts.MaxRecvBytes)
 	node := &corev3.Node{
 		Id:                   opts.NodeID,
 		UserAgentName:        "rls",
@@ -112,7 +122,7 @@ func New(opts Options) (*Client, error) {
 			node.Metadata.Fields[k] = structpb.NewStringValue(v)
 		}
 	}
-	return &Client{opts: opts, node: node}, nil
+	return &Client{opts: opts, node: node, nackLog: logthrottle.New(logthrottle.Every, nil)}, nil
 }
 
 // Accepted returns the version_info of the last response ACKed ("" before
@@ -254,7 +264,7 @@ func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscovery
 // applied again.
 func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) (*discoveryv3.DiscoveryRequest, time.Duration) {
 	version, nonce := resp.GetVersionInfo(), resp.GetNonce()
-	res, err := decode(resp)
+	res, err := decode(resp, c.opts.Limits)
 	key := responseKey(version, res, resp)
 	c.mu.Lock()
 	if c.rejected.err != nil && c.rejected.key == key {
@@ -272,8 +282,11 @@ func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) (*discoveryv3.Disco
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		c.opts.Log.Error("xds: config rejected (NACK); keeping the last good config",
-			"version", version, "nonce", nonce, "last_accepted", c.accepted, "error", err.Error())
+		if held, ok := c.nackLog.Allow(); ok {
+			c.opts.Log.Error("xds: config rejected (NACK); keeping the last good config",
+				"version", version, "nonce", nonce, "last_accepted", c.accepted, "errors", errorCount(err),
+				"error", describe(err, maxLogErrors, maxLogErrorBytes), "nacks_not_logged", held)
+		}
 		c.rejected.key, c.rejected.err, c.rejected.wait = key, err, 0
 		return c.nack(nonce, err), 0
 	}
@@ -286,7 +299,7 @@ func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) (*discoveryv3.Disco
 // nack is the NACK of the response with nonce: version_info is the last
 // version ACKed. c.mu is held.
 func (c *Client) nack(nonce string, err error) *discoveryv3.DiscoveryRequest {
-	return c.request(c.accepted, nonce, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: truncate(err.Error(), maxDetail)})
+	return c.request(c.accepted, nonce, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: truncate(describe(err, maxDetailErrors, maxDetail), maxDetail)})
 }
 
 // responseKey identifies a response's content: its version and its
@@ -322,15 +335,59 @@ func responseKey(version string, res []*rlsconf.RateLimitConfig, resp *discovery
 	return string(h.Sum(nil))
 }
 
-// maxDetail bounds a NACK's message: a response with thousands of bad
-// descriptors says the first ones.
-const maxDetail = 8 << 10
+// A response with thousands of bad descriptors is described by its first
+// errors: maxDetail bytes and maxDetailErrors errors in the NACK,
+// maxLogErrors errors of maxLogErrorBytes each in the log line.
+const (
+	maxDetail        = 8 << 10
+	maxDetailErrors  = 100
+	maxLogErrors     = 5
+	maxLogErrorBytes = 512
+)
 
+// truncate cuts s to at most n bytes, at a rune boundary (a NACK's message
+// is a protobuf string: UTF-8), and says how much it left out.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return s[:n] + fmt.Sprintf("... (%d more bytes)", len(s)-n)
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("... (%d more bytes)", len(s)-cut)
+}
+
+// describe renders err, bounded: its first maxErrors errors (a
+// descriptors.Errors holds one per problem), one per line, each cut at
+// maxEach bytes, then how many it left out. It never renders the errors
+// it leaves out.
+func describe(err error, maxErrors, maxEach int) string {
+	var list descriptors.Errors
+	if !errors.As(err, &list) || len(list) == 0 {
+		return truncate(err.Error(), maxEach)
+	}
+	var b strings.Builder
+	for i, e := range list {
+		if i == maxErrors {
+			fmt.Fprintf(&b, "\n... and %d more errors", len(list)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(truncate(e.Error(), maxEach))
+	}
+	return b.String()
+}
+
+// errorCount is the number of errors err holds.
+func errorCount(err error) int {
+	var list descriptors.Errors
+	if errors.As(err, &list) && len(list) > 0 {
+		return len(list)
+	}
+	return 1
 }
 
 func (c *Client) request(version, nonce string, detail *rpcstatus.Status) *discoveryv3.DiscoveryRequest {
@@ -343,13 +400,19 @@ func (c *Client) request(version, nonce string, detail *rpcstatus.Status) *disco
 	}
 }
 
-// decode unpacks a response's resources, in name order.
-func decode(resp *discoveryv3.DiscoveryResponse) ([]*rlsconf.RateLimitConfig, error) {
-	out := make([]*rlsconf.RateLimitConfig, 0, len(resp.GetResources()))
+// decode unpacks a response's resources, in name order, once their bytes
+// are within lim.
+func decode(resp *discoveryv3.DiscoveryResponse, lim Limits) ([]*rlsconf.RateLimitConfig, error) {
 	for i, a := range resp.GetResources() {
 		if a.GetTypeUrl() != TypeURL {
-			return nil, fmt.Errorf("resource %d is a %s, want %s", i, a.GetTypeUrl(), TypeURL)
+			return nil, fmt.Errorf("resource %d is a %s, want %s", i, truncate(a.GetTypeUrl(), maxNameInError), TypeURL)
 		}
+	}
+	if err := checkResources(resp.GetResources(), lim); err != nil {
+		return nil, err
+	}
+	out := make([]*rlsconf.RateLimitConfig, 0, len(resp.GetResources()))
+	for i, a := range resp.GetResources() {
 		c := &rlsconf.RateLimitConfig{}
 		if err := a.UnmarshalTo(c); err != nil {
 			return nil, fmt.Errorf("resource %d: %w", i, err)

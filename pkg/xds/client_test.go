@@ -288,7 +288,7 @@ func TestResponsesThatCannotBeDecoded(t *testing.T) {
 	want := []struct{ version, nonce, detail string }{
 		{"a", "n1", ""},
 		{"a", "n3", "resource 1 is a type.googleapis.com/google.protobuf.Duration, want " + TypeURL},
-		{"a", "n4", "resource 0: proto"},
+		{"a", "n4", "resource 0: not a valid protobuf message"},
 		{"e", "n5", ""},
 	}
 	for _, w := range want {
@@ -397,7 +397,7 @@ func TestResponseKey(t *testing.T) {
 		for _, c := range rs {
 			r.Resources = append(r.Resources, mustAny(t, c))
 		}
-		res, err := decode(r)
+		res, err := decode(r, Limits{}.withDefaults(0))
 		if err != nil {
 			t.Fatal(err)
 		}
