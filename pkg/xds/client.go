@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -48,6 +49,17 @@ type Options struct {
 	MaxRecvBytes int
 	// Limits bound each response before it is decoded (see Limits).
 	Limits Limits
+	// KeepaliveTime and KeepaliveTimeout are the HTTP/2 keepalive of the
+	// channel [15s, 10s]: after KeepaliveTime without a frame from the
+	// server, rls pings it, and closes the connection when no answer
+	// comes within KeepaliveTimeout. The stream then fails and is opened
+	// again, so a server that hangs (a stopped process, a dead peer
+	// behind a NAT or a proxy that keeps the TCP connection) is noticed
+	// within their sum. The server must permit a ping that often
+	// (grpc-go's keepalive.EnforcementPolicy.MinTime; its default of
+	// 5 minutes answers "too_many_pings", closing the connection, and
+	// gRPC then doubles the interval for the connection).
+	KeepaliveTime, KeepaliveTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the wait between two attempts to
 	// open the stream [500ms, 30s]. It doubles from MinBackoff after each
 	// attempt that got no response, jittered down by up to half.
@@ -72,7 +84,8 @@ type Client struct {
 	mu       sync.Mutex
 	accepted string // version_info of the last response ACKed (any stream)
 
-	nackLog *logthrottle.Throttle // the NACKs' log line
+	nackLog   *logthrottle.Throttle // the NACKs' log line
+	pingsOnce sync.Once             // the hint about too_many_pings
 
 	// rejected is the response last NACKed on the current stream, to
 	// answer its repetitions (see answer) without applying them again.
@@ -95,6 +108,12 @@ const (
 	nackRepeatMax = 10 * time.Second
 )
 
+// The keepalive defaults: a hung server is noticed within 25 s.
+const (
+	DefaultKeepaliveTime    = 15 * time.Second
+	DefaultKeepaliveTimeout = 10 * time.Second
+)
+
 // New checks opts and returns a Client.
 func New(opts Options) (*Client, error) {
 	if opts.Server == "" || opts.NodeID == "" || opts.Update == nil {
@@ -109,6 +128,12 @@ func New(opts Options) (*Client, error) {
 	opts.MaxBackoff = max(opts.MaxBackoff, opts.MinBackoff)
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.KeepaliveTime <= 0 {
+		opts.KeepaliveTime = DefaultKeepaliveTime
+	}
+	if opts.KeepaliveTimeout <= 0 {
+		opts.KeepaliveTimeout = DefaultKeepaliveTimeout
 	}
 	opts.Limits = opts.Limits.withDefaults(opts.MaxRecvBytes)
 	node := &corev3.Node{
@@ -134,8 +159,8 @@ func (c *Client) Accepted() string {
 }
 
 // dialOptions are the gRPC channel's: TLS or plaintext, the response bound,
-// and reconnection backoff within the client's own bounds (gRPC's default
-// grows to 2 minutes).
+// keepalive, and reconnection backoff within the client's own bounds
+// (gRPC's default grows to 2 minutes).
 func (c *Client) dialOptions() []grpc.DialOption {
 	creds := insecure.NewCredentials()
 	if c.opts.TLS != nil {
@@ -148,6 +173,10 @@ func (c *Client) dialOptions() []grpc.DialOption {
 			Backoff:           backoff.Config{BaseDelay: c.opts.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.opts.MaxBackoff},
 			MinConnectTimeout: 5 * time.Second,
 		}),
+		// Pings only while a stream is open: between two streams there
+		// is nothing to watch, and a server that enforces
+		// PermitWithoutStream=false would count them against rls.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: c.opts.KeepaliveTime, Timeout: c.opts.KeepaliveTimeout}),
 	}
 	if c.opts.MaxRecvBytes > 0 {
 		opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.opts.MaxRecvBytes)))
@@ -177,6 +206,7 @@ func (c *Client) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		c.hintPings(err)
 		if healthy {
 			wait, failures = c.opts.MinBackoff, 0
 		}
@@ -198,6 +228,18 @@ func (c *Client) Run(ctx context.Context) error {
 		case <-time.After(d):
 		}
 	}
+}
+
+// hintPings says once, when the server closed the connection for
+// rls's keepalive pings, what to change on the server.
+func (c *Client) hintPings(err error) {
+	if err == nil || !strings.Contains(err.Error(), "too_many_pings") {
+		return
+	}
+	c.pingsOnce.Do(func() {
+		c.opts.Log.Warn("xds: the management server refuses rls's keepalive pings (too_many_pings) and closed the connection; gRPC doubles the ping interval for it, so a hung server is noticed later. Let the server accept a ping every "+c.opts.KeepaliveTime.String()+
+			" (grpc-go: keepalive.EnforcementPolicy{MinTime: "+c.opts.KeepaliveTime.String()+"})", "server", c.opts.Server)
+	})
 }
 
 // stream runs one ADS stream until it fails. healthy reports whether the
