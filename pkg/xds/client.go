@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -86,6 +87,9 @@ type Client struct {
 
 	nackLog   *logthrottle.Throttle // the NACKs' log line
 	pingsOnce sync.Once             // the hint about too_many_pings
+
+	// attempts counts the streams opened or tried, for tests.
+	attempts atomic.Int64
 
 	// rejected is the response last NACKed on the current stream, to
 	// answer its repetitions (see answer) without applying them again.
@@ -248,6 +252,7 @@ func (c *Client) hintPings(err error) {
 func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClient) (healthy bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	c.attempts.Add(1)
 	st, err := ads.StreamAggregatedResources(sctx)
 	if err != nil {
 		return false, err
