@@ -51,7 +51,7 @@ type Options struct {
 	// Limits bound each response before it is decoded (see Limits).
 	Limits Limits
 	// KeepaliveTime and KeepaliveTimeout are the HTTP/2 keepalive of the
-	// channel [15s, 10s]: after KeepaliveTime without a frame from the
+	// channel [10s, 10s; gRPC's floor is 10s]: after KeepaliveTime without a frame from the
 	// server, rls pings it, and closes the connection when no answer
 	// comes within KeepaliveTimeout. The stream then fails and is opened
 	// again, so a server that hangs (a stopped process, a dead peer
@@ -112,9 +112,9 @@ const (
 	nackRepeatMax = 10 * time.Second
 )
 
-// The keepalive defaults: a hung server is noticed within 25 s.
+// The keepalive defaults: a hung server is noticed within 20 s.
 const (
-	DefaultKeepaliveTime    = 15 * time.Second
+	DefaultKeepaliveTime    = 10 * time.Second
 	DefaultKeepaliveTimeout = 10 * time.Second
 )
 
@@ -242,7 +242,7 @@ func (c *Client) hintPings(err error) {
 	}
 	c.pingsOnce.Do(func() {
 		c.opts.Log.Warn("xds: the management server refuses rls's keepalive pings (too_many_pings) and closed the connection; gRPC doubles the ping interval for it, so a hung server is noticed later. Let the server accept a ping every "+c.opts.KeepaliveTime.String()+
-			" (grpc-go: keepalive.EnforcementPolicy{MinTime: "+c.opts.KeepaliveTime.String()+"})", "server", c.opts.Server)
+			" (grpc-go: keepalive.EnforcementPolicy{MinTime: "+(c.opts.KeepaliveTime/2).String()+", PermitWithoutStream: true}, a margin for jitter)", "server", c.opts.Server)
 	})
 }
 

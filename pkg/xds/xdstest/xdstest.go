@@ -40,7 +40,7 @@ type Server struct {
 
 // Start serves on addr ("127.0.0.1:0" for any free port) until Stop or the
 // end of the test. The server accepts the client's keepalive pings (every
-// 15 s by default), as a control plane must; opts come after that policy,
+// 10 s by default), as a control plane must; opts come after that policy,
 // so a test can set another.
 func Start(t testing.TB, addr string, opts ...grpc.ServerOption) *Server {
 	t.Helper()
@@ -78,10 +78,10 @@ func Start(t testing.TB, addr string, opts ...grpc.ServerOption) *Server {
 	return s
 }
 
-// KeepalivePolicy lets an xds.Client ping as often as its keepalive
-// allows (gRPC's floor is 10 s); grpc-go's default policy (5 minutes)
-// would close the connection with "too_many_pings".
-var KeepalivePolicy = keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}
+// KeepalivePolicy lets an xds.Client ping every 10 s, with a margin for
+// jitter; grpc-go's default policy (5 minutes) would close the connection
+// with "too_many_pings".
+var KeepalivePolicy = keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}
 
 // Stop closes the port and every stream at once, as a crash would.
 func (s *Server) Stop() {
