@@ -71,6 +71,10 @@ type Options struct {
 	// ACK or NACK names the version last ACKed). Called from Run's
 	// goroutine, one response at a time.
 	Update func(version string, resources []*rlsconf.RateLimitConfig) error
+	// Rejected, if set, is told of each response NACKed before Update saw
+	// it: resources of another type, bytes that do not decode, a response
+	// over the Limits. Called as Update is.
+	Rejected func(version string, err error)
 	// Connected, if set, is told when a stream opens (true) and ends.
 	Connected func(bool)
 	Log       *slog.Logger // [discard]
@@ -325,6 +329,8 @@ func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) (*discoveryv3.Disco
 
 	if err == nil {
 		err = c.opts.Update(version, res)
+	} else if c.opts.Rejected != nil {
+		c.opts.Rejected(version, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

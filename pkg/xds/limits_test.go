@@ -282,3 +282,22 @@ func TestNACKLogThrottled(t *testing.T) {
 		t.Errorf("after the interval: %d lines, want 2, the second counting 19 not logged:\n%s", n, logs.String())
 	}
 }
+
+// TestRejectedBeforeUpdate: a response over the limits is NACKed without
+// Update, and Rejected is told.
+func TestRejectedBeforeUpdate(t *testing.T) {
+	var updates, rejected int
+	c, err := New(Options{Server: "x:1", NodeID: "n",
+		Update:   func(string, []*rlsconf.RateLimitConfig) error { updates++; return nil },
+		Rejected: func(v string, err error) { rejected++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := c.answer(&discoveryv3.DiscoveryResponse{VersionInfo: "1", Nonce: "a", TypeUrl: TypeURL, Resources: anys(t, chain("deep", 9000))})
+	if d := req.GetErrorDetail().GetMessage(); updates != 0 || rejected != 1 || !strings.Contains(d, "depth limit") {
+		t.Errorf("%d updates, %d rejected, NACK %q", updates, rejected, d)
+	}
+	if req, _ := c.answer(&discoveryv3.DiscoveryResponse{VersionInfo: "2", Nonce: "b", TypeUrl: TypeURL, Resources: anys(t, flat("ok", 1))}); req.GetErrorDetail() != nil || updates != 1 || rejected != 1 {
+		t.Errorf("a good response: %v, %d updates, %d rejected", req.GetErrorDetail(), updates, rejected)
+	}
+}
