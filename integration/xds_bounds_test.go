@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 	"github.com/rls-project/rls/pkg/xds/xdstest"
 )
 
@@ -304,10 +305,6 @@ func TestXDSRenameChurn(t *testing.T) {
 func TestXDSHungControlPlane(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "xds-control-plane")
-	if out, err := exec.Command("go", "build", "-o", bin, "../examples/xds-control-plane").CombinedOutput(); err != nil {
-		t.Fatalf("build the example: %v\n%s", err, out)
-	}
 	resources := filepath.Join(dir, "resources.yaml")
 	write := func(rpu int) {
 		t.Helper()
@@ -321,40 +318,18 @@ func TestXDSHungControlPlane(t *testing.T) {
 	}
 	write(3)
 	cpAddr := freeAddr(t)
-	cpLog := &syncBuffer{}
-	cp := exec.Command(bin, "--addr", cpAddr, "--node-id", "test", "--config", resources, "--poll", "100ms")
-	cp.Stdout, cp.Stderr = cpLog, cpLog
-	cp.SysProcAttr = redistest.ChildAttr()
-	if err := cp.Start(); err != nil {
-		t.Fatal(err)
-	}
-	cpDone := make(chan struct{})
-	go func() { _ = cp.Wait(); close(cpDone) }()
-	t.Cleanup(func() {
-		_ = cp.Process.Signal(syscall.SIGCONT)
-		_ = cp.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-cpDone:
-		case <-time.After(10 * time.Second):
-			t.Errorf("the control plane did not exit; killing pid %d", cp.Process.Pid)
-			_ = cp.Process.Kill()
-			<-cpDone
-		}
-		if t.Failed() {
-			t.Logf("control plane log:\n%s", cpLog.String())
-		}
-	})
-	p := startRLSNoWait(t, dir, "--config-source", "xds", "--xds-server", cpAddr, "--xds-node-id", "test")
+	cp, cpLog := exampleControlPlane(t, "--addr", cpAddr, "--node-id", "test", "--config", resources, "--poll", "100ms")
+	p := startRLSNoWait(t, t.TempDir(), "--config-source", "xds", "--xds-server", cpAddr, "--xds-node-id", "test")
 	p.waitServing(t, 30*time.Second)
 	connected := func() float64 { return series(scrape(t, p))["rls_xds_connected"] }
-	waitFor(t, "rls_xds_connected 1", 10*time.Second, func() bool { return connected() == 1 })
+	testkit.WaitFor(t, "rls_xds_connected 1", 10*time.Second, func() bool { return connected() == 1 })
 	xdsAllows(t, p, "a", 3)
 
 	if err := cp.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
-	waitFor(t, "rls_xds_connected 0 with the control plane stopped", hungConnectedLimit, func() bool { return connected() == 0 })
+	testkit.WaitFor(t, "rls_xds_connected 0 with the control plane stopped", hungConnectedLimit, func() bool { return connected() == 0 })
 	noticed := time.Since(stopped)
 	xdsAllows(t, p, "b", 3) // the config in force stays
 	// Still stopped: new connections reach its listen queue and no
@@ -368,12 +343,48 @@ func TestXDSHungControlPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	continued := time.Now()
-	waitFor(t, "rls_xds_connected 1 once the control plane is continued", 60*time.Second, func() bool { return connected() == 1 })
+	testkit.WaitFor(t, "rls_xds_connected 1 once the control plane is continued", 60*time.Second, func() bool { return connected() == 1 })
 	back := time.Since(continued)
 	write(5)
-	waitFor(t, "version 2 applied after the reconnection", 20*time.Second, func() bool {
+	testkit.WaitFor(t, "version 2 applied after the reconnection", 20*time.Second, func() bool {
 		return strings.Contains(cpLog.String(), `ACK from test: version "2"`)
 	})
 	xdsAllows(t, p, "c", 5)
 	t.Logf("connected 0 %v after SIGSTOP; 1 again %v after SIGCONT", noticed.Round(time.Millisecond), back.Round(time.Millisecond))
+}
+
+// exampleControlPlane builds and starts examples/xds-control-plane with
+// args, waits until it serves, and stops it (continuing it first, should
+// the test have stopped it) when the test ends.
+func exampleControlPlane(t *testing.T, args ...string) (*exec.Cmd, *testkit.Buffer) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "xds-control-plane")
+	if out, err := exec.Command("go", "build", "-o", bin, "../examples/xds-control-plane").CombinedOutput(); err != nil {
+		t.Fatalf("build the example: %v\n%s", err, out)
+	}
+	log := &testkit.Buffer{}
+	cp := exec.Command(bin, args...)
+	cp.Stdout, cp.Stderr = log, log
+	cp.SysProcAttr = redistest.ChildAttr()
+	if err := cp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cp.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cp.Process.Signal(syscall.SIGCONT)
+		_ = cp.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Errorf("the example control plane did not exit; killing pid %d", cp.Process.Pid)
+			_ = cp.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("control plane log:\n%s", log.String())
+		}
+	})
+	testkit.WaitFor(t, "the example control plane serving", 10*time.Second, func() bool { return strings.Contains(log.String(), "serving RateLimitConfig") })
+	return cp, log
 }
