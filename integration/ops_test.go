@@ -70,6 +70,9 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	should(t, c, "example", desc("api_key", "k0", "route", "/v1/search"), desc("nothing", "x"), desc("api_key", "internal-batch-job"))
 	should(t, c, "example", desc("generic_key", "login"))
+	// A series appears with its first count: one customer before, so that
+	// the 10,000 after add none.
+	should(t, c, "example", desc("api_key", "customer-first"))
 	before := series(scrape(t, p))
 
 	var wg sync.WaitGroup

@@ -37,6 +37,7 @@ func (a *app) buildXDS() error {
 		Version:      version(),
 		MaxRecvBytes: cfg.XDSMaxRecvBytes,
 		Update:       a.applyXDS,
+		Rejected:     func(string, error) { a.cfgMetrics.report(reload.Failure) },
 		Connected:    func(up bool) { a.xdsConnected.Set(b2f(up)) },
 		Log:          a.log,
 	}

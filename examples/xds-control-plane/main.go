@@ -44,6 +44,7 @@ import (
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/encoding/protojson"
 	"gopkg.in/yaml.v3"
 )
@@ -65,7 +66,10 @@ func main() {
 }
 
 func run(ctx context.Context, addr, nodeID, config string, poll time.Duration, cert, key, clientCA string) error {
-	var opts []grpc.ServerOption
+	// rls pings its control plane every 10 s (HTTP/2 keepalive) to notice a
+	// server that hangs; grpc-go's default policy would answer pings more
+	// often than every 5 minutes with GOAWAY "too_many_pings".
+	opts := []grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true})}
 	if cert != "" {
 		tc, err := mutualTLS(cert, key, clientCA)
 		if err != nil {

@@ -13,7 +13,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -304,12 +303,13 @@ func TestDetailedMetricInvalidUTF8(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := NewMetrics(prometheus.NewRegistry(), 10)
-	s := New(cfg, limiter.New(memory.New(memory.Options{}), limiter.Options{}), Options{Metrics: m})
+	reg := prometheus.NewRegistry()
+	s := New(cfg, limiter.New(memory.New(memory.Options{}), limiter.Options{}), Options{Metrics: NewMetrics(reg, 10)})
 	call(t, s, 0, d("detailed", "abc\xff"))
 	call(t, s, 0, d("detailed", "é\xc3"))
+	_, detailed := decisionSeries(t, reg)
 	for _, v := range []string{`detailed=abc\xff`, `detailed=é\xc3`} {
-		if got := testutil.ToFloat64(m.detailed.WithLabelValues("test", "det", v, "ok")); got != 1 {
+		if got := detailed["test/det/"+v+"/ok"]; got != 1 {
 			t.Errorf("rls_detailed_decisions_total{value=%q} = %v, want 1", v, got)
 		}
 	}

@@ -437,61 +437,6 @@ descriptors:
 	}
 }
 
-func TestMetricsCountOutcomesWithoutRawValues(t *testing.T) {
-	cfg, err := descriptors.Parse(map[string][]byte{"test.yaml": []byte(testConfig + `
-  - key: detailed
-    detailed_metric: true
-    rate_limit: {name: det, unit: hour, requests_per_unit: 1000}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg, 3)
-	s := New(cfg, limiter.New(memory.New(memory.Options{}), limiter.Options{}), Options{Metrics: m})
-	for i := range 1000 {
-		call(t, s, 0, d("api_key", fmt.Sprint("key-", i)))
-	}
-	call(t, s, 0, d("small", "x"))
-	call(t, s, 0, d("small", "x"))
-	call(t, s, 0, d("shadow", "x"))
-	call(t, s, 0, d("shadow", "x"))
-	call(t, s, 0, d("free", "x"), d("nothing", "x"))
-	for i := range 10 {
-		call(t, s, 0, d("detailed", fmt.Sprint("v", i)))
-	}
-	s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlcommon.RateLimitDescriptor{d("a", "b")}})
-
-	for _, tc := range []struct {
-		labels []string
-		want   float64
-	}{
-		{[]string{"test", "per-key", "ok"}, 1000},
-		{[]string{"test", "small", "near_limit"}, 1},
-		{[]string{"test", "small", "over_limit"}, 1},
-		{[]string{"test", "shadow", "shadow_over_limit"}, 1},
-		{[]string{"test", "free", "unlimited"}, 1}, // no name: labelled by its path
-		{[]string{"test", "", "no_rule"}, 1},
-		{[]string{"_unknown", "", "no_rule"}, 1},
-		{[]string{"test", "det", "ok"}, 10},
-	} {
-		if got := testutil.ToFloat64(m.decisions.WithLabelValues(tc.labels...)); got != tc.want {
-			t.Errorf("rls_decisions_total%v = %v, want %v", tc.labels, got, tc.want)
-		}
-	}
-	// 1000 distinct api_key values added no series: one per rule and outcome.
-	if n := testutil.CollectAndCount(m.decisions); n > 6*20 {
-		t.Errorf("%d decision series", n)
-	}
-	// Detailed values are capped at 3 per rule; the rest is _other.
-	if got := testutil.ToFloat64(m.detailed.WithLabelValues("test", "det", otherValue, "ok")); got != 7 {
-		t.Errorf("_other detailed count %v, want 7", got)
-	}
-	if n := testutil.CollectAndCount(m.detailed); n != 4 {
-		t.Errorf("%d detailed series, want 4 (3 values + _other)", n)
-	}
-}
-
 func TestRequestBounds(t *testing.T) {
 	s, _ := newTestService(t)
 	long := strings.Repeat("x", 5000)

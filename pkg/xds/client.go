@@ -10,8 +10,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -22,9 +25,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/logthrottle"
 )
 
 // Options configure a Client. Zero fields take the defaults in brackets.
@@ -41,6 +48,19 @@ type Options struct {
 	TLS *tls.Config
 	// MaxRecvBytes bounds one response [4 MiB, gRPC's default].
 	MaxRecvBytes int
+	// Limits bound each response before it is decoded (see Limits).
+	Limits Limits
+	// KeepaliveTime and KeepaliveTimeout are the HTTP/2 keepalive of the
+	// channel [10s, 10s; gRPC's floor is 10s]: after KeepaliveTime without a frame from the
+	// server, rls pings it, and closes the connection when no answer
+	// comes within KeepaliveTimeout. The stream then fails and is opened
+	// again, so a server that hangs (a stopped process, a dead peer
+	// behind a NAT or a proxy that keeps the TCP connection) is noticed
+	// within their sum. The server must permit a ping that often
+	// (grpc-go's keepalive.EnforcementPolicy.MinTime; its default of
+	// 5 minutes answers "too_many_pings", closing the connection, and
+	// gRPC then doubles the interval for the connection).
+	KeepaliveTime, KeepaliveTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the wait between two attempts to
 	// open the stream [500ms, 30s]. It doubles from MinBackoff after each
 	// attempt that got no response, jittered down by up to half.
@@ -51,6 +71,10 @@ type Options struct {
 	// ACK or NACK names the version last ACKed). Called from Run's
 	// goroutine, one response at a time.
 	Update func(version string, resources []*rlsconf.RateLimitConfig) error
+	// Rejected, if set, is told of each response NACKed before Update saw
+	// it: resources of another type, bytes that do not decode, a response
+	// over the Limits. Called as Update is.
+	Rejected func(version string, err error)
 	// Connected, if set, is told when a stream opens (true) and ends.
 	Connected func(bool)
 	Log       *slog.Logger // [discard]
@@ -64,6 +88,12 @@ type Client struct {
 
 	mu       sync.Mutex
 	accepted string // version_info of the last response ACKed (any stream)
+
+	nackLog   *logthrottle.Throttle // the NACKs' log line
+	pingsOnce sync.Once             // the hint about too_many_pings
+
+	// attempts counts the streams opened or tried, for tests.
+	attempts atomic.Int64
 
 	// rejected is the response last NACKed on the current stream, to
 	// answer its repetitions (see answer) without applying them again.
@@ -86,6 +116,12 @@ const (
 	nackRepeatMax = 10 * time.Second
 )
 
+// The keepalive defaults: a hung server is noticed within 20 s.
+const (
+	DefaultKeepaliveTime    = 10 * time.Second
+	DefaultKeepaliveTimeout = 10 * time.Second
+)
+
 // New checks opts and returns a Client.
 func New(opts Options) (*Client, error) {
 	if opts.Server == "" || opts.NodeID == "" || opts.Update == nil {
@@ -101,6 +137,13 @@ func New(opts Options) (*Client, error) {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
+	if opts.KeepaliveTime <= 0 {
+		opts.KeepaliveTime = DefaultKeepaliveTime
+	}
+	if opts.KeepaliveTimeout <= 0 {
+		opts.KeepaliveTimeout = DefaultKeepaliveTimeout
+	}
+	opts.Limits = opts.Limits.withDefaults(opts.MaxRecvBytes)
 	node := &corev3.Node{
 		Id:                   opts.NodeID,
 		UserAgentName:        "rls",
@@ -112,7 +155,7 @@ func New(opts Options) (*Client, error) {
 			node.Metadata.Fields[k] = structpb.NewStringValue(v)
 		}
 	}
-	return &Client{opts: opts, node: node}, nil
+	return &Client{opts: opts, node: node, nackLog: logthrottle.New(logthrottle.Every, nil)}, nil
 }
 
 // Accepted returns the version_info of the last response ACKed ("" before
@@ -124,8 +167,8 @@ func (c *Client) Accepted() string {
 }
 
 // dialOptions are the gRPC channel's: TLS or plaintext, the response bound,
-// and reconnection backoff within the client's own bounds (gRPC's default
-// grows to 2 minutes).
+// keepalive, and reconnection backoff within the client's own bounds
+// (gRPC's default grows to 2 minutes).
 func (c *Client) dialOptions() []grpc.DialOption {
 	creds := insecure.NewCredentials()
 	if c.opts.TLS != nil {
@@ -138,6 +181,10 @@ func (c *Client) dialOptions() []grpc.DialOption {
 			Backoff:           backoff.Config{BaseDelay: c.opts.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: c.opts.MaxBackoff},
 			MinConnectTimeout: 5 * time.Second,
 		}),
+		// Pings only while a stream is open: between two streams there
+		// is nothing to watch, and a server that enforces
+		// PermitWithoutStream=false would count them against rls.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: c.opts.KeepaliveTime, Timeout: c.opts.KeepaliveTimeout}),
 	}
 	if c.opts.MaxRecvBytes > 0 {
 		opts = append(opts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(c.opts.MaxRecvBytes)))
@@ -167,6 +214,7 @@ func (c *Client) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		c.hintPings(err)
 		if healthy {
 			wait, failures = c.opts.MinBackoff, 0
 		}
@@ -190,12 +238,25 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 }
 
+// hintPings says once, when the server closed the connection for
+// rls's keepalive pings, what to change on the server.
+func (c *Client) hintPings(err error) {
+	if err == nil || !strings.Contains(err.Error(), "too_many_pings") {
+		return
+	}
+	c.pingsOnce.Do(func() {
+		c.opts.Log.Warn("xds: the management server refuses rls's keepalive pings (too_many_pings) and closed the connection; gRPC doubles the ping interval for it, so a hung server is noticed later. Let the server accept a ping every "+c.opts.KeepaliveTime.String()+
+			" (grpc-go: keepalive.EnforcementPolicy{MinTime: "+(c.opts.KeepaliveTime/2).String()+", PermitWithoutStream: true}, a margin for jitter)", "server", c.opts.Server)
+	})
+}
+
 // stream runs one ADS stream until it fails. healthy reports whether the
 // server sent any response on it, or kept it open for MaxBackoff (a server
 // with no snapshot for rls's node sends nothing): the backoff starts over.
 func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClient) (healthy bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	c.attempts.Add(1)
 	st, err := ads.StreamAggregatedResources(sctx)
 	if err != nil {
 		return false, err
@@ -254,7 +315,7 @@ func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscovery
 // applied again.
 func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) (*discoveryv3.DiscoveryRequest, time.Duration) {
 	version, nonce := resp.GetVersionInfo(), resp.GetNonce()
-	res, err := decode(resp)
+	res, err := decode(resp, c.opts.Limits)
 	key := responseKey(version, res, resp)
 	c.mu.Lock()
 	if c.rejected.err != nil && c.rejected.key == key {
@@ -268,12 +329,17 @@ func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) (*discoveryv3.Disco
 
 	if err == nil {
 		err = c.opts.Update(version, res)
+	} else if c.opts.Rejected != nil {
+		c.opts.Rejected(version, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		c.opts.Log.Error("xds: config rejected (NACK); keeping the last good config",
-			"version", version, "nonce", nonce, "last_accepted", c.accepted, "error", err.Error())
+		if held, ok := c.nackLog.Allow(); ok {
+			c.opts.Log.Error("xds: config rejected (NACK); keeping the last good config",
+				"version", version, "nonce", nonce, "last_accepted", c.accepted, "errors", errorCount(err),
+				"error", describe(err, maxLogErrors, maxLogErrorBytes), "nacks_not_logged", held)
+		}
 		c.rejected.key, c.rejected.err, c.rejected.wait = key, err, 0
 		return c.nack(nonce, err), 0
 	}
@@ -286,7 +352,7 @@ func (c *Client) answer(resp *discoveryv3.DiscoveryResponse) (*discoveryv3.Disco
 // nack is the NACK of the response with nonce: version_info is the last
 // version ACKed. c.mu is held.
 func (c *Client) nack(nonce string, err error) *discoveryv3.DiscoveryRequest {
-	return c.request(c.accepted, nonce, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: truncate(err.Error(), maxDetail)})
+	return c.request(c.accepted, nonce, &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: truncate(describe(err, maxDetailErrors, maxDetail), maxDetail)})
 }
 
 // responseKey identifies a response's content: its version and its
@@ -322,15 +388,59 @@ func responseKey(version string, res []*rlsconf.RateLimitConfig, resp *discovery
 	return string(h.Sum(nil))
 }
 
-// maxDetail bounds a NACK's message: a response with thousands of bad
-// descriptors says the first ones.
-const maxDetail = 8 << 10
+// A response with thousands of bad descriptors is described by its first
+// errors: maxDetail bytes and maxDetailErrors errors in the NACK,
+// maxLogErrors errors of maxLogErrorBytes each in the log line.
+const (
+	maxDetail        = 8 << 10
+	maxDetailErrors  = 100
+	maxLogErrors     = 5
+	maxLogErrorBytes = 512
+)
 
+// truncate cuts s to at most n bytes, at a rune boundary (a NACK's message
+// is a protobuf string: UTF-8), and says how much it left out.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	return s[:n] + fmt.Sprintf("... (%d more bytes)", len(s)-n)
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + fmt.Sprintf("... (%d more bytes)", len(s)-cut)
+}
+
+// describe renders err, bounded: its first maxErrors errors (a
+// descriptors.Errors holds one per problem), one per line, each cut at
+// maxEach bytes, then how many it left out. It never renders the errors
+// it leaves out.
+func describe(err error, maxErrors, maxEach int) string {
+	var list descriptors.Errors
+	if !errors.As(err, &list) || len(list) == 0 {
+		return truncate(err.Error(), maxEach)
+	}
+	var b strings.Builder
+	for i, e := range list {
+		if i == maxErrors {
+			fmt.Fprintf(&b, "\n... and %d more errors", len(list)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(truncate(e.Error(), maxEach))
+	}
+	return b.String()
+}
+
+// errorCount is the number of errors err holds.
+func errorCount(err error) int {
+	var list descriptors.Errors
+	if errors.As(err, &list) && len(list) > 0 {
+		return len(list)
+	}
+	return 1
 }
 
 func (c *Client) request(version, nonce string, detail *rpcstatus.Status) *discoveryv3.DiscoveryRequest {
@@ -343,13 +453,19 @@ func (c *Client) request(version, nonce string, detail *rpcstatus.Status) *disco
 	}
 }
 
-// decode unpacks a response's resources, in name order.
-func decode(resp *discoveryv3.DiscoveryResponse) ([]*rlsconf.RateLimitConfig, error) {
-	out := make([]*rlsconf.RateLimitConfig, 0, len(resp.GetResources()))
+// decode unpacks a response's resources, in name order, once their bytes
+// are within lim.
+func decode(resp *discoveryv3.DiscoveryResponse, lim Limits) ([]*rlsconf.RateLimitConfig, error) {
 	for i, a := range resp.GetResources() {
 		if a.GetTypeUrl() != TypeURL {
-			return nil, fmt.Errorf("resource %d is a %s, want %s", i, a.GetTypeUrl(), TypeURL)
+			return nil, fmt.Errorf("resource %d is a %s, want %s", i, truncate(a.GetTypeUrl(), maxNameInError), TypeURL)
 		}
+	}
+	if err := checkResources(resp.GetResources(), lim); err != nil {
+		return nil, err
+	}
+	out := make([]*rlsconf.RateLimitConfig, 0, len(resp.GetResources()))
+	for i, a := range resp.GetResources() {
 		c := &rlsconf.RateLimitConfig{}
 		if err := a.UnmarshalTo(c); err != nil {
 			return nil, fmt.Errorf("resource %d: %w", i, err)

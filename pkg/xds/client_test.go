@@ -1,7 +1,6 @@
 package xds
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/testkit"
 	"github.com/rls-project/rls/pkg/xds/xdstest"
 )
 
@@ -73,7 +73,7 @@ func (a *applied) isConnected() bool {
 }
 
 // startClient runs a client for node "test" against addr until the test ends.
-func startClient(t *testing.T, addr string, a *applied, logs *syncBuf) *Client {
+func startClient(t *testing.T, addr string, a *applied, logs *testkit.Buffer) *Client {
 	t.Helper()
 	var log *slog.Logger
 	if logs != nil {
@@ -100,17 +100,6 @@ func startClient(t *testing.T, addr string, a *applied, logs *syncBuf) *Client {
 		}
 	})
 	return c
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 5s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestACKAndNACK against go-control-plane's server: each response is
@@ -155,21 +144,30 @@ func TestACKAndNACK(t *testing.T) {
 	// The server resends a NACKed version at once (the NACK names another
 	// version than its snapshot's): the repetitions are NACKed again after
 	// 1 s, then 2 s, without being applied again.
-	time.Sleep(1500 * time.Millisecond)
-	nacks := 0
-	for _, r := range s.Requests() {
-		if r.GetErrorDetail() != nil {
-			nacks++
-			if r.GetVersionInfo() != "1" || r.GetErrorDetail().GetMessage() != want {
-				t.Errorf("a repeated NACK: version %q, detail %q", r.GetVersionInfo(), r.GetErrorDetail().GetMessage())
+	nacks := func() int {
+		n := 0
+		for _, r := range s.Requests() {
+			if r.GetErrorDetail() != nil {
+				n++
+				if r.GetVersionInfo() != "1" || r.GetErrorDetail().GetMessage() != want {
+					t.Errorf("a repeated NACK: version %q, detail %q", r.GetVersionInfo(), r.GetErrorDetail().GetMessage())
+				}
 			}
 		}
+		return n
 	}
+	wait := func() time.Duration {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.rejected.wait
+	}
+	testkit.WaitFor(t, "the first repetition NACKed after 1 s", 5*time.Second, func() bool { return nacks() == 2 })
+	testkit.WaitFor(t, "the next repetition waiting 2 s", 5*time.Second, func() bool { return wait() == 2*nackRepeatMin })
 	a.mu.Lock()
 	calls := a.calls["2"]
 	a.mu.Unlock()
-	if nacks != 2 || calls != 1 {
-		t.Errorf("1.5 s after the first NACK of version 2: %d NACKs, %d Update calls; want 2 NACKs (at 0 and 1 s), 1 call", nacks, calls)
+	if n := nacks(); n != 2 || calls != 1 {
+		t.Errorf("while the third NACK of version 2 waits 2 s: %d NACKs, %d Update calls; want 2 NACKs, 1 call", n, calls)
 	}
 
 	s.Set(t, "test", "3", xdstest.Limit("foo", "foo", "k1", 5, rlsconf.RateLimitUnit_SECOND))
@@ -187,14 +185,15 @@ func TestACKAndNACK(t *testing.T) {
 func TestReconnect(t *testing.T) {
 	s := xdstest.Start(t, "127.0.0.1:0")
 	a := &applied{}
-	logs := &syncBuf{}
-	startClient(t, s.Addr, a, logs)
+	logs := &testkit.Buffer{}
+	c := startClient(t, s.Addr, a, logs)
 	s.Set(t, "test", "1", xdstest.Limit("foo", "foo", "k", 1, rlsconf.RateLimitUnit_SECOND))
 	s.AnswerTo(t, "1", 5*time.Second)
-	waitUntil(t, "connected", a.isConnected)
+	testkit.WaitFor(t, "connected", 5*time.Second, a.isConnected)
 	s.Stop()
-	waitUntil(t, "disconnected", func() bool { return !a.isConnected() })
-	time.Sleep(300 * time.Millisecond) // a few failed attempts
+	testkit.WaitFor(t, "disconnected", 5*time.Second, func() bool { return !a.isConnected() })
+	tried := c.attempts.Load()
+	testkit.WaitFor(t, "two more attempts to open a stream", 5*time.Second, func() bool { return c.attempts.Load() >= tried+2 })
 	if v, cfg := a.last(); v != "1" || cfg == nil {
 		t.Fatalf("config after disconnect: %q", v)
 	}
@@ -205,7 +204,7 @@ func TestReconnect(t *testing.T) {
 	if ack.GetErrorDetail() != nil {
 		t.Fatalf("NACK: %v", ack.GetErrorDetail())
 	}
-	waitUntil(t, "the new server's config applied", func() bool {
+	testkit.WaitFor(t, "the new server's config applied", 5*time.Second, func() bool {
 		_, cfg := a.last()
 		return cfg.Match("foo", entries("k", "x")).RequestsPerUnit == 7
 	})
@@ -288,7 +287,7 @@ func TestResponsesThatCannotBeDecoded(t *testing.T) {
 	want := []struct{ version, nonce, detail string }{
 		{"a", "n1", ""},
 		{"a", "n3", "resource 1 is a type.googleapis.com/google.protobuf.Duration, want " + TypeURL},
-		{"a", "n4", "resource 0: proto"},
+		{"a", "n4", "resource 0: not a valid protobuf message"},
 		{"e", "n5", ""},
 	}
 	for _, w := range want {
@@ -360,23 +359,6 @@ func entries(kv ...string) []*rlcommonEntry {
 	return out
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type rlcommonEntry = rlcommon.RateLimitDescriptor_Entry
 
 // TestResponseKey: a response's key ignores the order of its resources and
@@ -397,7 +379,7 @@ func TestResponseKey(t *testing.T) {
 		for _, c := range rs {
 			r.Resources = append(r.Resources, mustAny(t, c))
 		}
-		res, err := decode(r)
+		res, err := decode(r, Limits{}.withDefaults(0))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -460,10 +442,10 @@ func TestNewStreamNamesNoVersion(t *testing.T) {
 	addr, stop := serveOldCache(t, "127.0.0.1:0", &oldCacheADS{version: "1", res: mustAny(t, xdstest.Limit("foo", "foo", "k", 1, rlsconf.RateLimitUnit_SECOND))})
 	a := &applied{}
 	startClient(t, addr, a, nil)
-	waitUntil(t, "version 1 applied", func() bool { v, _ := a.last(); return v == "1" })
+	testkit.WaitFor(t, "version 1 applied", 5*time.Second, func() bool { v, _ := a.last(); return v == "1" })
 	stop()
 	serveOldCache(t, addr, &oldCacheADS{version: "1", res: mustAny(t, xdstest.Limit("foo", "foo", "k", 9, rlsconf.RateLimitUnit_SECOND))})
-	waitUntil(t, "the restarted server's version 1 applied", func() bool {
+	testkit.WaitFor(t, "the restarted server's version 1 applied", 5*time.Second, func() bool {
 		_, cfg := a.last()
 		return cfg.Match("foo", entries("k", "x")).RequestsPerUnit == 9
 	})

@@ -20,10 +20,14 @@ const TypeURL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConf
 // SpecName is how errors and Rule.File name a resource: "xds:" and its name
 // (its domain when it has no name).
 func SpecName(c *rlsconf.RateLimitConfig) string {
-	if c.GetName() == "" {
-		return "xds:(domain " + c.GetDomain() + ")"
+	return specName(c.GetName(), c.GetDomain())
+}
+
+func specName(name, domain string) string {
+	if name == "" {
+		return "xds:(domain " + domain + ")"
 	}
-	return "xds:" + c.GetName()
+	return "xds:" + name
 }
 
 // Spec converts a resource into the descriptor model's DomainSpec: the YAML

@@ -18,6 +18,7 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 )
 
 // Server is a running xDS server. Stop it (or let the test end) to close
@@ -38,7 +39,9 @@ type Server struct {
 }
 
 // Start serves on addr ("127.0.0.1:0" for any free port) until Stop or the
-// end of the test.
+// end of the test. The server accepts the client's keepalive pings (every
+// 10 s by default), as a control plane must; opts come after that policy,
+// so a test can set another.
 func Start(t testing.TB, addr string, opts ...grpc.ServerOption) *Server {
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
@@ -67,12 +70,18 @@ func Start(t testing.TB, addr string, opts ...grpc.ServerOption) *Server {
 			s.mu.Unlock()
 		},
 	}
+	opts = append([]grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(KeepalivePolicy)}, opts...)
 	s.grpc = grpc.NewServer(opts...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, serverv3.NewServer(ctx, s.Cache, cb))
 	go func() { _ = s.grpc.Serve(lis); close(s.done) }()
 	t.Cleanup(s.Stop)
 	return s
 }
+
+// KeepalivePolicy lets an xds.Client ping every 10 s, with a margin for
+// jitter; grpc-go's default policy (5 minutes) would close the connection
+// with "too_many_pings".
+var KeepalivePolicy = keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}
 
 // Stop closes the port and every stream at once, as a crash would.
 func (s *Server) Stop() {
