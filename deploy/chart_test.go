@@ -89,8 +89,8 @@ func TestClusterValues(t *testing.T) {
 	r := mustRender(t, []string{chartDir + "/values-cluster.yaml"}, nil)
 	dep := one[*appsv1.Deployment](t, r)
 	cmd := containerCommand(t, dep)
-	if flagValue(cmd, "store") != "redis" || flagValue(cmd, "redis-mode") != "cluster" {
-		t.Errorf("command %v: want --store=redis --redis-mode=cluster", cmd)
+	if flagValue(cmd, "store") != "redis-cluster" {
+		t.Errorf("command %v: want --store=redis-cluster", cmd)
 	}
 	hpa := one[*autoscalingv2.HorizontalPodAutoscaler](t, r)
 	if hpa.Spec.MinReplicas == nil || *hpa.Spec.MinReplicas < 2 {
@@ -203,10 +203,11 @@ func TestRedisSecret(t *testing.T) {
 		}
 	})
 	t.Run("sentinel", func(t *testing.T) {
-		r := mustRender(t, nil, redis(map[string]any{"mode": "sentinel", "masterName": "mymaster", "url": "redis://sentinel:26379", "existingSecret": "s", "username": "rls"}))
-		cmd := containerCommand(t, one[*appsv1.Deployment](t, r))
-		if flagValue(cmd, "redis-master-name") != "mymaster" || flagValue(cmd, "redis-username") != "rls" {
-			t.Errorf("command %v: want --redis-master-name=mymaster --redis-username=rls", cmd)
+		url := "redis://sentinel:26379?master_name=mymaster&username=rls"
+		r := mustRender(t, nil, redis(map[string]any{"mode": "sentinel", "url": url, "existingSecret": "s"}))
+		dep := one[*appsv1.Deployment](t, r)
+		if cmd := containerCommand(t, dep); flagValue(cmd, "store") != "redis-sentinel" || envVar(t, dep, "RLS_REDIS_URL").Value != url {
+			t.Errorf("command %v, RLS_REDIS_URL %q: want --store=redis-sentinel and the URL with the master's name and user", cmd, envVar(t, dep, "RLS_REDIS_URL").Value)
 		}
 		checkRelease(t, r)
 		dryRun(t, r)
@@ -375,7 +376,7 @@ func checkRelease(t *testing.T, r *release) {
 	default:
 		minReplicas = *dep.Spec.Replicas
 	}
-	if flagValue(cmd, "store") == "redis" {
+	if strings.HasPrefix(flagValue(cmd, "store"), "redis") {
 		if got := flagValue(cmd, "min-fleet-size"); got != strconv.Itoa(int(minReplicas)) {
 			t.Errorf("--min-fleet-size=%s, want the least replicas, %d", got, minReplicas)
 		}

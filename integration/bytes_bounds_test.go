@@ -34,8 +34,8 @@ const rssSlack = 64 << 20
 //   - redis: over-limit requests on Redis, each a new key the over-limit
 //     cache learns (--local-max-bytes 16 MiB).
 //
-// rls runs with --gc-percent 100 (Go's default target): the shipped 400
-// lets garbage take up to 64 MiB more (see gcHeadroom in cmd/rls), which is
+// rls runs with GOGC=100 (Go's default target): without GOGC the tuner's
+// 400 lets garbage take up to 64 MiB more (see gctune.Headroom), which is
 // not the tables' doing. By default (`make test`) 20,000 calls each; with
 // RLS_BYTES_FULL=1 (`make soak`) 250,000 new keys on the memory store and
 // 100,000 over-limit requests on Redis, under the same budgets.
@@ -64,12 +64,13 @@ descriptors:
 `})
 	for _, r := range runs {
 		t.Run(r.name, func(t *testing.T) {
-			args := append([]string{"--log-level", "warn", "--gc-percent", "100"}, r.args...)
+			args := append([]string{"--log-level", "warn"}, r.args...)
 			if r.redis {
 				srv := redistest.StartServer(t)
 				args = append(rdRedisArgs(srv), args...)
 			}
-			p := startRLSFast(t, dir, args...)
+			p := startRLSBinEnv(t, rlsFastBin, []string{"GOGC=100"}, dir, args...)
+			p.waitServing(t, 20*time.Second)
 			pid := p.cmd.Process.Pid
 			startRSS := vmRSS(t, pid)
 			peak, calls, elapsed := driveBigKeys(t, p, r.keys, r.overLim, pid)

@@ -44,12 +44,11 @@ descriptors:
 func TestCompatQuotaModeOnRedis(t *testing.T) {
 	srv := redistest.StartServer(t)
 	p := startRLS(t, writeConfig(t, compatFiles), "--store", "redis", "--redis-url", srv.URL(),
-		"--merge-domains", "--response-metadata", "--response-headers",
-		"--header-limit", "X-Limit", "--header-remaining", "X-Remaining", "--header-reset", "X-Reset")
+		"--merge-domains", "--response-metadata", "--response-headers")
 	c := p.client()
 
 	// Metadata of the passing descriptors, merged in request order (first
-	// wins; nested mappings merge), and the renamed headers.
+	// wins; nested mappings merge), and the headers.
 	r := should(t, c, "shop", desc("regular", "u1"), desc("quota_a", "u1"))
 	md := r.DynamicMetadata.GetFields()
 	if md["domain"].GetStringValue() != "shop" {
@@ -64,7 +63,7 @@ func TestCompatQuotaModeOnRedis(t *testing.T) {
 	for _, h := range r.ResponseHeadersToAdd {
 		hdr[h.Key] = h.Value
 	}
-	if hdr["X-Limit"] == "" || hdr["X-Remaining"] != "19" || hdr["X-Reset"] == "" {
+	if hdr["RateLimit-Limit"] == "" || hdr["RateLimit-Remaining"] != "19" || hdr["RateLimit-Reset"] == "" {
 		t.Errorf("headers %v", hdr)
 	}
 

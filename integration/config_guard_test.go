@@ -44,6 +44,31 @@ func cgBusy(t *testing.T, pid int, d time.Duration) float64 {
 	return float64(cgCPU(t, pid)-before) / float64(d)
 }
 
+// cgPokedBusy is cgBusy while a file rls ignores (by its extension) is
+// rewritten every 400 ms: each write is a file event, after which rls
+// checks the directory again, as a poll does (rls polls every 10 s).
+func cgPokedBusy(t *testing.T, dir string, pid int, d time.Duration) float64 {
+	t.Helper()
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(400 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-tick.C:
+				_ = os.WriteFile(filepath.Join(dir, "poke.txt"), []byte(now.String()), 0o644)
+			}
+		}
+	}()
+	busy := cgBusy(t, pid, d)
+	close(stop)
+	<-done
+	return busy
+}
+
 // cgFailures reads rls_config_reloads_total{result="failure"}.
 func cgFailures(t *testing.T, p *rlsProc) int {
 	t.Helper()
@@ -78,8 +103,8 @@ func cgPlace(t *testing.T, dir, name string, write func(*os.File)) {
 
 // TestConfigGuards: a 50 MB config file is refused from its size (logged
 // naming the limit) and a big invalid file under the limit is parsed once,
-// not at every poll: the last good config keeps limiting and rls stays
-// nearly idle over many polls. Emptying the directory keeps the last good
+// not at every check: the last good config keeps limiting and rls stays
+// nearly idle over many checks. Emptying the directory keeps the last good
 // config too.
 func TestConfigGuards(t *testing.T) {
 	t.Parallel()
@@ -89,7 +114,7 @@ descriptors:
   - key: k
     rate_limit: {unit: hour, requests_per_unit: 2}
 `})
-	p := startRLSFast(t, dir, "--config-poll", "100ms")
+	p := startRLSFast(t, dir)
 	pid := p.cmd.Process.Pid
 	c := p.client()
 	limited := func(what string) {
@@ -114,16 +139,16 @@ descriptors:
 	})
 	waitFor(t, "the 50 MB file refused", 10*time.Second, func() bool {
 		return strings.Contains(p.Log.String(), "huge.yaml: file is ") &&
-			strings.Contains(p.Log.String(), "more than the 8388608 bytes of --config-max-bytes (RLS_CONFIG_MAX_BYTES); not read")
+			strings.Contains(p.Log.String(), "more than the 8388608 bytes of the size limit; not read")
 	})
 	failed := cgFailures(t, p)
-	busy := cgBusy(t, pid, 3*time.Second)
-	t.Logf("50 MB file, 3 s of 100 ms polls: %.1f%% of a core, rss %s, failures +%d", busy*100, cgRSS(t, pid), cgFailures(t, p)-failed)
+	busy := cgPokedBusy(t, dir, pid, 3*time.Second)
+	t.Logf("50 MB file, 3 s of checks every 400 ms: %.1f%% of a core, rss %s, failures +%d", busy*100, cgRSS(t, pid), cgFailures(t, p)-failed)
 	if busy > 0.10 {
 		t.Errorf("rls used %.0f%% of a core over 3 s with a 50 MB file refused; want under 10%%", busy*100)
 	}
 	if cgFailures(t, p) <= failed {
-		t.Error("the polls of the refused file are not counted as failures")
+		t.Error("the checks of the refused file are not counted as failures")
 	}
 	limited("with the 50 MB file refused")
 
@@ -142,8 +167,8 @@ descriptors:
 		return strings.Contains(p.Log.String(), "big.yaml: descriptors: more than 100000 descriptors")
 	})
 	time.Sleep(300 * time.Millisecond) // let the one parse's garbage be collected
-	busy = cgBusy(t, pid, 3*time.Second)
-	t.Logf("6 MB invalid file, 3 s of 100 ms polls: %.1f%% of a core, rss %s", busy*100, cgRSS(t, pid))
+	busy = cgPokedBusy(t, dir, pid, 3*time.Second)
+	t.Logf("6 MB invalid file, 3 s of checks every 400 ms: %.1f%% of a core, rss %s", busy*100, cgRSS(t, pid))
 	if busy > 0.10 {
 		t.Errorf("rls used %.0f%% of a core over 3 s with an unchanged rejected file; want under 10%% (it must not be re-parsed)", busy*100)
 	}

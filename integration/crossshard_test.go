@@ -40,7 +40,7 @@ func csRemaining(t *testing.T, c rlsv3.RateLimitServiceClient, key, value string
 func TestCrossShardDeniedConsumesNothing(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	dir := writeConfig(t, map[string]string{"cs.yaml": crossConfig})
-	p := startRLS(t, dir, "--store", "redis", "--redis-mode", "cluster", "--redis-url", cl.Seeds(), "--redis-timeout", "200ms",
+	p := startRLS(t, dir, "--store", "redis-cluster", "--redis-url", cl.Seeds(), "--redis-timeout", "200ms",
 		"--over-limit-cache=false") // else requests denied from the cache never reach (or consume on) the other shard
 	c := p.client()
 	if a, b := cl.MasterOf("rl:{cs|multi_a=X}:s3600"), cl.MasterOf("rl:{cs|multi_b=X}:s3600"); a == b {
@@ -97,7 +97,7 @@ func TestCrossShardDeniedConsumesNothing(t *testing.T) {
 func TestCrossShardUndoDuringPause(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	dir := writeConfig(t, map[string]string{"cs.yaml": crossConfig})
-	p := startRLS(t, dir, "--store", "redis", "--redis-mode", "cluster", "--redis-url", cl.Seeds(), "--redis-timeout", "200ms",
+	p := startRLS(t, dir, "--store", "redis-cluster", "--redis-url", cl.Seeds(), "--redis-timeout", "200ms",
 		"--over-limit-cache=false")
 	c := p.client()
 	overMaster, bigMaster := cl.MasterOf("rl:{cs|over=P}:s3600"), cl.MasterOf("rl:{cs|big=P}:s3600")

@@ -90,7 +90,7 @@ func TestDashboardAndAlertsUseExportedSeries(t *testing.T) {
 
 	rs := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"dash.yaml": dashConfig})
-	p := startRLS(t, dir, "--store", "redis", "--redis-url", rs.URL(), "--config-poll", "200ms")
+	p := startRLS(t, dir, "--store", "redis", "--redis-url", rs.URL())
 	c := p.client()
 	var scrapes []string
 	metrics := func() map[string]float64 {

@@ -138,7 +138,7 @@ func TestExactUnderBurst(t *testing.T) {
 		},
 		"cluster": func(t *testing.T) []string {
 			c := redistest.StartCluster(t, 3, 0)
-			return []string{"--store", "redis", "--redis-mode", "cluster", "--redis-url", c.Seeds()}
+			return []string{"--store", "redis-cluster", "--redis-url", c.Seeds()}
 		},
 	}
 	for _, topo := range []string{"single", "cluster"} {

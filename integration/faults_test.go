@@ -521,7 +521,7 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 	// A 200 ms budget: this test is about shard isolation, and on a loaded
 	// 2-core machine a healthy shard's call was seen to miss 10 ms and even
 	// 50 ms (which a fail_closed rule turns into a denial, before any kill).
-	p := startRLS(t, ftDir(t), "--store", "redis", "--redis-mode", "cluster", "--redis-url", cl.Seeds(),
+	p := startRLS(t, ftDir(t), "--store", "redis-cluster", "--redis-url", cl.Seeds(),
 		"--fleet-size", "1", "--redis-timeout", "200ms")
 	c := p.client()
 

@@ -2,7 +2,7 @@ package integration
 
 // Hostile connections against the real binary (issue #14): a zero-window
 // HTTP/2 stream flood must not take the process's memory nor the other
-// clients' latency (--grpc-max-streams, and the closing of a connection
+// clients' latency (the 256 streams a connection may have, and the closing of a connection
 // that keeps opening streams beyond it), thousands of idle TCP connections
 // must not keep new clients out and must be closed after the idle and
 // handshake timeouts, and --max-conns refuses connections beyond the cap at
@@ -250,11 +250,11 @@ func TestHostileFloodChild(t *testing.T) {
 }
 
 // TestHostileZeroWindowFlood: a raw HTTP/2 client floods rls with
-// zero-window streams for 15 s, beyond --grpc-max-streams (default 256),
+// zero-window streams for 15 s, beyond the 256 a connection may have,
 // reconnecting whenever rls closes its connection, while a well-behaved
 // client sends ShouldRateLimit at a steady rate with Envoy's 20ms
-// deadline. Once a flood connection has had more than twice
-// --grpc-max-streams streams refused within a second, rls stops reading it
+// deadline. Once a flood connection has had more than twice 256
+// streams refused within a second, rls stops reading it
 // and closes it 1 s later (rls_connections_closed_total{reason=
 // "refused_streams"}), so rls's RSS stays under 100 MB and the good client
 // gets every answer within its deadline, p99 under 20 ms. (Without the
@@ -323,7 +323,7 @@ func TestHostileZeroWindowFlood(t *testing.T) {
 		t.Errorf("the flood opened only %d streams; it did not test the stream limit", opened)
 	}
 	if refused == 0 {
-		t.Errorf("no stream was refused: --grpc-max-streams did not bound the flood")
+		t.Errorf("no stream was refused: the stream limit did not bound the flood")
 	}
 	if closed < 1 || dialed < 2 {
 		t.Errorf("rls closed %v flood connections (of %d): want each but the last", closed, dialed)
@@ -510,14 +510,14 @@ func hcCheckClosed(t *testing.T, conns []*hcIdle, within time.Duration) {
 // TestHostileIdleConnections: 2,000 idle connections to each of the gRPC
 // and HTTP ports do not keep new clients out, and rls closes every one of
 // them: silent ones after the 5 s handshake timeout, a gRPC connection
-// with no call after --grpc-max-conn-idle (plus grpc-go's 5 s wait for the
+// with no call after --idle-timeout (plus grpc-go's 5 s wait for the
 // GOAWAY's ping ack, which this client does not send), an HTTP keep-alive
-// connection after --http-idle-timeout.
+// connection after --idle-timeout too.
 func TestHostileIdleConnections(t *testing.T) {
 	const per = 2000 // per port
 	hcNoFile(t, 2*per+1024)
 	p := startRLSFast(t, writeConfig(t, map[string]string{"hostile.yaml": hcConfig}),
-		"--max-conns", "5000", "--http-idle-timeout", "1s", "--grpc-max-conn-idle", "1s")
+		"--max-conns", "5000", "--idle-timeout", "1s")
 	var wg sync.WaitGroup
 	const wait = 20 * time.Second
 	start := time.Now()
@@ -563,7 +563,7 @@ func TestHostileMaxConns(t *testing.T) {
 	const capN = 100
 	hcNoFile(t, 2*capN+1024)
 	p := startRLSFast(t, writeConfig(t, map[string]string{"hostile.yaml": hcConfig}),
-		"--max-conns", strconv.Itoa(capN), "--grpc-max-conn-idle", "1s")
+		"--max-conns", strconv.Itoa(capN), "--idle-timeout", "1s")
 	p.conn.Close() // its connection would take a slot
 	waitFor(t, "the start-up health client's connection closed", 5*time.Second, func() bool {
 		return series(scrape(t, p))[`rls_connections_open{port="grpc-addr"}`] == 0

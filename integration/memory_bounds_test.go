@@ -22,7 +22,8 @@ import (
 
 // boundsHeapLimit is the most Go heap in use (go_memstats_heap_inuse_bytes)
 // the binary may reach while serving RLS_BOUNDS_KEYS distinct keys with
-// --memory-max-keys 100000 --local-max-keys 10000.
+// --memory-max-bytes 20 MiB (about 100,000 counters) and --local-max-bytes
+// 4 MiB (about 10,000 cached answers).
 const boundsHeapLimit = 150 << 20
 
 // TestMemoryBoundedUnderHostileCardinality drives RLS_BOUNDS_KEYS (default
@@ -30,7 +31,7 @@ const boundsHeapLimit = 150 << 20
 // the real binary on the memory store with small caps, and checks that every
 // call succeeds, that the Go heap stays under boundsHeapLimit and that
 // rls_decisions_total does not grow a series per key (nor does
-// rls_detailed_decisions_total: --detailed-metric-max caps it).
+// rls_detailed_decisions_total: 100 values per rule cap it).
 func TestMemoryBoundedUnderHostileCardinality(t *testing.T) {
 	total := 200_000
 	if v := os.Getenv("RLS_BOUNDS_KEYS"); v != "" {
@@ -51,8 +52,8 @@ descriptors:
         rate_limit: {name: per-route, unit: minute, requests_per_unit: 5, algorithm: token_bucket}
 `})
 	debugAddr := freeAddr(t)
-	p := startRLS(t, dir, "--memory-max-keys", "100000", "--local-max-keys", "10000",
-		"--detailed-metric-max", "100", "--debug-addr", debugAddr)
+	p := startRLS(t, dir, "--memory-max-bytes", "20971520", "--local-max-bytes", "4194304",
+		"--debug-addr", debugAddr)
 
 	// Several connections, as a fleet of Envoys would open.
 	clients := []rlsv3.RateLimitServiceClient{p.client()}

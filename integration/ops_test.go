@@ -167,7 +167,7 @@ func TestHotReloadUnderTraffic(t *testing.T) {
 		}
 	}
 	replace(file, limitYAML(1_000_000))
-	p := startRLS(t, dir, "--config-poll", "0")
+	p := startRLS(t, dir)
 	c := p.client()
 
 	// Valid limits, in the order they are written; a response must show one

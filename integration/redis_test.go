@@ -85,7 +85,7 @@ func rdRedisArgs(s *redistest.Server, extra ...string) []string {
 
 // rdClusterArgs are the flags of an rls replica on a Redis Cluster.
 func rdClusterArgs(c *redistest.Cluster, extra ...string) []string {
-	return append([]string{"--store", "redis", "--redis-mode", "cluster", "--redis-url", c.Seeds(),
+	return append([]string{"--store", "redis-cluster", "--redis-url", c.Seeds(),
 		"--redis-timeout", rdTimeout, "--fleet-size", "2"}, extra...)
 }
 
@@ -920,9 +920,9 @@ descriptors:
   - key: bg
     rate_limit: {unit: hour, requests_per_unit: 1000000}
 `})
-	url := "redis://" + sentinels[0].Addr + "?addr=" + sentinels[1].Addr + "&addr=" + sentinels[2].Addr
-	p := startRLS(t, dir, "--store", "redis", "--redis-mode", "sentinel", "--redis-url", url,
-		"--redis-master-name", name, "--redis-timeout", rdTimeout, "--fleet-size", "2")
+	url := "redis://" + sentinels[0].Addr + "?addr=" + sentinels[1].Addr + "&addr=" + sentinels[2].Addr + "&master_name=" + name
+	p := startRLS(t, dir, "--store", "redis-sentinel", "--redis-url", url,
+		"--redis-timeout", rdTimeout, "--fleet-size", "2")
 	c := p.client()
 	mrc := master.Client()
 	defer mrc.Close()

@@ -72,17 +72,17 @@ descriptors:
 	}
 }
 
-// TestOversizedRequest: a request over --grpc-max-recv-bytes is refused with
+// TestOversizedRequest: a request over the gRPC port's 1 MiB is refused with
 // ResourceExhausted and the server keeps serving.
 func TestOversizedRequest(t *testing.T) {
 	t.Parallel()
-	p := startRLS(t, "../config", "--grpc-max-recv-bytes", "65536", "--max-value-bytes", "1000000")
+	p := startRLS(t, "../config")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, err := p.client().ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "example",
-		Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", strings.Repeat("x", 100_000))}})
+		Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", strings.Repeat("x", 1_100_000))}})
 	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("100 kB request with a 64 KiB limit: %v, want ResourceExhausted", err)
+		t.Fatalf("1.1 MB request with a 1 MiB limit: %v, want ResourceExhausted", err)
 	}
 	if r := should(t, p.client(), "example", desc("api_key", "small")); r.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("after the oversized request: %v", r)

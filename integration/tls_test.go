@@ -440,8 +440,9 @@ func TestTLSRedisPasswordNeverShown(t *testing.T) {
 	const flagPW, urlPW = "s3cr3t-pw", "s3cr3t-url-pw"
 	srv := redistest.StartServer(t, "--requirepass", "another-password")
 	dir := writeConfig(t, map[string]string{"tls.yaml": tlRedisConfig})
-	p := startRLS(t, dir, "--store", "redis", "--redis-url", "redis://:"+urlPW+"@"+srv.Addr,
-		"--redis-password", flagPW, "--redis-timeout", "500ms", "--fleet-size", "1", "--log-level", "debug")
+	p := startRLSBinEnv(t, rlsBin, []string{"RLS_REDIS_PASSWORD=" + flagPW}, dir, "--store", "redis", "--redis-url", "redis://:"+urlPW+"@"+srv.Addr,
+		"--redis-timeout", "500ms", "--fleet-size", "1", "--log-level", "debug")
+	p.waitServing(t, 20*time.Second)
 	// Wrong password: every decision fails over to the fallback.
 	should(t, p.client(), "tls", desc("user", "bob"))
 	deadline := time.Now().Add(5 * time.Second)
@@ -470,12 +471,12 @@ func TestTLSRedisPasswordNeverShown(t *testing.T) {
 
 	// A start-up error with a password in the URL.
 	const pw = "pw-7Hq2z"
-	out, err := tlRun(t, "--store", "redis", "--redis-url", "redis://:"+pw+"@127.0.0.1:1", "--redis-mode", "bogus")
+	out, err := tlRun(t, "--store", "redis", "--redis-url", "redis://:"+pw+"@127.0.0.1:1?bogus=1")
 	if err == nil {
-		t.Fatalf("rls with --redis-mode bogus started:\n%s", out)
+		t.Fatalf("rls with a bad --redis-url option started:\n%s", out)
 	}
-	if !strings.Contains(out, "--redis-mode") || strings.Contains(out, pw) {
-		t.Errorf("error output should name --redis-mode and not show the password:\n%s", out)
+	if !strings.Contains(out, "--redis-url") || strings.Contains(out, pw) {
+		t.Errorf("error output should name --redis-url and not show the password:\n%s", out)
 	}
 }
 

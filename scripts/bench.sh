@@ -157,7 +157,7 @@ start_redis_cluster() {
   seeds="redis://${addrs[0]}?addr=${addrs[1]}&addr=${addrs[2]}"
   # rls-bench measures one node's INFO: the one owning the scenarios' keys
   # differs per key, so Redis cost is reported for the first node only.
-  REDIS_ADDR=${addrs[0]}; REDIS_ARGS=(--store redis --redis-mode cluster --redis-url "$seeds")
+  REDIS_ADDR=${addrs[0]}; REDIS_ARGS=(--store redis-cluster --redis-url "$seeds")
 }
 start_rls() {
   read -r GRPC HTTP <<<"$(free_ports 2)"

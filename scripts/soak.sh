@@ -131,7 +131,7 @@ race=()
 write_config 0
 start_redis
 # shellcheck disable=SC2086 # SOAK_RLS_FLAGS is split into flags on purpose
-bin/rls serve --config-dir "$WORK/config" --config-poll 2s --store redis \
+bin/rls serve --config-dir "$WORK/config" --store redis \
 	--redis-url "redis://127.0.0.1:$REDIS_PORT" \
 	--grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" \
 	--debug-addr "127.0.0.1:$DEBUG_PORT" ${SOAK_RLS_FLAGS:-} >"$WORK/rls.log" 2>&1 &
@@ -182,7 +182,7 @@ for m in $(seq "$MINUTES"); do
 	down=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
 
 	sleep 10
-	write_config "$m" # a reload (file event, and the 2 s poll)
+	write_config "$m" # a reload (file event, and the 10 s poll)
 
 	for pid in "${BENCH_PIDS[@]}"; do wait "$pid" || true; done
 	BENCH_PIDS=()

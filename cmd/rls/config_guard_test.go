@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // TestServeRefusesAnEmptyConfigDir: start-up on a directory without any
@@ -18,16 +20,16 @@ func TestServeRefusesAnEmptyConfigDir(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "README.txt"), []byte("no config here"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := serve(context.Background(), testConfig(t, "--config-dir", dir), &logBuffer{})
+	err := serve(context.Background(), testConfig(t, "--config-dir", dir), &testkit.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "has no domain") || !strings.Contains(err.Error(), "--allow-empty-config (RLS_ALLOW_EMPTY_CONFIG)") {
 		t.Fatalf("serve on an empty directory: %v, want a refusal naming --allow-empty-config", err)
 	}
 
-	log := &logBuffer{}
+	log := &testkit.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, testConfig(t, "--config-dir", dir, "--allow-empty-config"), log) }()
-	waitFor(t, "serving with --allow-empty-config", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "serving with --allow-empty-config", 5*time.Second, func() bool {
 		return listening(log.String(), "debug-addr") != ""
 	})
 	cancel()
@@ -48,8 +50,8 @@ func failures(t *testing.T, httpAddr string) int {
 	return n
 }
 
-// TestServeReloadGuards: with the flags wired, an oversized file is refused
-// by its size (naming the flag) and an emptied directory keeps the last good
+// TestServeReloadGuards: with the limits wired, an oversized file is refused
+// by its size and an emptied directory keeps the last good
 // config; both count as failures and /rlconfig keeps the domain.
 func TestServeReloadGuards(t *testing.T) {
 	dir := t.TempDir()
@@ -57,14 +59,14 @@ func TestServeReloadGuards(t *testing.T) {
 	if err := os.WriteFile(good, []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	log := &logBuffer{}
+	log := &testkit.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, testConfig(t, "--config-dir", dir, "--config-poll", "50ms", "--config-max-bytes", "4096"), log)
-	}()
-	waitFor(t, "serving", 5*time.Second, func() bool { return listening(log.String(), "debug-addr") != "" })
+	cfg := testConfig(t, "--config-dir", dir)
+	cfg.ConfigPoll, cfg.ConfigMaxBytes = 50*time.Millisecond, 4096 // fixed settings, shortened
+	go func() { done <- serve(ctx, cfg, log) }()
+	testkit.WaitFor(t, "serving", 5*time.Second, func() bool { return listening(log.String(), "debug-addr") != "" })
 	httpAddr, debugAddr := listening(log.String(), "http-addr"), listening(log.String(), "debug-addr")
 	domainKept := func() bool {
 		_, body := httpGet(t, "http://"+debugAddr+"/rlconfig")
@@ -80,9 +82,9 @@ func TestServeReloadGuards(t *testing.T) {
 	if err := os.Truncate(big, 50<<20); err != nil {
 		t.Fatal(err)
 	}
-	want := "file is 52428800 bytes, more than the 4096 bytes of --config-max-bytes (RLS_CONFIG_MAX_BYTES); not read"
-	waitFor(t, "the big file refused", 5*time.Second, func() bool { return strings.Contains(log.String(), want) })
-	waitFor(t, "failures counted", 5*time.Second, func() bool { return failures(t, httpAddr) >= 2 })
+	want := "file is 52428800 bytes, more than the 4096 bytes of the size limit; not read"
+	testkit.WaitFor(t, "the big file refused", 5*time.Second, func() bool { return strings.Contains(log.String(), want) })
+	testkit.WaitFor(t, "failures counted", 5*time.Second, func() bool { return failures(t, httpAddr) >= 2 })
 	if !domainKept() {
 		t.Fatal("the last good config is gone after the big file")
 	}
@@ -92,11 +94,11 @@ func TestServeReloadGuards(t *testing.T) {
 	if err := os.Remove(good); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the empty directory refused", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "the empty directory refused", 5*time.Second, func() bool {
 		return strings.Contains(log.String(), "has no domain left")
 	})
 	before := failures(t, httpAddr)
-	waitFor(t, "more failures counted", 5*time.Second, func() bool { return failures(t, httpAddr) > before })
+	testkit.WaitFor(t, "more failures counted", 5*time.Second, func() bool { return failures(t, httpAddr) > before })
 	if !domainKept() {
 		t.Fatal("the last good config is gone after emptying the directory")
 	}

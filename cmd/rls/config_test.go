@@ -5,12 +5,15 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	redisstore "github.com/rls-project/rls/pkg/store/redis"
 )
 
 func TestEnvTwins(t *testing.T) {
@@ -33,13 +36,15 @@ func TestInvalidSettingsNameTheFlag(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{[]string{"--store", "etcd"}, nil, `--store (RLS_STORE) "etcd" is invalid; choices are [memory redis]`},
+		{[]string{"--store", "etcd"}, nil, `--store (RLS_STORE) "etcd" is invalid; choices are [memory redis redis-cluster redis-sentinel]`},
 		{nil, map[string]string{"RLS_LOG_FORMAT": "xml"}, `--log-format (RLS_LOG_FORMAT) "xml" is invalid`},
 		{nil, map[string]string{"RLS_REDIS_TIMEOUT": "soon"}, `RLS_REDIS_TIMEOUT="soon"`},
 		{[]string{"--on-store-error", "maybe"}, nil, `--on-store-error (RLS_ON_STORE_ERROR) "maybe" is invalid`},
 		{[]string{"--grpc-addr", "8081"}, nil, `--grpc-addr (RLS_GRPC_ADDR) "8081" is invalid: want host:port`},
 		{[]string{"--config-dir", "/does/not/exist"}, nil, `--config-dir (RLS_CONFIG_DIR)`},
-		{[]string{"--store", "redis", "--redis-mode", "ring"}, nil, `--redis-mode "ring" is invalid`},
+		{[]string{"--store", "redis-ring"}, nil, `--store (RLS_STORE) "redis-ring" is invalid`},
+		{[]string{"--store", "redis-sentinel"}, nil, `--redis-url (RLS_REDIS_URL): the Sentinel master name is required in sentinel mode (master_name in the URL)`},
+		{[]string{"--store", "redis", "--redis-url", "redis://127.0.0.1:1?pool_size=x"}, nil, `--redis-url (RLS_REDIS_URL): redis://127.0.0.1:1?pool_size=x is invalid in single mode`},
 		{[]string{"--fleet-size", "-1"}, nil, `--fleet-size (RLS_FLEET_SIZE) is negative`},
 		{[]string{"--redis-timeout", "0"}, nil, `--redis-timeout (RLS_REDIS_TIMEOUT) must be positive`},
 		{nil, map[string]string{"RLS_REDIS_TIMEOUT": "-5ms"}, `--redis-timeout (RLS_REDIS_TIMEOUT) must be positive`},
@@ -78,7 +83,7 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 	for _, m := range regexp.MustCompile("(?m)^\\| `--([a-z-]+)` \\|([^|]*)\\|").FindAllStringSubmatch(serve, -1) {
 		rows[m[1]] = strings.Trim(strings.TrimSpace(m[2]), "`")
 	}
-	fs := newFlagSet(&Config{}, &bytes.Buffer{})
+	fs := newFlagSet(defaultConfig(), &bytes.Buffer{})
 	fs.VisitAll(func(f *flag.Flag) {
 		def, ok := rows[f.Name]
 		if !ok {
@@ -136,5 +141,104 @@ func TestCLIHelpAndErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), env+`="yes": `+want) {
 			t.Errorf("%s=yes: %v; want %q", env, err, want)
 		}
+	}
+}
+
+// TestConnFlagsValidated: the connection guards' flags and their defaults.
+func TestConnFlagsValidated(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--idle-timeout", "0"}, "--idle-timeout (RLS_IDLE_TIMEOUT) must be positive"},
+		{[]string{"--idle-timeout", "-1s"}, "--idle-timeout (RLS_IDLE_TIMEOUT) must be positive"},
+		{[]string{"--max-conns", "-1"}, "--max-conns (RLS_MAX_CONNS) is negative"},
+	} {
+		_, err := parseConfig(append([]string{"--config-dir", "../../config"}, tc.args...), func(string) string { return "" }, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	c, err := parseConfig([]string{"--config-dir", "../../config"}, func(string) string { return "" }, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.IdleTimeout != 5*time.Minute || c.GRPCMaxConnAge != 30*time.Minute || c.MaxConns != 1000 {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+// TestUserErrorNamesTheSetting: a package's option error becomes one
+// naming the flag behind the option; other errors stay as they are.
+func TestUserErrorNamesTheSetting(t *testing.T) {
+	err := userError(fmt.Errorf("open: %w", &redisstore.OptionError{Option: "Timeout", Msg: "-1s is invalid"}))
+	if err.Error() != "--redis-timeout (RLS_REDIS_TIMEOUT): -1s is invalid" {
+		t.Errorf("got %q", err)
+	}
+	other := errors.New("dial tcp: refused")
+	if userError(other) != other {
+		t.Error("an error without an option changed")
+	}
+	for key := range optionNames {
+		if pkg, _, ok := strings.Cut(key, "."); !ok || (pkg != "redis" && pkg != "descriptors") {
+			t.Errorf("optionNames key %q: want package.Option", key)
+		}
+	}
+}
+
+// TestHelp: rls serve --help shows the flags by topic, at most 38 of them
+// (the flags planned next keep the total at 50 or fewer), each with a
+// one-line usage of at most 80 characters.
+func TestHelp(t *testing.T) {
+	var out bytes.Buffer
+	if _, err := parseConfig([]string{"--help"}, func(string) string { return "" }, &out); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help: %v", err)
+	}
+	help := out.String()
+	for _, g := range helpGroups {
+		if !strings.Contains(help, "\n"+g.title+":\n") {
+			t.Errorf("no group %q in the help:\n%s", g.title, help)
+		}
+	}
+	lines := strings.Split(help, "\n")
+	flags := 0
+	for i, l := range lines {
+		if !strings.HasPrefix(l, "  --") && !strings.HasSuffix(l, "(environment)") {
+			continue
+		}
+		if strings.HasPrefix(l, "  --") {
+			flags++
+		}
+		usage := lines[i+1]
+		if !strings.HasPrefix(usage, "      ") || len(usage) > 80 || (i+2 < len(lines) && strings.HasPrefix(lines[i+2], "       ")) {
+			t.Errorf("%s: usage %q: want one line of at most 80 characters", strings.TrimSpace(l), usage)
+		}
+	}
+	n := 0
+	newFlagSet(defaultConfig(), io.Discard).VisitAll(func(*flag.Flag) { n++ })
+	if flags != n || n > 38 {
+		t.Errorf("the help shows %d flags of %d; want all, and at most 38", flags, n)
+	}
+}
+
+// TestHelpGroupsEveryFlag: every flag is in exactly one help group.
+func TestHelpGroupsEveryFlag(t *testing.T) {
+	seen := map[string]string{}
+	for _, g := range helpGroups {
+		for _, name := range g.flags {
+			if prev, dup := seen[name]; dup {
+				t.Errorf("--%s is in %s and %s", name, prev, g.title)
+			}
+			seen[name] = g.title
+		}
+	}
+	newFlagSet(defaultConfig(), io.Discard).VisitAll(func(f *flag.Flag) {
+		if seen[f.Name] == "" {
+			t.Errorf("--%s is in no help group", f.Name)
+		}
+		delete(seen, f.Name)
+	})
+	for name := range seen {
+		t.Errorf("help group lists --%s, which does not exist", name)
 	}
 }

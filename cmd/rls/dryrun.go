@@ -7,8 +7,6 @@ import (
 	"os"
 )
 
-const dryRunUsage = "check the flags and their RLS_* twins as serve would, and --config-dir's descriptor files when the directory exists here, then exit 0 (or 1 with the error) without opening a port or the store"
-
 // dryRun is `rls serve --dry-run`: parseConfig has parsed and validated the
 // flags and environment exactly as for serving. It loads --config-dir as
 // serve would when the directory exists here; a container's config is often
@@ -16,9 +14,9 @@ const dryRunUsage = "check the flags and their RLS_* twins as serve would, and -
 // reported and not checked. Nothing listens and no store is opened, so the
 // container command of a manifest or chart can be checked anywhere.
 func dryRun(cfg *Config, stdout, stderr io.Writer) error {
-	store := cfg.Store
+	store := cfg.storeKind()
 	if store == "redis" {
-		store = fmt.Sprintf("redis (%s, %s)", cfg.RedisMode, redactURL(cfg.RedisURL))
+		store = fmt.Sprintf("redis (%s, %s)", cfg.redisMode(), redactURL(cfg.RedisURL))
 	}
 	if _, err := os.Stat(cfg.ConfigDir); errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(stdout, "rls serve --dry-run: flags ok, store %s; --config-dir %s does not exist here: not checked\n", store, cfg.ConfigDir)

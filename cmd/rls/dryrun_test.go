@@ -34,11 +34,11 @@ func TestDryRun(t *testing.T) {
 	}{
 		{"the shipped config, a port in use", []string{"serve", "--dry-run", "--config-dir", "../../config", "--grpc-addr", taken.Addr().String()},
 			nil, "config ok, 1 domain(s) [example]", ""},
-		{"a config dir that is not here (a pod's volume)", []string{"--config-dir", "/config", "--dry-run", "--store=redis", "--redis-mode=cluster"},
+		{"a config dir that is not here (a pod's volume)", []string{"--config-dir", "/config", "--dry-run", "--store=redis-cluster"},
 			map[string]string{"RLS_REDIS_URL": "redis://:secret@redis-0:6379?addr=redis-1:6379"},
 			"store redis (cluster, redis://:xxxxx@redis-0:6379?addr=redis-1:6379); --config-dir /config does not exist here: not checked", ""},
 		{"the env twin", []string{"--config-dir", missing}, map[string]string{"RLS_DRY_RUN": "true"}, "not checked", ""},
-		{"a bad flag value", []string{"--dry-run", "--config-dir", missing, "--store", "redis", "--redis-mode", "ring"}, nil, "", "--redis-mode"},
+		{"a bad flag value", []string{"--dry-run", "--config-dir", missing, "--store", "redis-ring"}, nil, "", "--store"},
 		{"a bad env value", []string{"--dry-run", "--config-dir", missing}, map[string]string{"RLS_MIN_FLEET_SIZE": "0"}, "", "--min-fleet-size"},
 		{"an unknown flag", []string{"--dry-run", "--config-dir", missing, "--redis-adress", "x"}, nil, "", "redis-adress"},
 		{"an extra argument", []string{"serve", "--dry-run", "--config-dir", missing, "serve"}, nil, "", `unexpected argument "serve"`},

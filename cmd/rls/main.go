@@ -80,7 +80,7 @@ error as file:line: message; exits 1 when any file is invalid.
 // validate loads a config directory and prints every error as
 // file:line: message. It fails when any file is invalid.
 func validate(args []string, out io.Writer) error {
-	var opts descriptors.LoadOptions
+	opts := descriptors.LoadOptions{MergeDomainsName: "--merge-domains"}
 	if len(args) == 2 && (args[0] == "--merge-domains" || args[0] == "-merge-domains") {
 		opts.MergeDomains, args = true, args[1:]
 	}

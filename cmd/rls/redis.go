@@ -7,24 +7,23 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/logthrottle"
 	"github.com/rls-project/rls/pkg/store"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 )
 
-// redisOptions maps the --redis-* flags to the Redis store's options.
+// redisOptions maps the Redis settings to the Redis store's options.
 func (c *Config) redisOptions() redisstore.Options {
 	return redisstore.Options{
 		URL:        c.RedisURL,
-		Mode:       strings.ToLower(c.RedisMode), // upstream's REDIS_TYPE is upper case
+		Mode:       c.redisMode(),
 		MasterName: c.RedisMasterName,
 		Username:   c.RedisUsername,
 		Password:   c.RedisPassword,
@@ -34,25 +33,27 @@ func (c *Config) redisOptions() redisstore.Options {
 }
 
 func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
-	redis.SetLogger(&redisLogger{log: log})
+	redis.SetLogger(&redisLogger{log: log, th: logthrottle.New(logthrottle.Every, nil)})
 	opts := c.redisOptions()
+	skip := false
+	if u, err := url.Parse(c.RedisURL); err == nil && u.Query().Get("skip_verify") == "true" {
+		skip = true
+		log.Warn("skip_verify=true in --redis-url: Redis's TLS certificate is not verified (testing only)")
+	}
 	if c.redisTLSSet() {
 		tc, err := tlsconfig.Client(tlsconfig.ClientOptions{CA: c.RedisTLSCA, Cert: c.RedisTLSCert, Key: c.RedisTLSKey,
-			InsecureSkipVerify: c.RedisTLSInsecureSkipVerify}, log)
+			InsecureSkipVerify: skip}, log) // the URL's skip_verify, which this configuration replaces
 		if err != nil {
 			return nil, fmt.Errorf("redis TLS: %w", err)
 		}
 		opts.TLSConfig = tc
-		if c.RedisTLSInsecureSkipVerify {
-			log.Warn("--redis-tls-insecure-skip-verify: Redis's TLS certificate is not verified (testing only)")
-		}
 	}
 	opts.OnBreakerChange = func(node string, from, to breaker.State) {
 		log.Warn("redis circuit breaker", "node", node, "from", from.String(), "to", to.String())
 	}
 	s, err := redisstore.New(opts)
 	if err != nil {
-		return nil, fmt.Errorf("redis store: %w", err)
+		return nil, fmt.Errorf("redis store: %w", userError(err))
 	}
 	return s, nil
 }
@@ -101,18 +102,15 @@ func replicaID() string {
 }
 
 // redisLogger routes go-redis's own messages (dial failures and the like,
-// one per attempt while Redis is down) to the log, at most one line every
-// 10 seconds.
+// one per attempt while Redis is down) to the log, throttled.
 type redisLogger struct {
-	log  *slog.Logger
-	last atomic.Int64
+	log *slog.Logger
+	th  *logthrottle.Throttle
 }
 
 func (l *redisLogger) Printf(_ context.Context, format string, v ...any) {
-	now := time.Now().UnixNano()
-	last := l.last.Load()
-	if now-last < int64(10*time.Second) || !l.last.CompareAndSwap(last, now) {
-		return
+	if held, ok := l.th.Allow(); ok {
+		l.log.Warn("go-redis: "+fmt.Sprintf(format, v...), "not_logged_since", held,
+			"note", "go-redis messages logged at most every "+l.th.Interval().String())
 	}
-	l.log.Warn("go-redis: "+fmt.Sprintf(format, v...), "note", "further go-redis messages suppressed for 10s")
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -22,15 +21,19 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/rls-project/rls/pkg/connguard"
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/gctune"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/reload"
 	"github.com/rls-project/rls/pkg/service"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 	"github.com/rls-project/rls/pkg/xds"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
@@ -67,9 +70,11 @@ func serve(ctx context.Context, cfg *Config, logw io.Writer) error {
 	if err := a.build(); err != nil {
 		return err
 	}
-	gcCtx, stopGC := context.WithCancel(ctx)
-	defer stopGC()
-	go tuneGC(gcCtx, cfg.GCPercent, a.log)
+	if gctune.Wanted(cfg.GOGC, cfg.GOMEMLIMIT) {
+		gcCtx, stopGC := context.WithCancel(ctx)
+		defer stopGC()
+		go gctune.Run(gcCtx, a.log)
+	}
 	if err := a.start(ctx); err != nil {
 		return err
 	}
@@ -85,14 +90,13 @@ type app struct {
 	log *slog.Logger
 
 	reg        *prometheus.Registry
-	cfgMetrics *configMetrics
+	cfgMetrics *telemetry.ConfigMetrics
 	svcMetrics *service.Metrics
 
-	rawStore store.Store                 // as opened (the fleet's heartbeats need Redis itself)
-	st       *timedStore                 // rawStore with metrics; closed last
-	ready    func(context.Context) error // the store's readiness probe
+	rawStore store.Store             // as opened (the fleet's heartbeats need Redis itself)
+	st       *telemetry.MeteredStore // rawStore with metrics; closed last
 
-	tracing *tracing // nil when tracing is off
+	tracing *telemetry.Tracing // nil when tracing is off
 
 	fleet   *limiter.Fleet
 	lim     *limiter.Limiter
@@ -107,14 +111,15 @@ type app struct {
 	xdsConnected prometheus.Gauge
 
 	grpcLis   net.Listener
-	conns     *connMetrics // open and refused connections per port
+	conns     *connguard.Metrics // open, refused and closed connections per port
 	grpcSrv   *grpc.Server
 	healthSrv *health.Server
 	httpSrvs  []*http.Server // the HTTP and debug servers started
 
-	// storeOK is the last readiness probe's answer; shuttingDown is set
-	// once shutdown begins. /healthcheck reports both.
-	storeOK, shuttingDown atomic.Bool
+	// probe follows the store's readiness; shuttingDown is set once
+	// shutdown begins. /healthcheck reports both.
+	probe        *telemetry.StoreProbe
+	shuttingDown atomic.Bool
 
 	servers    sync.WaitGroup // the gRPC and HTTP servers' goroutines
 	errc       chan error     // a server that failed
@@ -141,9 +146,9 @@ func (a *app) build() error {
 		a.configReady.Store(true)
 	}
 	a.reg = newRegistry()
-	a.cfgMetrics = newConfigMetrics(a.reg)
+	a.cfgMetrics = telemetry.NewConfigMetrics(a.reg)
 	if a.configReady.Load() {
-		a.cfgMetrics.set(rules)
+		a.cfgMetrics.Set(rules)
 	}
 	if err := a.buildStore(); err != nil {
 		return err
@@ -173,10 +178,10 @@ func (a *app) logStart() {
 	if cfg.fromXDS() {
 		source = []any{"xds_server", cfg.XDSServer, "xds_node_id", cfg.XDSNodeID}
 	}
-	if cfg.Store == "memory" {
+	if cfg.storeKind() == "memory" {
 		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", source...)
 	} else {
-		a.log.Info("rls starting on redis", append([]any{"mode", cfg.RedisMode, "url", redactURL(cfg.RedisURL)}, source...)...)
+		a.log.Info("rls starting on redis", append([]any{"mode", cfg.redisMode(), "url", redactURL(cfg.RedisURL)}, source...)...)
 	}
 }
 
@@ -206,12 +211,48 @@ func (a *app) buildStore() error {
 		return err
 	}
 	if rs, ok := raw.(*redisstore.Store); ok {
-		registerBreakers(a.reg, rs)
+		telemetry.RegisterBreakers(a.reg, rs)
 	}
-	a.rawStore, a.ready = raw, ready
-	a.st = newTimedStore(raw, a.reg)
-	registerStoreUp(a.reg, &a.storeOK)
+	a.rawStore = raw
+	a.st = telemetry.NewMeteredStore(raw, a.reg)
+	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: ready, OnChange: a.setStoreHealth, Log: a.log})
 	return nil
+}
+
+// buildTracing starts the tracer provider when OpenTelemetry's variables
+// turn tracing on (a.tracing stays nil when they do not).
+func (a *app) buildTracing() error {
+	otlp, err := a.cfg.OTLP.Settings()
+	if err != nil {
+		return err // validated already
+	}
+	a.tracing, err = telemetry.NewTracing(telemetry.TracingOptions{OTLP: otlp, Store: a.cfg.storeKind(), RedisMode: a.cfg.redisMode(),
+		DescriptorValues: a.cfg.TraceDescriptorValues, Registerer: a.reg, Log: a.log})
+	return err
+}
+
+// stopTracing exports the spans still queued and stops the exporter, within
+// traceFlushTimeout. Spans ended later (there are none once gRPC has
+// stopped) are not exported.
+func (a *app) stopTracing() {
+	if a.tracing == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
+	defer cancel()
+	if err := a.tracing.Shutdown(ctx); err != nil {
+		a.log.Warn("trace spans not all exported at shutdown", "err", err)
+		return
+	}
+	a.log.Info("tracing stopped")
+}
+
+// newRegistry makes the process's metrics registry, with Go runtime and
+// process series.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
 }
 
 // closeStore closes the store if build opened it.
@@ -232,16 +273,17 @@ func (a *app) buildGRPC() error {
 	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
 	}
-	a.conns = newConnMetrics(a.reg)
-	a.svcMetrics = service.NewMetrics(a.reg, a.cfg.DetailedMetricMax)
+	a.conns = connguard.NewMetrics(a.reg)
+	a.svcMetrics = service.NewMetrics(a.reg, detailedMetricMax)
 	creds, err := grpcCreds(a.cfg, a.log)
 	if err != nil {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = newCapListener(lis, "grpc-addr", a.cfg.MaxConns, a.conns, a.log)
-	watch := newRefusedWatch(refusedStreamsLimit(a.cfg.GRPCMaxStreams), "grpc-addr", a.conns, a.log)
-	opts := append([]grpc.ServerOption{grpc.Creds(watch.creds(creds))}, grpcOptions(a.cfg, a.svcMetrics, a.log)...)
+	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log})
+	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
+		Port: "grpc-addr", Metrics: a.conns, Log: a.log})
+	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds))}, grpcOptions(a.cfg, a.svcMetrics, a.log)...)
 	if a.cfg.fromXDS() {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
 	}
@@ -251,24 +293,24 @@ func (a *app) buildGRPC() error {
 
 // grpcOptions are the gRPC server's options besides TLS.
 //
-// Bounds against a hostile or broken peer: at most --grpc-max-streams calls
-// at once per connection (a peer that opens streams and never reads their
+// Bounds against a hostile or broken peer: at most grpcMaxStreams calls at
+// once per connection (a peer that opens streams and never reads their
 // answers holds at most that many); a connection must finish its TLS
 // handshake and HTTP/2 preface within handshakeTimeout; one with no call
-// for --grpc-max-conn-idle, or older than --grpc-max-conn-age, is sent a
-// GOAWAY (Envoy opens a new connection for its next call) and closed once
-// its calls end, or after grpcMaxConnAgeGrace.
+// for --idle-timeout, or older than GRPCMaxConnAge, is sent a GOAWAY (Envoy
+// opens a new connection for its next call) and closed once its calls
+// end, or after grpcMaxConnAgeGrace.
 func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionIdle:     infiniteIfZero(cfg.GRPCMaxConnIdle),
-			MaxConnectionAge:      infiniteIfZero(cfg.GRPCMaxConnAge),
+			MaxConnectionIdle:     cfg.IdleTimeout,
+			MaxConnectionAge:      cfg.GRPCMaxConnAge,
 			MaxConnectionAgeGrace: grpcMaxConnAgeGrace,
 		}),
-		grpc.MaxConcurrentStreams(uint32(min(cfg.GRPCMaxStreams, math.MaxUint32))),
+		grpc.MaxConcurrentStreams(grpcMaxStreams),
 		grpc.ConnectionTimeout(handshakeTimeout),
-		grpc.MaxRecvMsgSize(cfg.GRPCMaxRecvBytes),
+		grpc.MaxRecvMsgSize(grpcMaxRecvBytes),
 		// Static flow-control windows: grpc-go otherwise estimates bandwidth
 		// with a PING per burst of received data, an extra frame to write
 		// and read for nearly every request at moderate load. Requests are
@@ -294,16 +336,18 @@ func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.Serve
 func (a *app) buildDecisions(rules *descriptors.Config) {
 	cfg := a.cfg
 	a.fleet = newFleet(cfg, a.rawStore, a.log)
-	a.lim = limiter.New(a.traceStore(a.st), limiter.Options{
+	// One byte cap: each entry costs at least a byte, so a key cap equal
+	// to the bytes never binds first.
+	a.lim = limiter.New(a.tracing.Store(a.st), limiter.Options{
 		FleetSize:    a.fleet.Size,
-		CacheSize:    cfg.LocalMaxKeys,
-		BucketsSize:  cfg.LocalMaxKeys,
+		CacheSize:    int(cfg.LocalMaxBytes / 2),
+		BucketsSize:  int(cfg.LocalMaxBytes / 4),
 		CacheBytes:   cfg.LocalMaxBytes / 2,
 		BucketsBytes: cfg.LocalMaxBytes / 4,
 		DisableCache: !cfg.OverLimitCache,
 		Log:          a.log,
 	})
-	registerLocal(a.reg, a.lim, a.fleet)
+	telemetry.RegisterLimiter(a.reg, a.lim, a.fleet)
 	a.svc = service.New(rules, a.lim, service.Options{
 		FailClosed:       cfg.OnStoreError == "fail_closed",
 		ResponseHeaders:  cfg.ResponseHeaders,
@@ -312,11 +356,10 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		QuotaMode:        cfg.QuotaMode,
 		ResponseMetadata: cfg.ResponseMetadata,
 		NearLimitRatio:   cfg.NearLimitRatio,
-		Limits: service.Limits{Descriptors: cfg.MaxDescriptors, Entries: cfg.MaxEntries,
-			KeyBytes: cfg.MaxKeyBytes, ValueBytes: cfg.MaxValueBytes, Hits: cfg.MaxHits},
-		Metrics: a.svcMetrics,
-		Log:     a.log,
-		Tracing: a.tracing.service(),
+		Limits:           service.DefaultLimits, // fixed bounds, listed in the README
+		Metrics:          a.svcMetrics,
+		Log:              a.log,
+		Tracing:          a.tracing.Service(),
 	})
 	if cfg.Admin {
 		adminv1.RegisterAdminServiceServer(a.grpcSrv, service.NewAdmin(a.svc, a.st, a.lim))
@@ -329,16 +372,16 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 func (a *app) buildReloader(rules *descriptors.Config) {
 	a.watcher = reload.New(rules, reload.Options{
 		Dir:              a.cfg.ConfigDir,
-		Poll:             pollInterval(a.cfg.ConfigPoll),
+		Poll:             a.cfg.ConfigPoll,
 		MaxFileBytes:     a.cfg.ConfigMaxBytes,
-		MaxFileBytesName: flagRef("config-max-bytes"),
 		AllowEmpty:       a.cfg.AllowEmptyConfig,
 		MergeDomains:     a.cfg.MergeDomains,
+		MergeDomainsName: optionNames["descriptors.MergeDomains"],
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
-			a.cfgMetrics.set(c)
+			a.cfgMetrics.Set(c)
 		},
-		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.report(r) },
+		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.Report(r) },
 		Log:    a.log,
 	})
 }
@@ -357,12 +400,9 @@ func (a *app) registerGRPC() {
 	a.setRLSServing(a.configReady.Load())
 }
 
-// setStoreHealth records whether the store answers ("rls.store" and
-// /healthcheck), logging changes only.
+// setStoreHealth is told each change of the store's readiness: the gRPC
+// health service "rls.store" follows it.
 func (a *app) setStoreHealth(ok bool) {
-	if a.storeOK.Swap(ok) == ok {
-		return
-	}
 	s := healthpb.HealthCheckResponse_NOT_SERVING
 	if ok {
 		s = healthpb.HealthCheckResponse_SERVING
@@ -398,7 +438,7 @@ func (a *app) start(ctx context.Context) error {
 	}
 	bgCtx, stopBg := context.WithCancel(ctx)
 	a.stopBg = stopBg
-	a.background.Go(func() { watchReadiness(bgCtx, a.ready, a.setStoreHealth, a.log) })
+	a.background.Go(func() { a.probe.Run(bgCtx) })
 	a.background.Go(func() { a.fleet.Run(bgCtx) })
 	if a.xds != nil {
 		a.background.Go(func() { a.runXDS(bgCtx) })
@@ -421,13 +461,13 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("--%s: %w", name, err)
 	}
-	lis = newCapListener(lis, name, a.cfg.MaxConns, a.conns, a.log)
+	lis = connguard.Limit(lis, connguard.LimitOptions{Port: name, Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log})
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: handshakeTimeout,
 		ReadTimeout:       httpReadTimeout,
 		WriteTimeout:      httpWriteTimeout,
-		IdleTimeout:       a.cfg.HTTPIdleTimeout,
+		IdleTimeout:       a.cfg.IdleTimeout,
 	}
 	if name == "debug-addr" {
 		// /debug/pprof/profile and /trace write after ?seconds= (30 by
@@ -469,7 +509,7 @@ func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
 	case !a.configReady.Load():
 		http.Error(w, "NOT_SERVING: no config yet, waiting for the first valid config from the xDS server", http.StatusServiceUnavailable)
-	case !a.storeOK.Load() || a.lim.Degraded(degradedWindow):
+	case !a.probe.OK() || a.lim.Degraded(degradedWindow):
 		io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")
 	default:
 		io.WriteString(w, "OK\n")
@@ -481,7 +521,7 @@ func (a *app) debugHandler() http.Handler {
 	dbg := http.NewServeMux()
 	dbg.HandleFunc("GET /rlconfig", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		dumpConfig(w, a.svc.Config())
+		_ = a.svc.Config().Dump(w) // the client's connection is gone
 	})
 	dbg.HandleFunc("/debug/pprof/", pprof.Index)
 	dbg.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -506,7 +546,7 @@ func (a *app) wait(ctx context.Context) error {
 // shutdown stops in order: the background loops; health NOT_SERVING on
 // every gRPC service and /healthcheck; this replica's fleet entry; the
 // drain (--shutdown-drain, skipped after a server failure); gRPC, then the
-// HTTP servers, each bounded by --shutdown-timeout. serve closes the store
+// HTTP servers, each bounded by ShutdownTimeout. serve closes the store
 // after it.
 func (a *app) shutdown(runErr error) {
 	a.stopBg()
@@ -526,7 +566,7 @@ func (a *app) shutdown(runErr error) {
 }
 
 // writeBack hands the hits admitted locally while the store could not
-// answer to the store before it is closed, within --shutdown-timeout.
+// answer to the store before it is closed, within ShutdownTimeout.
 func (a *app) writeBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
@@ -536,7 +576,7 @@ func (a *app) writeBack() {
 }
 
 // stopGRPC lets in-flight calls finish, closing the connections if they
-// take longer than --shutdown-timeout.
+// take longer than ShutdownTimeout.
 func (a *app) stopGRPC() {
 	t := time.AfterFunc(a.cfg.ShutdownTimeout, func() {
 		a.log.Warn("graceful stop timed out; closing connections", "timeout", a.cfg.ShutdownTimeout)
@@ -547,7 +587,7 @@ func (a *app) stopGRPC() {
 	a.log.Info("grpc stopped")
 }
 
-// stopHTTP shuts the HTTP servers down within --shutdown-timeout, then
+// stopHTTP shuts the HTTP servers down within ShutdownTimeout, then
 // closes any still open.
 func (a *app) stopHTTP() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
@@ -565,47 +605,8 @@ func (a *app) stopHTTP() {
 // it DEGRADED however sparse the traffic.
 const degradedWindow = time.Second
 
-// Readiness probe intervals: while the store answers, and while it does not
-// (often, so its return is seen within a fraction of a second).
-const (
-	probeEvery   = time.Second
-	probeFailing = 200 * time.Millisecond
-)
-
-// watchReadiness reports SERVING while ready succeeds, probing once a second
-// (every probeFailing while it fails).
-func watchReadiness(ctx context.Context, ready func(context.Context) error, set func(bool), log *slog.Logger) {
-	lastErr := ""
-	for {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := ready(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		set(err == nil)
-		msg := ""
-		if err != nil {
-			msg = err.Error()
-		}
-		if msg != "" && msg != lastErr {
-			log.Warn("store not ready", "err", err)
-		}
-		lastErr = msg
-		every := probeEvery
-		if err != nil {
-			every = probeFailing
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(every):
-		}
-	}
-}
-
 // HTTP servers' timeouts besides ReadHeaderTimeout (handshakeTimeout) and
-// IdleTimeout (--http-idle-timeout): a request is a GET without a body; the
+// IdleTimeout (--idle-timeout): a request is a GET without a body; the
 // largest answer is /metrics (Prometheus's own scrape timeout is 10 s by
 // default). The debug port allows pprof's profiles and traces up to 5 min.
 const (
@@ -615,17 +616,33 @@ const (
 )
 
 // grpcMaxConnAgeGrace is how long calls in flight on a connection past
-// --grpc-max-conn-age may take before it is closed.
+// GRPCMaxConnAge may take before it is closed.
 const grpcMaxConnAgeGrace = 10 * time.Second
 
-// infiniteIfZero maps a duration flag's 0 ("disabled") to keepalive's
-// infinity.
-func infiniteIfZero(d time.Duration) time.Duration {
-	if d == 0 {
-		return time.Duration(math.MaxInt64)
-	}
-	return d
-}
+// handshakeTimeout bounds how long a new connection may take to send its
+// HTTP request headers (http.Server.ReadHeaderTimeout) or to finish the TLS
+// handshake and the HTTP/2 preface (grpc.ConnectionTimeout): a connection
+// that sends nothing is closed after it and frees its --max-conns slot.
+const handshakeTimeout = 5 * time.Second
+
+// Fixed bounds of the gRPC server: the concurrent calls of one connection
+// (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: Envoy opens another connection
+// beyond it; a connection refused twice as many streams within a second is
+// closed, see connguard.RefusedStreams), and the largest request message
+// (larger is ResourceExhausted). Requests are a few hundred bytes; the
+// bounds of what one may ask are service.DefaultLimits.
+const (
+	grpcMaxStreams   = 256
+	grpcMaxRecvBytes = 1 << 20
+)
+
+// detailedMetricMax is how many distinct descriptor values a
+// detailed_metric rule counts; the rest are counted as value="_other".
+const detailedMetricMax = 100
+
+// traceFlushTimeout bounds the export of the spans still queued at
+// shutdown.
+const traceFlushTimeout = 5 * time.Second
 
 // Flow-control windows of the gRPC server (see grpc.InitialWindowSize).
 const (
@@ -656,7 +673,7 @@ func grpcCreds(cfg *Config, log *slog.Logger) (credentials.TransportCredentials,
 
 // openStore builds the configured store and its readiness probe.
 func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context) error, error) {
-	switch cfg.Store {
+	switch cfg.storeKind() {
 	case "redis":
 		rs, err := openRedis(cfg, log)
 		if err != nil {
@@ -664,59 +681,14 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 		}
 		return rs, rs.Ping, nil
 	default:
-		m := memory.New(memory.Options{MaxKeys: cfg.MemoryMaxKeys, MaxBytes: cfg.MemoryMaxBytes})
+		// One byte cap, as for the local tables.
+		m := memory.New(memory.Options{MaxKeys: int(cfg.MemoryMaxBytes), MaxBytes: cfg.MemoryMaxBytes})
 		return m, func(context.Context) error { return nil }, nil
 	}
 }
 
-// loadOptions are the config files' bounds from the flags.
+// loadOptions are the options of loading the config files.
 func loadOptions(cfg *Config) descriptors.LoadOptions {
-	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MaxFileBytesName: flagRef("config-max-bytes"), MergeDomains: cfg.MergeDomains}
-}
-
-// pollInterval maps --config-poll to the watcher's option (0 disables).
-func pollInterval(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
-}
-
-// dumpConfig writes the config in force, one rule a line, for /rlconfig.
-func dumpConfig(w io.Writer, cfg *descriptors.Config) {
-	fmt.Fprintf(w, "# config %s, domains %v\n", cfg.Hash(), cfg.Domains())
-	for _, r := range cfg.Rules() {
-		fmt.Fprintf(w, "%s: %s", r.Domain, r.Path)
-		if r.Name != "" {
-			fmt.Fprintf(w, " name=%q", r.Name)
-		}
-		if r.Unlimited {
-			fmt.Fprint(w, " unlimited")
-		} else {
-			fmt.Fprintf(w, " %d/%s %s", r.RequestsPerUnit, r.Unit, r.Algorithm)
-			if r.Burst > 0 {
-				fmt.Fprintf(w, " burst=%d", r.Burst)
-			}
-			if r.Split > 1 {
-				fmt.Fprintf(w, " split=%d", r.Split)
-			}
-			if r.OnError != descriptors.OnErrorDefault {
-				fmt.Fprintf(w, " on_error=%s", r.OnError)
-			}
-		}
-		if r.ShadowMode {
-			fmt.Fprint(w, " shadow_mode")
-		}
-		if r.DetailedMetric {
-			fmt.Fprint(w, " detailed_metric")
-		}
-		if len(r.Replaces) > 0 {
-			fmt.Fprintf(w, " replaces=%v", r.Replaces)
-		}
-		if r.Line > 0 {
-			fmt.Fprintf(w, " (%s:%d)\n", r.File, r.Line)
-		} else {
-			fmt.Fprintf(w, " (%s)\n", r.File) // from xDS: the resource
-		}
-	}
+	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
+		MergeDomainsName: optionNames["descriptors.MergeDomains"]}
 }

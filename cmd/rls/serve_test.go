@@ -1,58 +1,30 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
-// logBuffer is a log writer safe for serve's goroutines and the test.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// waitFor polls cond until it holds, failing the test after within.
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // testConfig is a memory-store config on free loopback ports that leaves
-// the process's GC setting alone.
+// the process's GC setting alone (GOGC set) and polls the config
+// directory only on file events.
 func testConfig(t *testing.T, args ...string) *Config {
 	t.Helper()
 	all := append([]string{"--config-dir", "../../config", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--debug-addr", "127.0.0.1:0", "--gc-percent", "0", "--config-poll", "0"}, args...)
-	cfg, err := parseConfig(all, func(string) string { return "" }, io.Discard)
+		"--debug-addr", "127.0.0.1:0"}, args...)
+	cfg, err := parseConfig(all, func(k string) string { return map[string]string{"GOGC": "100"}[k] }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg.ConfigPoll = -1 // file events only
 	return cfg
 }
 
@@ -85,17 +57,17 @@ func httpGet(t *testing.T, url string) (int, string) {
 // OK once the store answers, and on cancellation stops in order, closing
 // the store last.
 func TestServeRunsAndShutsDownInOrder(t *testing.T) {
-	log := &logBuffer{}
+	log := &testkit.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, testConfig(t), log) }()
 
-	waitFor(t, "both HTTP ports listening", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "both HTTP ports listening", 5*time.Second, func() bool {
 		return listening(log.String(), "debug-addr") != ""
 	})
 	httpAddr := listening(log.String(), "http-addr")
-	waitFor(t, "/healthcheck OK", 5*time.Second, func() bool {
+	testkit.WaitFor(t, "/healthcheck OK", 5*time.Second, func() bool {
 		code, body := httpGet(t, "http://"+httpAddr+"/healthcheck")
 		return code == 200 && body == "OK\n"
 	})
@@ -133,7 +105,7 @@ func TestServeStartFailureStopsEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	log := &logBuffer{}
+	log := &testkit.Buffer{}
 	err = serve(context.Background(), testConfig(t, "--http-addr", busy.Addr().String()), log)
 	if err == nil || !strings.HasPrefix(err.Error(), "--http-addr: ") {
 		t.Fatalf("serve with --http-addr in use: %v, want an error naming --http-addr", err)

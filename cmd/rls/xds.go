@@ -37,7 +37,7 @@ func (a *app) buildXDS() error {
 		Version:      version(),
 		MaxRecvBytes: cfg.XDSMaxRecvBytes,
 		Update:       a.applyXDS,
-		Rejected:     func(string, error) { a.cfgMetrics.report(reload.Failure) },
+		Rejected:     func(string, error) { a.cfgMetrics.Report(reload.Failure) },
 		Connected:    func(up bool) { a.xdsConnected.Set(b2f(up)) },
 		Log:          a.log,
 	}
@@ -78,17 +78,17 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 		err = fmt.Errorf("version %q has no RateLimitConfig with a domain: it would remove every limit (%s allows it)", version, flagRef("allow-empty-config"))
 	}
 	if err != nil {
-		a.cfgMetrics.report(reload.Failure)
+		a.cfgMetrics.Report(reload.Failure)
 		return err
 	}
 	if a.configReady.Load() && cfg.Hash() == a.svc.Config().Hash() {
-		a.cfgMetrics.report(reload.Unchanged)
+		a.cfgMetrics.Report(reload.Unchanged)
 		a.log.Debug("xds: config unchanged", "version", version, "hash", cfg.Hash())
 		return nil
 	}
 	a.svc.SetConfig(cfg)
-	a.cfgMetrics.set(cfg)
-	a.cfgMetrics.report(reload.Success)
+	a.cfgMetrics.Set(cfg)
+	a.cfgMetrics.Report(reload.Success)
 	a.log.Info("xds: config applied", "version", version, "domains", cfg.Domains(), "hash", cfg.Hash())
 	if !a.configReady.Swap(true) {
 		a.setRLSServing(true)

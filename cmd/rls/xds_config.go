@@ -10,15 +10,12 @@ import (
 // xdsFlags declares --config-source and the --xds-* flags: the descriptor
 // config from an xDS management server instead of --config-dir.
 func xdsFlags(fs *flag.FlagSet, c *Config) {
-	fs.StringVar(&c.ConfigSource, "config-source", "file", "where the descriptor config comes from: file (--config-dir, hot-reloaded) or xds (RateLimitConfig resources from --xds-server, as Envoy Gateway serves them)")
+	fs.StringVar(&c.ConfigSource, "config-source", "file", "where the descriptor config comes from: file (--config-dir) or xds")
 	fs.StringVar(&c.XDSServer, "xds-server", "", "xDS management server, host:port (--config-source xds)")
-	fs.StringVar(&c.XDSNodeID, "xds-node-id", "", "node id rls presents to the xDS server, which picks the snapshot by it (required with --config-source xds)")
-	fs.StringVar(&c.XDSNodeMetadata, "xds-node-metadata", "", "node metadata for the xDS server, as key=value pairs separated by commas")
-	fs.StringVar(&c.XDSTLSCA, "xds-tls-ca", "", "PEM CA bundle to trust for the xDS server's certificate instead of the system roots; any --xds-tls-* flag turns TLS on")
-	fs.StringVar(&c.XDSTLSCert, "xds-tls-cert", "", "PEM client certificate for the xDS server (mutual TLS), with --xds-tls-key; re-read when the file changes")
+	fs.StringVar(&c.XDSNodeID, "xds-node-id", "", "node id rls presents to the xDS server (required with xds)")
+	fs.StringVar(&c.XDSTLSCA, "xds-tls-ca", "", "PEM CA bundle for the xDS server; any --xds-tls-* flag turns TLS on")
+	fs.StringVar(&c.XDSTLSCert, "xds-tls-cert", "", "PEM client certificate for the xDS server, with --xds-tls-key")
 	fs.StringVar(&c.XDSTLSKey, "xds-tls-key", "", "PEM private key of --xds-tls-cert")
-	fs.StringVar(&c.XDSTLSServerName, "xds-tls-server-name", "", "name to verify the xDS server's certificate against, instead of --xds-server's host")
-	fs.IntVar(&c.XDSMaxRecvBytes, "xds-max-recv-bytes", 4<<20, "largest xDS response accepted, in bytes")
 }
 
 // fromXDS reports whether the config comes over xDS.

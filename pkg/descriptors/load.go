@@ -25,8 +25,15 @@ type LoadOptions struct {
 	// MaxFileBytesName is how that error names the limit, e.g. the flag
 	// that sets it ["the size limit"].
 	MaxFileBytesName string
-	// MergeDomains lets several files define one domain (see ParseOptions).
-	MergeDomains bool
+	// MergeDomains lets several files define one domain, and
+	// MergeDomainsName names that option in errors (see ParseOptions).
+	MergeDomains     bool
+	MergeDomainsName string
+}
+
+// parseOptions are the options of parsing what was loaded.
+func (o LoadOptions) parseOptions() ParseOptions {
+	return ParseOptions{MergeDomains: o.MergeDomains, MergeDomainsName: o.MergeDomainsName}
 }
 
 // readFile reads at most max+1 bytes of path (a file may grow after its
@@ -155,7 +162,7 @@ func LoadWith(dir string, opts LoadOptions) (cfg *Config, ignored []string, err 
 	if len(errs) > 0 {
 		// Some file is unusable: report every error of the others too,
 		// but do not build what cannot be used.
-		if _, perr := ParseWith(files, ParseOptions{MergeDomains: opts.MergeDomains}); perr != nil {
+		if _, perr := ParseWith(files, opts.parseOptions()); perr != nil {
 			var perrs Errors
 			if errors.As(perr, &perrs) {
 				errs = append(errs, perrs...)
@@ -164,7 +171,7 @@ func LoadWith(dir string, opts LoadOptions) (cfg *Config, ignored []string, err 
 		errs.sort()
 		return nil, ignored, errs
 	}
-	cfg, err = ParseWith(files, ParseOptions{MergeDomains: opts.MergeDomains})
+	cfg, err = ParseWith(files, opts.parseOptions())
 	if err != nil {
 		var perrs Errors
 		if errors.As(err, &perrs) {

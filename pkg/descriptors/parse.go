@@ -43,6 +43,9 @@ type ParseOptions struct {
 	// two files is an error naming both. Without it, a domain defined in
 	// two files is an error.
 	MergeDomains bool
+	// MergeDomainsName is how the error of a domain defined twice names
+	// the MergeDomains option, e.g. the flag that sets it; "" names none.
+	MergeDomainsName string
 }
 
 // Parse is ParseWith with the default options: one domain per file.
@@ -104,7 +107,7 @@ func parse(srcs []source, opts ParseOptions) (*Config, error) {
 			continue
 		}
 		if first, dup := firstFile[domain]; dup && !opts.MergeDomains {
-			p.errorf(domainNode, "domain", "duplicate domain %q, also defined at %s:%d (--merge-domains combines them)", domain, first.File, first.Line)
+			p.errorf(domainNode, "domain", "duplicate domain %q, also defined at %s:%d%s", domain, first.File, first.Line, mergeHint(opts.MergeDomainsName))
 			continue
 		} else if dup {
 			cfg.domains[domain].merge(root, p)
@@ -125,6 +128,15 @@ func parse(srcs []source, opts ParseOptions) (*Config, error) {
 	sort.SliceStable(cfg.rules, func(i, j int) bool { return cfg.rules[i].Domain < cfg.rules[j].Domain })
 	cfg.hash = hex.EncodeToString(h.Sum(nil))
 	return cfg, nil
+}
+
+// mergeHint is the end of the duplicate-domain error: the option that
+// would merge them, when it has a name.
+func mergeHint(name string) string {
+	if name == "" {
+		return ""
+	}
+	return " (" + name + " combines them)"
 }
 
 // parser holds the state of parsing one file.

@@ -135,8 +135,10 @@ func TestSpecErrors(t *testing.T) {
 			[]string{`xds:r: descriptors[0]` + strings.Repeat(`.descriptors[0]`, maxDepth-1) + `.descriptors: nested deeper than 64 levels`}},
 		{"metadata too deep", one(DescriptorSpec{Key: "a", Metadata: nested, RateLimit: rl("second", 1)}), ParseOptions{},
 			[]string{`xds:r: descriptors[0].metadata` + strings.Repeat(`["x y"]`, maxMetaDepth+1) + `: nested deeper than 32 levels`}},
-		{"duplicate domain", []DomainSpec{{Name: "xds:b", Domain: "d"}, {Name: "xds:a", Domain: "d"}}, ParseOptions{},
+		{"duplicate domain", []DomainSpec{{Name: "xds:b", Domain: "d"}, {Name: "xds:a", Domain: "d"}}, ParseOptions{MergeDomainsName: "--merge-domains"},
 			[]string{`xds:b: domain: duplicate domain "d", also defined at xds:a: domain (--merge-domains combines them)`}},
+		{"duplicate domain, the option unnamed", []DomainSpec{{Name: "xds:b", Domain: "d"}, {Name: "xds:a", Domain: "d"}}, ParseOptions{},
+			[]string{`xds:b: domain: duplicate domain "d", also defined at xds:a: domain`}},
 		{"merged duplicate", []DomainSpec{
 			{Name: "xds:a", Domain: "d", Descriptors: []DescriptorSpec{{Key: "k", Value: "v"}}},
 			{Name: "xds:b", Domain: "d", Descriptors: []DescriptorSpec{{Key: "j"}, {Key: "k", Value: "v"}}}}, ParseOptions{MergeDomains: true},

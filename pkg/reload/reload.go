@@ -47,9 +47,11 @@ type Options struct {
 	// a directory that lost every domain is a failure: the last good config
 	// stays, rather than every limit vanishing with the files.
 	AllowEmpty bool
-	// MergeDomains lets several files define one domain
+	// MergeDomains lets several files define one domain, and
+	// MergeDomainsName names that option in errors
 	// (descriptors.ParseOptions).
-	MergeDomains bool
+	MergeDomains     bool
+	MergeDomainsName string
 }
 
 // load is descriptors.LoadWith; tests count its calls.
@@ -157,7 +159,8 @@ func (w *Watcher) Reload() Result {
 		return Failure
 	}
 	w.failed = ""
-	cfg, _, err := load(w.opts.Dir, descriptors.LoadOptions{MaxFileBytes: w.opts.MaxFileBytes, MaxFileBytesName: w.opts.MaxFileBytesName, MergeDomains: w.opts.MergeDomains})
+	cfg, _, err := load(w.opts.Dir, descriptors.LoadOptions{MaxFileBytes: w.opts.MaxFileBytes, MaxFileBytesName: w.opts.MaxFileBytesName,
+		MergeDomains: w.opts.MergeDomains, MergeDomainsName: w.opts.MergeDomainsName})
 	if err == nil && len(cfg.Domains()) == 0 && !w.opts.AllowEmpty {
 		err = errors.New("the config directory " + w.opts.Dir + " has no domain left (no .yaml or .yml file with a domain): " +
 			"a reload to it would remove every limit (--allow-empty-config allows it)")

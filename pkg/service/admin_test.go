@@ -47,7 +47,7 @@ func TestAdminSharesTheResolver(t *testing.T) {
 		want string
 	}{
 		{"empty domain", &adminv1.ExplainRequest{Descriptors: []*adminv1.Descriptor{adminDesc("api_key", "a")}}, "domain is empty"},
-		{"too many", &adminv1.ExplainRequest{Domain: "test", Descriptors: []*adminv1.Descriptor{adminDesc("a", "1"), adminDesc("b", "2"), adminDesc("c", "3")}}, "--max-descriptors"},
+		{"too many", &adminv1.ExplainRequest{Domain: "test", Descriptors: []*adminv1.Descriptor{adminDesc("a", "1"), adminDesc("b", "2"), adminDesc("c", "3")}}, "over the limit of 2 per request"},
 		{"empty key", &adminv1.ExplainRequest{Domain: "test", Descriptors: []*adminv1.Descriptor{adminDesc("", "1")}}, "descriptors[0].entries[0].key is empty"},
 		{"bad unit", &adminv1.ExplainRequest{Domain: "test", Descriptors: []*adminv1.Descriptor{{Entries: []*adminv1.Entry{{Key: "k", Value: "v"}}, Limit: &adminv1.LimitOverride{RequestsPerUnit: 1, Unit: "fortnight"}}}}, `unit "fortnight" is invalid`},
 	} {

@@ -85,7 +85,7 @@ func (r *fuzzReader) str() string {
 		return words[int(c)%len(words)]
 	}
 	n := int(c-0xC0) % 24
-	if c == 0xFF { // rarely, a long value (over --max-key-bytes)
+	if c == 0xFF { // rarely, a long value (over Limits.KeyBytes)
 		n = 300
 	}
 	out := make([]byte, 0, n)
@@ -172,7 +172,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 	f.Add([]byte{0, 1, 1, 4, 1, 1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe}) // override with a bad unit
 	f.Add([]byte{0, 1, 1, 0, 1, 3, 8})                                                       // t=eng (share threshold)
 	f.Add([]byte{0, 1, 3, 0, 1, 4, 1, 0, 1, 6, 1, 0, 1, 5, 1})                               // s, z, f
-	f.Add([]byte{0, 1, 1, 1, 1, 1, 1, 13})                                                   // hits over --max-hits
+	f.Add([]byte{0, 1, 1, 1, 1, 1, 1, 13})                                                   // hits over Limits.Hits
 	f.Add([]byte{3, 1, 1, 0, 1, 1, 1})                                                       // empty domain
 	f.Add([]byte{0, 1, 1, 0xf0, 1, 1})                                                       // nil descriptor
 	f.Add([]byte{0, 1, 1, 0, 0})                                                             // no entries

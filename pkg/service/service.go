@@ -109,20 +109,42 @@ type Options struct {
 }
 
 // Limits bound one request. A request beyond any of them is InvalidArgument
-// with a message that names the bound and its flag.
+// with a *LimitError that names the field and the bound.
 type Limits struct {
-	Descriptors int    // descriptors per request (--max-descriptors)
-	Entries     int    // entries per descriptor (--max-entries)
-	KeyBytes    int    // bytes of one entry key (--max-key-bytes)
-	ValueBytes  int    // bytes of one entry value (--max-value-bytes)
-	Hits        uint64 // hits of one descriptor, however given (--max-hits)
+	Descriptors int    // descriptors per request
+	Entries     int    // entries per descriptor
+	KeyBytes    int    // bytes of one entry key
+	ValueBytes  int    // bytes of one entry value (and of the domain)
+	Hits        uint64 // hits of one descriptor, however given
+}
+
+// LimitError is a request beyond one of its Limits: Limit names the Limits
+// field (Descriptors, Entries, KeyBytes, ValueBytes, Hits), Field the
+// request's field, Got its size and Max the bound.
+type LimitError struct {
+	Limit    string
+	Field    string
+	Got, Max uint64
+}
+
+// Error says what was too large, by how much, and the bound.
+func (e *LimitError) Error() string {
+	switch e.Limit {
+	case "Descriptors":
+		return fmt.Sprintf("%d descriptors, over the limit of %d per request", e.Got, e.Max)
+	case "Entries":
+		return fmt.Sprintf("%s has %d entries, over the limit of %d", e.Field, e.Got, e.Max)
+	case "Hits":
+		return fmt.Sprintf("%s %d is over the limit of %d", e.Field, e.Got, e.Max)
+	}
+	return fmt.Sprintf("%s is %d bytes, over the limit of %d", e.Field, e.Got, e.Max)
 }
 
 // DefaultLimits are generous for Envoy (which sends a handful of short
 // descriptors) and small enough that no request costs much.
 var DefaultLimits = Limits{Descriptors: 64, Entries: 32, KeyBytes: 256, ValueBytes: 4096, Hits: 1_000_000_000}
 
-// MaxHitsBound is the largest --max-hits: hit counts stay exact in the Lua
+// MaxHitsBound is the largest Limits.Hits: hit counts stay exact in the Lua
 // scripts' doubles and in the memory store's integers below 2^53.
 const MaxHitsBound = 1 << 53
 
@@ -473,37 +495,37 @@ func validateRequest(req *rlsv3.RateLimitRequest, lim *Limits) error {
 		return errors.New("domain is empty")
 	}
 	if len(req.Domain) > lim.ValueBytes {
-		return fmt.Errorf("domain is %d bytes, over the limit of %d (--max-value-bytes)", len(req.Domain), lim.ValueBytes)
+		return &LimitError{"ValueBytes", "domain", uint64(len(req.Domain)), uint64(lim.ValueBytes)}
 	}
 	if len(req.Descriptors) == 0 {
 		return errors.New("descriptors is empty: a request needs at least one descriptor")
 	}
 	if len(req.Descriptors) > lim.Descriptors {
-		return fmt.Errorf("%d descriptors, over the limit of %d per request (--max-descriptors)", len(req.Descriptors), lim.Descriptors)
+		return &LimitError{"Descriptors", "descriptors", uint64(len(req.Descriptors)), uint64(lim.Descriptors)}
 	}
 	if uint64(req.HitsAddend) > lim.Hits {
-		return fmt.Errorf("hits_addend %d is over the limit of %d (--max-hits)", req.HitsAddend, lim.Hits)
+		return &LimitError{"Hits", "hits_addend", uint64(req.HitsAddend), lim.Hits}
 	}
 	for i, d := range req.Descriptors {
 		if d == nil || len(d.Entries) == 0 {
 			return fmt.Errorf("descriptors[%d] has no entries", i)
 		}
 		if len(d.Entries) > lim.Entries {
-			return fmt.Errorf("descriptors[%d] has %d entries, over the limit of %d (--max-entries)", i, len(d.Entries), lim.Entries)
+			return &LimitError{"Entries", fmt.Sprintf("descriptors[%d]", i), uint64(len(d.Entries)), uint64(lim.Entries)}
 		}
 		for j, e := range d.Entries {
 			if e == nil || e.Key == "" {
 				return fmt.Errorf("descriptors[%d].entries[%d].key is empty", i, j)
 			}
 			if len(e.Key) > lim.KeyBytes {
-				return fmt.Errorf("descriptors[%d].entries[%d].key is %d bytes, over the limit of %d (--max-key-bytes)", i, j, len(e.Key), lim.KeyBytes)
+				return &LimitError{"KeyBytes", fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), uint64(len(e.Key)), uint64(lim.KeyBytes)}
 			}
 			if len(e.Value) > lim.ValueBytes {
-				return fmt.Errorf("descriptors[%d].entries[%d].value is %d bytes, over the limit of %d (--max-value-bytes)", i, j, len(e.Value), lim.ValueBytes)
+				return &LimitError{"ValueBytes", fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), uint64(len(e.Value)), uint64(lim.ValueBytes)}
 			}
 		}
 		if h := d.HitsAddend; h != nil && h.Value > lim.Hits {
-			return fmt.Errorf("descriptors[%d].hits_addend %d is over the limit of %d (--max-hits)", i, h.Value, lim.Hits)
+			return &LimitError{"Hits", fmt.Sprintf("descriptors[%d].hits_addend", i), h.Value, lim.Hits}
 		}
 		if err := validateOverride(d.Limit); err != nil {
 			return fmt.Errorf("descriptors[%d].limit: %w", i, err)

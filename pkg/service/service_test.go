@@ -454,14 +454,14 @@ func TestRequestBounds(t *testing.T) {
 	huge := d("api_key", "a")
 	huge.HitsAddend = wrapperspb.UInt64(math.MaxUint64)
 	cases := map[string]*rlsv3.RateLimitRequest{
-		"65 descriptors, over the limit of 64 per request (--max-descriptors)":                 {Domain: "test", Descriptors: many(65)},
-		"descriptors[0] has 33 entries, over the limit of 32 (--max-entries)":                  {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{wide}},
-		"descriptors[0].entries[0].key is 5000 bytes, over the limit of 256 (--max-key-bytes)": {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d(long, "v")}},
-		"descriptors[0].entries[1].value is 5000 bytes, over the limit of 4096 (--max-value-bytes)": {Domain: "test",
+		"65 descriptors, over the limit of 64 per request":                   {Domain: "test", Descriptors: many(65)},
+		"descriptors[0] has 33 entries, over the limit of 32":                {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{wide}},
+		"descriptors[0].entries[0].key is 5000 bytes, over the limit of 256": {Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d(long, "v")}},
+		"descriptors[0].entries[1].value is 5000 bytes, over the limit of 4096": {Domain: "test",
 			Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "a", "route", long)}},
-		"hits_addend 4294967295 is over the limit of 1000000000 (--max-hits)": {Domain: "test", HitsAddend: math.MaxUint32,
+		"hits_addend 4294967295 is over the limit of 1000000000": {Domain: "test", HitsAddend: math.MaxUint32,
 			Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "a")}},
-		"descriptors[0].hits_addend 18446744073709551615 is over the limit of 1000000000 (--max-hits)": {Domain: "test",
+		"descriptors[0].hits_addend 18446744073709551615 is over the limit of 1000000000": {Domain: "test",
 			Descriptors: []*rlcommon.RateLimitDescriptor{huge}},
 		"domain is 5000 bytes": {Domain: long, Descriptors: []*rlcommon.RateLimitDescriptor{d("a", "b")}},
 	}
@@ -471,11 +471,15 @@ func TestRequestBounds(t *testing.T) {
 			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), want) {
 				t.Fatalf("got %v, want InvalidArgument with %q", err, want)
 			}
+			var le *LimitError
+			if err := validateRequest(req, &DefaultLimits); !errors.As(err, &le) || le.Got <= le.Max {
+				t.Errorf("validateRequest: %v, want a *LimitError over its bound", err)
+			}
 		})
 	}
 }
 
-// TestHugeHitsNeverOverflow: with --max-hits raised to its bound, hit counts
+// TestHugeHitsNeverOverflow: with Limits.Hits raised to its bound, hit counts
 // near 2^32 and 2^53 decide exactly, and refunds never push a count below
 // zero or a bucket above its capacity.
 func TestHugeHitsNeverOverflow(t *testing.T) {

@@ -42,25 +42,25 @@ const DefaultTimeout = time.Second
 // Client) is required. Zero fields take the defaults their comments name;
 // New applies them, in one place (withDefaults).
 type Options struct {
-	// URL locates Redis (--redis-url). Mode single: redis[s]://[user:pass@]host:port[/db][?opts]
+	// URL locates Redis. Mode single: redis[s]://[user:pass@]host:port[/db][?opts]
 	// as redis.ParseURL reads it. Mode cluster: redis[s]://h1:p1?addr=h2:p2&addr=h3:p3
 	// (seed nodes, redis.ParseClusterURL). Mode sentinel: the sentinels,
 	// redis[s]://[user:pass@]s1:p1?addr=s2:p2[&master_name=m] (redis.ParseFailoverURL;
 	// the URL's credentials authenticate to the sentinels). rediss:// means TLS.
 	URL string
-	// Mode is single (the default when empty), cluster or sentinel (--redis-mode).
+	// Mode is single (the default when empty), cluster or sentinel.
 	Mode string
-	// MasterName is the Sentinel master set (--redis-master-name); it
-	// overrides the URL's master_name. Required in sentinel mode.
+	// MasterName is the Sentinel master set; it overrides the URL's
+	// master_name. Required in sentinel mode, in one or the other.
 	MasterName string
 	// Username and Password, when not empty, override the URL's credentials
-	// for the data nodes (--redis-username, --redis-password).
+	// for the data nodes.
 	Username, Password string
 	// PoolSize is the connection pool size per node; 0 keeps go-redis's
-	// default of 10 per GOMAXPROCS (--redis-pool-size).
+	// URL's pool_size, else DefaultPoolSize.
 	PoolSize int
 	// Timeout bounds each Decide, Peek and Delete call as a whole when its
-	// context has no deadline; 0 means DefaultTimeout (--redis-timeout).
+	// context has no deadline; 0 means DefaultTimeout.
 	Timeout time.Duration
 	// MaxInFlight is how many sends (a lone script call, or a batch of
 	// calls) may be in flight to one Redis node at a time; calls that arrive
@@ -99,8 +99,25 @@ type Options struct {
 	Clock func() time.Time
 }
 
-// Validate reports the first invalid option. Its messages name the flag and
-// never contain a password.
+// OptionError is an invalid field of Options: Option names the field (URL,
+// Mode, MasterName, PoolSize, Timeout, ...), Msg says what is wrong with
+// its value and what is allowed, and never holds a password. The caller
+// names the setting behind the field its own way (a flag, say).
+type OptionError struct {
+	Option string
+	Msg    string
+}
+
+// Error is the message with the field's name.
+func (e *OptionError) Error() string { return "redis option " + e.Option + ": " + e.Msg }
+
+// optionErr returns an *OptionError for option.
+func optionErr(option, format string, args ...any) error {
+	return &OptionError{Option: option, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Validate reports the first invalid option, as an *OptionError for the
+// fields a user sets.
 func (o Options) Validate() error {
 	o = o.withDefaults()
 	if err := o.validate(); err != nil {
@@ -137,7 +154,7 @@ func (o Options) validate() error {
 		return fmt.Errorf("redis pipelining: max in flight %d must be 0 (the default) to %d and max batch %d 0 (the default) or more", o.MaxInFlight, MaxMaxInFlight, o.MaxBatch)
 	}
 	if o.Timeout < 0 {
-		return fmt.Errorf("--redis-timeout %v is invalid; it must be positive (0 means %v)", o.Timeout, DefaultTimeout)
+		return optionErr("Timeout", "%v is invalid; it must be positive (0 means %v)", o.Timeout, DefaultTimeout)
 	}
 	if o.Client != nil && (o.URL != "" || o.Mode != "" || o.MasterName != "" || o.Username != "" ||
 		o.Password != "" || o.PoolSize != 0 || o.TLSConfig != nil) {
@@ -172,10 +189,10 @@ func (o Options) clientOptions() (parsed, error) {
 		return parsed{}, err
 	}
 	if o.Mode != ModeSentinel && o.MasterName != "" {
-		return parsed{}, fmt.Errorf("--redis-master-name is only valid with --redis-mode sentinel, not %s", o.Mode)
+		return parsed{}, optionErr("MasterName", "a master name is only valid in sentinel mode, not %s", o.Mode)
 	}
 	bad := func(err error) error {
-		return fmt.Errorf("--redis-url %s is invalid for --redis-mode %s: %s", redactedURL(o.URL), o.Mode, redact(err.Error(), o))
+		return optionErr("URL", "%s is invalid in %s mode: %s", redactedURL(o.URL), o.Mode, redact(err.Error(), o))
 	}
 	var p parsed
 	switch o.Mode {
@@ -202,7 +219,7 @@ func (o Options) clientOptions() (parsed, error) {
 		}
 		c.MasterName = override(c.MasterName, o.MasterName)
 		if c.MasterName == "" {
-			return parsed{}, errors.New("--redis-master-name is required when --redis-mode is sentinel (or set master_name in --redis-url)")
+			return parsed{}, optionErr("MasterName", "the Sentinel master name is required in sentinel mode (master_name in the URL)")
 		}
 		o.apply(u, connFields{&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled,
 			&c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries})
@@ -215,13 +232,13 @@ func (o Options) clientOptions() (parsed, error) {
 // pool size, and returns the parsed URL.
 func (o Options) checkURL() (*url.URL, error) {
 	if !slices.Contains(modes, o.Mode) {
-		return nil, fmt.Errorf("--redis-mode %q is invalid; choices are %v", o.Mode, modes)
+		return nil, optionErr("Mode", "%q is invalid; choices are %v", o.Mode, modes)
 	}
 	if o.URL == "" {
-		return nil, errors.New("--redis-url is required for the redis store")
+		return nil, optionErr("URL", "a URL is required for the redis store")
 	}
 	if o.PoolSize < 0 {
-		return nil, fmt.Errorf("--redis-pool-size %d is invalid; it must be 0 (the default) or more", o.PoolSize)
+		return nil, optionErr("PoolSize", "%d is invalid; it must be 0 (the default) or more", o.PoolSize)
 	}
 	u, err := url.Parse(o.URL)
 	if err != nil {
@@ -230,13 +247,13 @@ func (o Options) checkURL() (*url.URL, error) {
 		if errors.As(err, &ue) {
 			why += " (" + redact(ue.Err.Error(), o) + ")"
 		}
-		return nil, fmt.Errorf("--redis-url %s is invalid: %s", redactedURL(o.URL), why)
+		return nil, optionErr("URL", "%s is invalid: %s", redactedURL(o.URL), why)
 	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, fmt.Errorf("--redis-url %s is invalid: the scheme must be redis or rediss", redactedURL(o.URL))
+		return nil, optionErr("URL", "%s is invalid: the scheme must be redis or rediss", redactedURL(o.URL))
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("--redis-url %s is invalid: it has no host:port", redactedURL(o.URL))
+		return nil, optionErr("URL", "%s is invalid: it has no host:port", redactedURL(o.URL))
 	}
 	return u, nil
 }
@@ -398,7 +415,7 @@ func redact(s string, o Options) string {
 }
 
 // DefaultPoolSize is the most connections per node when neither
-// --redis-pool-size nor the URL sets it: 10 per CPU as go-redis has it, and
+// Options.PoolSize nor the URL's pool_size sets it: 10 per CPU as go-redis has it, and
 // at least 100. Connections are opened on demand (the coalescer keeps a few
 // in use), so the cap costs nothing; but go-redis stops dialing a node for
 // a second once as many dials as the cap have failed in a row, which after

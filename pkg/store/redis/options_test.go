@@ -25,15 +25,15 @@ func TestOptionsValidate(t *testing.T) {
 		{"cluster", Options{URL: "redis://h1:1?addr=h2:2&addr=h3:3", Mode: "cluster"}, ""},
 		{"sentinel", Options{URL: "redis://s1:26379?addr=s2:26379", Mode: "sentinel", MasterName: "mymaster"}, ""},
 		{"sentinel url master", Options{URL: "redis://s1:26379?master_name=m", Mode: "sentinel"}, ""},
-		{"bad mode", Options{URL: "redis://h:1", Mode: "x"}, `--redis-mode "x" is invalid; choices are [single cluster sentinel]`},
-		{"no url", Options{}, "--redis-url is required"},
+		{"bad mode", Options{URL: "redis://h:1", Mode: "x"}, `redis option Mode: "x" is invalid; choices are [single cluster sentinel]`},
+		{"no url", Options{}, "redis option URL: a URL is required"},
 		{"bad scheme", Options{URL: "http://h:1"}, "scheme must be redis or rediss"},
 		{"no host", Options{URL: "redis://"}, "no host"},
 		{"bad query", Options{URL: "redis://:hunter2@h:1?bogus=1"}, "unexpected option"},
-		{"sentinel without master", Options{URL: "redis://s:1", Mode: "sentinel"}, "--redis-master-name is required"},
-		{"master outside sentinel", Options{URL: "redis://s:1", MasterName: "m"}, "only valid with --redis-mode sentinel"},
-		{"negative pool", Options{URL: "redis://h:1", PoolSize: -1}, "--redis-pool-size"},
-		{"negative timeout", Options{URL: "redis://h:1", Timeout: -time.Second}, "--redis-timeout"},
+		{"sentinel without master", Options{URL: "redis://s:1", Mode: "sentinel"}, "redis option MasterName: the Sentinel master name is required"},
+		{"master outside sentinel", Options{URL: "redis://s:1", MasterName: "m"}, "only valid in sentinel mode"},
+		{"negative pool", Options{URL: "redis://h:1", PoolSize: -1}, "redis option PoolSize"},
+		{"negative timeout", Options{URL: "redis://h:1", Timeout: -time.Second}, "redis option Timeout"},
 		{"too many in flight", Options{URL: "redis://h:1", MaxInFlight: MaxMaxInFlight + 1}, "max in flight"},
 		{"client", Options{Client: redis.NewClient(&redis.Options{Addr: "h:1"})}, ""},
 		{"client and url", Options{Client: redis.NewClient(&redis.Options{Addr: "h:1"}), URL: "redis://h:1"}, "Client excludes URL"},
@@ -163,11 +163,11 @@ func TestPasswordNeverShown(t *testing.T) {
 	}
 }
 
-// TestUnparsableURLRedacted: a --redis-url that is not a URL is shown in
+// TestUnparsableURLRedacted: a URL option that is not a URL is shown in
 // the error, with its passwords hidden, and says why it is not one.
 func TestUnparsableURLRedacted(t *testing.T) {
 	_, err := New(Options{URL: "redis://u:secret@host:port:bad"})
-	want := `--redis-url "redis://u:xxxxx@host:port:bad" is invalid: it is not a URL (invalid port ":bad" after host)`
+	want := `redis option URL: "redis://u:xxxxx@host:port:bad" is invalid: it is not a URL (invalid port ":bad" after host)`
 	if err == nil || err.Error() != want {
 		t.Errorf("got %v, want %s", err, want)
 	}

@@ -51,6 +51,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The --store flag: memory, or redis with the topology of redis.mode (single: redis,
+cluster: redis-cluster, sentinel: redis-sentinel). */}}
+{{- define "rls.storeFlag" -}}
+{{- if and (eq .Values.store "redis") (ne .Values.redis.mode "single") }}
+{{- printf "redis-%s" .Values.redis.mode }}
+{{- else }}
+{{- .Values.store }}
+{{- end }}
+{{- end }}
+
 {{/* Refuse values that would deploy something that does not do what it says. */}}
 {{- define "rls.checkValues" -}}
 {{- if not (has .Values.store (list "memory" "redis")) }}

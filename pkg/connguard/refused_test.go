@@ -1,4 +1,4 @@
-package main
+package connguard
 
 import (
 	"bytes"
@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // serverFrames is what a gRPC server could write, by x/net/http2's Framer:
@@ -98,6 +100,7 @@ func BenchmarkFrameScanner(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			var f frameScanner
 			b.SetBytes(int64(len(c.buf)))
+			b.ReportAllocs()
 			for b.Loop() {
 				f.scan(c.buf)
 			}
@@ -117,24 +120,36 @@ func rstFrames(t testing.TB, n int) []byte {
 	return b.Bytes()
 }
 
-// TestWatchConnHolds: the write that makes a connection's refused streams
-// in a second exceed the limit holds it (counted once, logged): its writes
-// go on, its reads wait, and it is closed refusedHold later, read or not.
-// Up to the limit, and below it in each second, it is neither held nor
-// closed.
-func TestWatchConnHolds(t *testing.T) {
-	m := newConnMetrics(prometheus.NewRegistry())
-	var logs bytes.Buffer
-	w := newRefusedWatch(10, "grpc-addr", m, slog.New(slog.NewTextHandler(&logs, nil)))
-	closed := func() float64 { return testutil.ToFloat64(m.closed.WithLabelValues("grpc-addr", "refused_streams")) }
-
+// guardedPipe returns the server side of a pipe as the guard hands it to
+// grpc-go, and its peer, whose writes are drained unless drain is false.
+func guardedPipe(t *testing.T, g *RefusedStreams, drain bool) (net.Conn, net.Conn) {
+	t.Helper()
 	server, client := net.Pipe()
-	defer client.Close()
-	go io.Copy(io.Discard, client)
-	conn, _, err := w.creds(nil).ServerHandshake(server)
+	t.Cleanup(func() { client.Close() })
+	if drain {
+		go io.Copy(io.Discard, client)
+	}
+	conn, _, err := g.Creds(nil).ServerHandshake(server)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return conn, client
+}
+
+// TestRefusedStreamsHolds: the write that makes a connection's refused
+// streams in a second exceed the limit holds it (counted once, logged):
+// its writes go on, its reads wait, and it is closed the hold later, read
+// or not. Up to the limit, and below it in each second, it is neither held
+// nor closed.
+func TestRefusedStreamsHolds(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	var logs testkit.Buffer
+	clk := testkit.NewClock(time.Unix(1000, 0))
+	g := NewRefusedStreams(RefusedOptions{Limit: 10, Port: "grpc-addr", Metrics: m,
+		Log: slog.New(slog.NewTextHandler(&logs, nil)), Now: clk.Now})
+	closed := func() float64 { return testutil.ToFloat64(m.closed.WithLabelValues("grpc-addr", "refused_streams")) }
+
+	conn, client := guardedPipe(t, g, true)
 	if _, err := conn.Write(rstFrames(t, 10)); err != nil {
 		t.Fatalf("10 refused (the limit): %v", err)
 	}
@@ -148,11 +163,11 @@ func TestWatchConnHolds(t *testing.T) {
 		t.Fatalf("a held connection's write: %v", err)
 	}
 	start := time.Now()
-	if _, err := conn.Read(make([]byte, 1)); !errors.Is(err, errRefusedStreams) {
-		t.Fatalf("a held connection's read: %v, want errRefusedStreams", err)
+	if _, err := conn.Read(make([]byte, 1)); !errors.Is(err, ErrRefusedStreams) {
+		t.Fatalf("a held connection's read: %v, want ErrRefusedStreams", err)
 	}
-	if held := time.Since(start); held < refusedHold-50*time.Millisecond || held > refusedHold+time.Second {
-		t.Errorf("held %v, want %v", held, refusedHold)
+	if held := time.Since(start); held < DefaultHold-50*time.Millisecond || held > DefaultHold+time.Second {
+		t.Errorf("held %v, want %v", held, DefaultHold)
 	}
 	if _, err := client.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Errorf("the peer's read after the hold: %v, want EOF", err)
@@ -164,56 +179,57 @@ func TestWatchConnHolds(t *testing.T) {
 		t.Errorf("no warning with the peer: %q", logs.String())
 	}
 
-	// Closed while held (grpc-go stopping): the read returns at once.
-	server3, client3 := net.Pipe()
-	defer client3.Close()
-	go io.Copy(io.Discard, client3)
-	conn3, _, _ := w.creds(nil).ServerHandshake(server3)
+	// Closed while held (grpc-go stopping), with a hold that would outlast
+	// the test: the read returns at once, whether it began before the
+	// close or after.
+	long := NewRefusedStreams(RefusedOptions{Limit: 10, Port: "grpc-addr", Metrics: m, Hold: time.Hour})
+	conn3, _ := guardedPipe(t, long, true)
 	conn3.Write(rstFrames(t, 11))
-	go func() { time.Sleep(50 * time.Millisecond); conn3.Close() }()
-	start = time.Now()
-	if _, err := conn3.Read(make([]byte, 1)); err == nil || time.Since(start) > refusedHold/2 {
-		t.Errorf("a held connection closed: read returned %v after %v", err, time.Since(start))
+	read := make(chan error, 1)
+	go func() {
+		_, err := conn3.Read(make([]byte, 1))
+		read <- err
+	}()
+	conn3.Close()
+	select {
+	case err := <-read:
+		if err == nil {
+			t.Error("a held connection closed: its read returned no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a held connection closed: its read still waits 10 s later")
 	}
 
 	// Held, and never read again (its peer sends nothing): closed all the
 	// same.
-	server4, client4 := net.Pipe()
-	defer client4.Close()
-	conn4, _, _ := w.creds(nil).ServerHandshake(server4)
+	conn4, client4 := guardedPipe(t, g, false)
 	go conn4.Write(rstFrames(t, 11))
 	start = time.Now()
-	client4.SetReadDeadline(start.Add(refusedHold + 2*time.Second))
-	if _, err := io.Copy(io.Discard, client4); err != nil || time.Since(start) < refusedHold-50*time.Millisecond {
-		t.Errorf("a held connection never read: closed after %v (%v), want %v", time.Since(start), err, refusedHold)
+	client4.SetReadDeadline(start.Add(DefaultHold + 2*time.Second))
+	if _, err := io.Copy(io.Discard, client4); err != nil || time.Since(start) < DefaultHold-50*time.Millisecond {
+		t.Errorf("a held connection never read: closed after %v (%v), want %v", time.Since(start), err, DefaultHold)
 	}
 
 	// A connection refused 8 streams a second: never held.
-	server2, client2 := net.Pipe()
-	defer client2.Close()
-	go io.Copy(io.Discard, client2)
-	conn2, _, _ := w.creds(nil).ServerHandshake(server2)
-	wc := conn2.(*watchConn)
+	conn2, _ := guardedPipe(t, g, true)
 	for range 3 {
 		if _, err := conn2.Write(rstFrames(t, 8)); err != nil {
 			t.Fatalf("8 refused a second: %v", err)
 		}
-		wc.mu.Lock()
-		wc.since = wc.since.Add(-1100 * time.Millisecond) // the second is over
-		wc.mu.Unlock()
+		clk.Advance(1100 * time.Millisecond) // the second is over
 	}
-	if wc.held.Load() || closed() != 3 {
-		t.Errorf("held %v, closed = %v; want not held, 3 closed", wc.held.Load(), closed())
+	if conn2.(*watchConn).held.Load() || closed() != 3 {
+		t.Errorf("held %v, closed = %v; want not held, 3 closed", conn2.(*watchConn).held.Load(), closed())
 	}
 	conn2.Close()
 }
 
-// TestWatchCredsTLS: with TLS the watch sees the frames inside the TLS
+// TestRefusedStreamsTLS: with TLS the guard sees the frames inside the TLS
 // records (the connection the inner credentials' handshake returns).
-func TestWatchCredsTLS(t *testing.T) {
-	w := newRefusedWatch(10, "grpc-addr", newConnMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
+func TestRefusedStreamsTLS(t *testing.T) {
+	g := NewRefusedStreams(RefusedOptions{Limit: 10, Port: "grpc-addr", Metrics: NewMetrics(prometheus.NewRegistry())})
 	inner := &fakeCreds{}
-	c := w.creds(inner)
+	c := g.Creds(inner)
 	server, client := net.Pipe()
 	defer client.Close()
 	conn, info, err := c.ServerHandshake(server)
@@ -227,8 +243,16 @@ func TestWatchCredsTLS(t *testing.T) {
 	if c.Info().SecurityProtocol != "fake" || c.Clone().Info().SecurityProtocol != "fake" {
 		t.Error("Info or Clone lost the inner credentials")
 	}
-	if w.creds(nil).Info().SecurityProtocol != "" {
+	if g.Creds(nil).Info().SecurityProtocol != "" {
 		t.Error("plaintext credentials claim a security protocol")
+	}
+}
+
+func TestRefusedLimit(t *testing.T) {
+	for maxStreams, want := range map[int]int{1: 100, 50: 100, 256: 512} {
+		if got := RefusedLimit(maxStreams); got != want {
+			t.Errorf("RefusedLimit(%d) = %d, want %d", maxStreams, got, want)
+		}
 	}
 }
 

@@ -1,0 +1,101 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// MeteredStore is a store.Store that records its calls' latency
+// (rls_store_duration_seconds) and errors by operation and kind
+// (rls_store_errors_total). It is safe for concurrent use, as the store
+// it wraps is.
+type MeteredStore struct {
+	store.Store
+	latency *prometheus.HistogramVec
+	errs    *prometheus.CounterVec
+	decideL prometheus.Observer
+}
+
+// ErrorKinds are the kinds ErrorKind returns, the kind label of
+// rls_store_errors_total.
+var ErrorKinds = []string{"deadline", "unavailable", "circuit_open", "protocol", "other"}
+
+// ErrorKind classifies a store error for metrics and spans: deadline (the
+// budget ran out), circuit_open, unavailable (any other outage), protocol
+// (an answer rls cannot use: a bug), other.
+func ErrorKind(err error) string {
+	switch {
+	case errors.Is(err, store.ErrCircuitOpen):
+		return "circuit_open"
+	case errors.Is(err, store.ErrUnavailable) && errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case errors.Is(err, store.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, store.ErrProtocol):
+		return "protocol"
+	}
+	return "other"
+}
+
+// NewMeteredStore wraps st, registering its series on reg.
+func NewMeteredStore(st store.Store, reg prometheus.Registerer) *MeteredStore {
+	t := &MeteredStore{
+		Store: st,
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "rls_store_duration_seconds",
+			Help:    "Time of store operations (decide: one batch, all its shards).",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .02, .05, .1},
+		}, []string{"op"}),
+		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rls_store_errors_total",
+			Help: "Store operations that failed, by operation and kind (deadline: no answer within the budget; unavailable: Redis refused or failed; circuit_open; protocol: an answer rls cannot use, a bug).",
+		}, []string{"op", "kind"}),
+	}
+	reg.MustRegister(t.latency, t.errs)
+	t.decideL = t.latency.WithLabelValues("decide")
+	for _, op := range []string{"decide", "peek", "delete"} {
+		for _, k := range ErrorKinds {
+			t.errs.WithLabelValues(op, k)
+		}
+	}
+	return t
+}
+
+// count records err of op, unless the caller cancelled.
+func (t *MeteredStore) count(op string, err error) {
+	if err != nil && !errors.Is(err, context.Canceled) {
+		t.errs.WithLabelValues(op, ErrorKind(err)).Inc()
+	}
+}
+
+// Decide is the store's Decide, timed and counted.
+func (t *MeteredStore) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
+	start := time.Now()
+	err := t.Store.Decide(ctx, checks, results)
+	t.decideL.Observe(time.Since(start).Seconds())
+	t.count("decide", err)
+	return err
+}
+
+// Peek is the store's Peek, timed and counted.
+func (t *MeteredStore) Peek(ctx context.Context, checks []store.Check, results []store.Result) error {
+	start := time.Now()
+	err := t.Store.Peek(ctx, checks, results)
+	t.latency.WithLabelValues("peek").Observe(time.Since(start).Seconds())
+	t.count("peek", err)
+	return err
+}
+
+// Delete is the store's Delete, timed and counted.
+func (t *MeteredStore) Delete(ctx context.Context, keys ...string) error {
+	start := time.Now()
+	err := t.Store.Delete(ctx, keys...)
+	t.latency.WithLabelValues("delete").Observe(time.Since(start).Seconds())
+	t.count("delete", err)
+	return err
+}
