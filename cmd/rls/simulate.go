@@ -14,7 +14,6 @@ import (
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/simulate"
-	"github.com/rls-project/rls/pkg/store"
 )
 
 // simulateFlags are rls simulate's flags.
@@ -175,13 +174,7 @@ func (f *simulateFlags) setup() (*setup, error) {
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("%s:%d: %v", r.File, r.Line, err)
 	}
-	own := simulate.Candidate{Precision: uint64(r.Precision), Burst: uint64(r.Burst)}
-	switch r.Algorithm {
-	case descriptors.TokenBucket:
-		own.Algorithm = store.TokenBucket
-	case descriptors.FixedWindow:
-		own.Algorithm = store.FixedWindow
-	}
+	own := simulate.Candidate{Algorithm: r.Algorithm, Precision: uint64(r.Precision), Burst: uint64(r.Burst)}
 	genKey := r.Path
 	if entries != nil {
 		genKey = string(descriptors.AppendKey(nil, domain, entries, r))

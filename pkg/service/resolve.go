@@ -105,11 +105,11 @@ func ruleCheck(r *descriptors.Rule, key string, sub int) store.Check {
 	limit, burst := r.SubLimit(sub)
 	return store.Check{
 		Key:       key,
-		Algorithm: storeAlgorithm(r.Algorithm),
+		Algorithm: r.Algorithm,
 		Limit:     uint64(limit),
 		Window:    r.Window(),
 		Burst:     uint64(burst),
-		Precision: uint8(r.Precision), // at most descriptors.MaxPrecision
+		Precision: uint8(r.Precision), // at most store.MaxPrecision
 		Shadow:    r.ShadowMode,
 	}
 }
@@ -140,14 +140,3 @@ func wholeRemaining(r *descriptors.Rule, c *store.Check, rem uint64) uint64 {
 type badRequest struct{ error }
 
 func (e badRequest) Unwrap() error { return e.error }
-
-// storeAlgorithm maps a rule's algorithm to the store's.
-func storeAlgorithm(a descriptors.Algorithm) store.Algorithm {
-	switch a {
-	case descriptors.TokenBucket:
-		return store.TokenBucket
-	case descriptors.FixedWindow:
-		return store.FixedWindow
-	}
-	return store.SlidingWindow
-}
