@@ -115,30 +115,45 @@ const (
 // and Compact is set.
 func ParseState(v string) (State, error) {
 	if x, err := strconv.ParseUint(v, 10, 64); err == nil && len(v) > 0 && v[0] != '+' {
-		st := State{Compact: true, Window: float64(x % 4)}
-		if x%8 >= 4 {
-			st.Algorithm, st.Count = store.FixedWindow, float64(x/8)
-		} else {
-			st.Algorithm, st.Count, st.Prev = store.SlidingWindow, float64(x/8/CompactCounts), float64(x/8%CompactCounts)
-		}
+		return compactState(x), nil
+	}
+	if st, ok := taggedState(v); ok {
 		return st, nil
 	}
+	return State{}, fmt.Errorf("not a decide.lua state: %q", v)
+}
+
+// compactState decodes the compact form x: the window index modulo 4,
+// then a fixed-window flag, then the counts.
+func compactState(x uint64) State {
+	st := State{Compact: true, Window: float64(x % 4)}
+	if x%8 >= 4 {
+		st.Algorithm, st.Count = store.FixedWindow, float64(x/8)
+	} else {
+		st.Algorithm, st.Count, st.Prev = store.SlidingWindow, float64(x/8/CompactCounts), float64(x/8%CompactCounts)
+	}
+	return st
+}
+
+// taggedState decodes the tagged form v: a tag byte and doubles; ok is
+// false when v is none of the tagged layouts.
+func taggedState(v string) (st State, ok bool) {
 	f := func(i int) float64 { return double(v[1+8*i:]) }
 	switch {
 	case len(v) == 25 && v[0] == TagSliding:
-		return State{Algorithm: store.SlidingWindow, Window: f(0), Count: f(1), Prev: f(2)}, nil
+		return State{Algorithm: store.SlidingWindow, Window: f(0), Count: f(1), Prev: f(2)}, true
 	case len(v) == 17 && v[0] == TagTokenBucket:
-		return State{Algorithm: store.TokenBucket, Tokens: f(0), LastRefill: f(1)}, nil
+		return State{Algorithm: store.TokenBucket, Tokens: f(0), LastRefill: f(1)}, true
 	case len(v) == 17 && v[0] == TagFixed:
-		return State{Algorithm: store.FixedWindow, Window: f(0), Count: f(1)}, nil
+		return State{Algorithm: store.FixedWindow, Window: f(0), Count: f(1)}, true
 	case len(v) >= 25 && (len(v)-25)%8 == 0 && v[0] == TagPrecise && f(0) == float64((len(v)-25)/8):
 		st := State{Algorithm: store.SlidingWindow, Window: f(1), Count: f(2)}
 		for i := range (len(v) - 25) / 8 {
 			st.Old = append(st.Old, f(3+i))
 		}
-		return st, nil
+		return st, true
 	}
-	return State{}, fmt.Errorf("not a decide.lua state: %q", v)
+	return State{}, false
 }
 
 // Encode returns s as decide.lua stores it.

@@ -68,30 +68,16 @@ func ReadCSV(r io.Reader, name string, key KeyFunc) (Trace, error) {
 		if len(tr.Events) == 0 && tr.Skipped == 0 && strings.EqualFold(fields[0], "timestamp") {
 			continue // a header
 		}
-		at, err := parseSeconds(fields[0])
+		ev, entries, err := parseRow(fields)
 		if err != nil {
-			return Trace{}, fmt.Errorf("%s:%d: timestamp %q: %v", name, line, fields[0], err)
-		}
-		ev := Event{At: at, Hits: 1, Line: line}
-		entries := fields[1:]
-		if n := len(entries); n > 0 && !strings.Contains(entries[n-1], "=") {
-			h, err := strconv.ParseUint(entries[n-1], 10, 64)
-			if err != nil || h == 0 || h > maxHits {
-				return Trace{}, fmt.Errorf("%s:%d: hits %q: want a whole number from 1 to %d (descriptor entries are key=value)", name, line, entries[n-1], uint64(maxHits))
-			}
-			ev.Hits, entries = h, entries[:n-1]
-		}
-		for _, e := range entries {
-			if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-				return Trace{}, fmt.Errorf("%s:%d: descriptor entry %q: want key=value (hits, if any, come last)", name, line, e)
-			}
+			return Trace{}, fmt.Errorf("%s:%d: %v", name, line, err)
 		}
 		k, ok := key(entries)
 		if !ok {
 			tr.Skipped++
 			continue
 		}
-		ev.Key = k
+		ev.Key, ev.Line = k, line
 		tr.Events = append(tr.Events, ev)
 	}
 	if err := sc.Err(); err != nil {
@@ -105,6 +91,30 @@ func ReadCSV(r io.Reader, name string, key KeyFunc) (Trace, error) {
 	}
 	slices.SortStableFunc(tr.Events, func(a, b Event) int { return cmpInt(a.At, b.At) })
 	return tr, nil
+}
+
+// parseRow reads a CSV row's trimmed fields: the event's time and hits
+// (Key and Line unset), and its descriptor entries.
+func parseRow(fields []string) (ev Event, entries []string, err error) {
+	at, err := parseSeconds(fields[0])
+	if err != nil {
+		return Event{}, nil, fmt.Errorf("timestamp %q: %v", fields[0], err)
+	}
+	ev = Event{At: at, Hits: 1}
+	entries = fields[1:]
+	if n := len(entries); n > 0 && !strings.Contains(entries[n-1], "=") {
+		h, err := strconv.ParseUint(entries[n-1], 10, 64)
+		if err != nil || h == 0 || h > maxHits {
+			return Event{}, nil, fmt.Errorf("hits %q: want a whole number from 1 to %d (descriptor entries are key=value)", entries[n-1], uint64(maxHits))
+		}
+		ev.Hits, entries = h, entries[:n-1]
+	}
+	for _, e := range entries {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return Event{}, nil, fmt.Errorf("descriptor entry %q: want key=value (hits, if any, come last)", e)
+		}
+	}
+	return ev, entries, nil
 }
 
 // maxHits bounds a row's hits: the stores' counts stay exact below 2^53.

@@ -61,6 +61,34 @@ func TestReadCSV(t *testing.T) {
 	}
 }
 
+func TestParseRow(t *testing.T) {
+	for _, tc := range []struct {
+		fields  []string
+		ev      Event
+		entries []string
+		err     string
+	}{
+		{[]string{"1.5"}, Event{At: 1_500_000, Hits: 1}, nil, ""},
+		{[]string{"2", "a=1", "b=2"}, Event{At: 2_000_000, Hits: 1}, []string{"a=1", "b=2"}, ""},
+		{[]string{"2", "a=1", "7"}, Event{At: 2_000_000, Hits: 7}, []string{"a=1"}, ""},
+		{[]string{"3", "4"}, Event{At: 3_000_000, Hits: 4}, []string{}, ""},
+		{[]string{"3", "a=1", "9007199254740993"}, Event{}, nil, `hits "9007199254740993"`},
+		{[]string{"", "a=1"}, Event{}, nil, `timestamp ""`},
+		{[]string{"1", "a", "2"}, Event{}, nil, `descriptor entry "a"`},
+	} {
+		ev, entries, err := parseRow(tc.fields)
+		if tc.err != "" {
+			if err == nil || !strings.HasPrefix(err.Error(), tc.err) {
+				t.Errorf("parseRow(%q): %v, want %q", tc.fields, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || ev != tc.ev || strings.Join(entries, ",") != strings.Join(tc.entries, ",") {
+			t.Errorf("parseRow(%q) = %+v, %q, %v; want %+v, %q", tc.fields, ev, entries, err, tc.ev, tc.entries)
+		}
+	}
+}
+
 func TestGenerate(t *testing.T) {
 	const limit = 50
 	count := func(spec string) int {
