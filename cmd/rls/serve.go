@@ -375,6 +375,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		Poll:             a.cfg.ConfigPoll,
 		MaxFileBytes:     a.cfg.ConfigMaxBytes,
 		AllowEmpty:       a.cfg.AllowEmptyConfig,
+		AllowEmptyName:   optionNames["reload.AllowEmpty"],
 		MergeDomains:     a.cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"],
 		Apply: func(c *descriptors.Config) {

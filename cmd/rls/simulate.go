@@ -211,7 +211,10 @@ func (f *simulateFlags) traces(su *simulate.Setup) ([]simulate.Trace, error) {
 		traces = append(traces, tr)
 	}
 	gen, err := su.Generate(f.gens, f.seed)
-	if err != nil {
+	var ge *simulate.GenError
+	if errors.As(err, &ge) {
+		return nil, fmt.Errorf("--gen %q: %s", ge.Spec, ge.Msg)
+	} else if err != nil {
 		return nil, err
 	}
 	if traces = append(traces, gen...); len(traces) == 0 {

@@ -154,7 +154,7 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-// StandardGenerators are the traces of `--gen standard`, the README's
+// StandardGenerators are the traces of the generator "standard", the README's
 // "Choosing an algorithm" table and issue #17: Poisson arrivals at 0.9,
 // 1.1 and 2 times the limit, on/off bursts and a boundary attack.
 var StandardGenerators = []string{
@@ -179,15 +179,26 @@ const GeneratorHelp = `generators (W is the window, L the limit; every parameter
   R is requests per window as a multiple of L ("1.1L") or per second ("55"); N a count or a
   multiple of L; durations as in Go ("500ms", "20s").`
 
+// GenError is a generator spec Generate cannot make a trace of: Spec is
+// the spec, Msg what is wrong with it. The caller names the setting that
+// gave the spec its own way (a flag, say).
+type GenError struct {
+	Spec string
+	Msg  string
+}
+
+// Error is the message with the spec.
+func (e *GenError) Error() string { return fmt.Sprintf("generator %q: %s", e.Spec, e.Msg) }
+
 // Generate makes the trace a generator spec describes (GeneratorHelp) for
 // a limit of limit requests per window, every event on key with one hit,
 // from the random stream seed. The first event comes at or after 0, a
-// window boundary.
+// window boundary. Errors are *GenError.
 func Generate(spec string, limit uint64, window time.Duration, seed uint64, key string) (Trace, error) {
 	kind, params, _ := strings.Cut(spec, ":")
 	g := genParams{limit: float64(limit), window: window}
 	if err := g.parse(params); err != nil {
-		return Trace{}, fmt.Errorf("--gen %q: %v", spec, err)
+		return Trace{}, &GenError{Spec: spec, Msg: err.Error()}
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x17))
 	w := window.Microseconds()
@@ -201,16 +212,16 @@ func Generate(spec string, limit uint64, window time.Duration, seed uint64, key 
 	case "boundary":
 		at, err = g.boundary(w)
 	default:
-		return Trace{}, fmt.Errorf("--gen %q: unknown generator %q: want poisson, onoff, boundary or standard", spec, kind)
+		return Trace{}, &GenError{Spec: spec, Msg: fmt.Sprintf("unknown generator %q: want poisson, onoff, boundary or standard", kind)}
 	}
 	if err == nil {
 		err = g.unused()
 	}
 	if err != nil {
-		return Trace{}, fmt.Errorf("--gen %q: %v", spec, err)
+		return Trace{}, &GenError{Spec: spec, Msg: err.Error()}
 	}
 	if len(at) == 0 {
-		return Trace{}, fmt.Errorf("--gen %q: the trace has no requests (a longer duration or a higher rate?)", spec)
+		return Trace{}, &GenError{Spec: spec, Msg: "the trace has no requests (a longer duration or a higher rate?)"}
 	}
 	tr := Trace{Name: spec, Seed: seed, Events: make([]Event, len(at))}
 	for i, t := range at {

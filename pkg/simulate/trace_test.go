@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -146,6 +147,9 @@ func TestGenerate(t *testing.T) {
 		_, err := Generate(spec, limit, time.Second, 1, "k")
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), spec) {
 			t.Errorf("%s: %v, want %q", spec, err, want)
+		}
+		if ge := (*GenError)(nil); !errors.As(err, &ge) || ge.Spec != spec {
+			t.Errorf("%s: %#v, want a *GenError of the spec", spec, err)
 		}
 	}
 }
