@@ -154,9 +154,9 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-// StandardGenerators are the traces of the generator "standard", the README's
-// "Choosing an algorithm" table and issue #17: Poisson arrivals at 0.9,
-// 1.1 and 2 times the limit, on/off bursts and a boundary attack.
+// StandardGenerators are the traces of the generator "standard" and of
+// the README's "Choosing an algorithm" table: Poisson arrivals at 0.9, 1.1
+// and 2 times the limit, on/off bursts and a boundary attack.
 var StandardGenerators = []string{
 	"poisson:rate=0.9L",
 	"poisson:rate=1.1L",

@@ -18,7 +18,8 @@
 // (Refund true) returns h hits to the budget, is always allowed, and reports
 // the budget after the refund.
 //
-// Sliding-window counter (seed-lld.md). State: win, cur, prev (integers).
+// Sliding-window counter (the previous window's count weighted by the share
+// of it still inside the trailing window). State: win, cur, prev (integers).
 //
 //	curWin  = floor(now / Wus)
 //	if no state: win, cur, prev = curWin, 0, 0
