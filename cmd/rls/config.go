@@ -103,7 +103,7 @@ func flagRef(name string) string {
 const redisPasswordEnv = "RLS_REDIS_PASSWORD"
 
 // newFlagSet declares every serve flag on c with its default. Each usage
-// is one short line; README.md's flag table has the details.
+// is one short line; docs/flags.md's table has the details.
 func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("rls serve", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -182,7 +182,7 @@ const usageHead = `usage: rls [serve] [flags]
        rls help
 
 rls serve's flags, by topic. Each is also read from its RLS_* environment
-twin (--redis-url from RLS_REDIS_URL); README.md's flag table has details.
+twin (--redis-url from RLS_REDIS_URL); docs/flags.md has the details.
 `
 
 // printHelp writes rls serve --help: the flags by topic, each with its

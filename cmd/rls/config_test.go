@@ -70,15 +70,15 @@ func TestRedisTimeoutReportedOnce(t *testing.T) {
 	}
 }
 
-// TestReadmeListsEveryFlag keeps the README's flag table true: every flag
-// is in it with its default, and it lists no flag that does not exist.
-// The table of rls simulate's flags follows it (simulate_test.go).
+// TestReadmeListsEveryFlag keeps the flag table of docs/flags.md true: every
+// flag is in it with its default, and it lists no flag that does not exist.
+// The table of rls simulate's flags is in docs/algorithms.md (simulate_test.go).
 func TestReadmeListsEveryFlag(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/flags.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	serve, _, _ := strings.Cut(string(readme), "### `rls simulate`")
+	serve := string(readme)
 	rows := map[string]string{}
 	for _, m := range regexp.MustCompile("(?m)^\\| `--([a-z-]+)` \\|([^|]*)\\|").FindAllStringSubmatch(serve, -1) {
 		rows[m[1]] = strings.Trim(strings.TrimSpace(m[2]), "`")
@@ -87,16 +87,16 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 	fs.VisitAll(func(f *flag.Flag) {
 		def, ok := rows[f.Name]
 		if !ok {
-			t.Errorf("README's flag table lacks --%s", f.Name)
+			t.Errorf("docs/flags.md's flag table lacks --%s", f.Name)
 			return
 		}
 		if f.DefValue != def {
-			t.Errorf("README says --%s defaults to %q; it is %q", f.Name, def, f.DefValue)
+			t.Errorf("docs/flags.md says --%s defaults to %q; it is %q", f.Name, def, f.DefValue)
 		}
 		delete(rows, f.Name)
 	})
 	for name := range rows {
-		t.Errorf("README lists --%s, which does not exist", name)
+		t.Errorf("docs/flags.md lists --%s, which does not exist", name)
 	}
 }
 

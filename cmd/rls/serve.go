@@ -356,7 +356,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		QuotaMode:        cfg.QuotaMode,
 		ResponseMetadata: cfg.ResponseMetadata,
 		NearLimitRatio:   cfg.NearLimitRatio,
-		Limits:           service.DefaultLimits, // fixed bounds, listed in the README
+		Limits:           service.DefaultLimits, // fixed bounds, listed in docs/flags.md
 		Metrics:          a.svcMetrics,
 		Log:              a.log,
 		Tracing:          a.tracing.Service(),
