@@ -82,7 +82,7 @@ func TestTwoMinuteRule(t *testing.T) {
 			{0, codeOver, 0, 2*time.Minute + us},
 			{61 * time.Second, codeOver, 0, 59*time.Second + us}, // a 1-minute window: 3*(59/60) < 3 passes
 			{58 * time.Second, codeOver, 0, 2*time.Minute + us},
-			{time.Second, codeOver, 0, 2*time.Minute + us}, // the previous window still weighs 3
+			{time.Second, codeOver, 0, 2*time.Minute + us},       // the previous window still weighs 3
 			{60 * time.Second, codeOK, time.Minute, time.Minute}, // weighs 1.5 at half way
 		}},
 		{"precise", []step{ // four 30-second sub-windows
