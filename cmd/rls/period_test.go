@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,4 +69,57 @@ func TestDefaultAlgorithmXDS(t *testing.T) {
 		_, body := httpGet(t, "http://"+listening(log.String(), "debug-addr")+"/rlconfig")
 		return strings.Contains(body, "api: k 4/minute fixed_window (xds:api)")
 	})
+}
+
+// TestSimulateTwoMinuteRule: rls simulate takes a rule of unit_multiplier
+// 2 as a two-minute window: the fixed window admits 3 at 0-2 s and again
+// at 121-122 s, none at 61-62 s (a one-minute window would admit 7), as
+// the exact sliding log over two minutes does. It refuses a multiplier of
+// 0 with file:line, as rls validate does.
+func TestSimulateTwoMinuteRule(t *testing.T) {
+	dir := t.TempDir()
+	rule := "domain: periods\ndescriptors:\n  - key: two_minutes\n" +
+		"    rate_limit: {unit: minute, unit_multiplier: 2, requests_per_unit: 3, algorithm: fixed_window}\n"
+	trace := "timestamp,descriptor\n"
+	for _, at := range []int{0, 1, 2, 3, 4, 61, 62, 121, 122} {
+		trace += strconv.Itoa(at) + ",two_minutes=a\n"
+	}
+	csv := filepath.Join(dir, "t.csv")
+	if err := os.WriteFile(filepath.Join(dir, "p.yaml"), []byte(rule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(csv, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := simulateCmd(t, "--config", dir, "--rule", "periods:two_minutes=a", "--trace", csv)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	admitted := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) > 4 && f[0] == "fixed_window" && f[1] == "*":
+			admitted["fixed"] = f[4]
+		case len(f) > 5 && strings.Join(f[:3], " ") == "exact sliding log":
+			admitted["exact"] = f[5]
+		}
+	}
+	if !strings.Contains(out, "9 requests over 122.0s, limit 3 per 2m0s") || admitted["fixed"] != "5" || admitted["exact"] != "5" {
+		t.Errorf("admitted %v, want fixed_window 5 and the exact log 5 of a 2m0s limit:\n%s", admitted, out)
+	}
+
+	bad := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(bad, []byte(strings.Replace(rule, "unit_multiplier: 2", "unit_multiplier: 0", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = simulateCmd(t, "--config", filepath.Dir(bad), "--trace", csv)
+	if err == nil || !strings.Contains(err.Error(), bad+":4: unit_multiplier: must be at least 1") {
+		t.Errorf("multiplier 0: %v\n%s", err, out)
+	}
+	var vout bytes.Buffer
+	if err := run(context.Background(), []string{"validate", filepath.Dir(bad)}, func(string) string { return "" }, &vout, &vout); err == nil ||
+		!strings.Contains(vout.String(), bad+":4: unit_multiplier: must be at least 1") {
+		t.Errorf("rls validate, multiplier 0: %v\n%s", err, vout.String())
+	}
 }
