@@ -283,15 +283,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		it := res.item(i)
 		out := &it.Result
 		remaining := wholeRemaining(r, &it.Check, out.Remaining)
-		lim := &lims[i]
-		lim.Name, lim.RequestsPerUnit = r.Name, r.RequestsPerUnit
-		lim.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit)
-		if r.UnitMultiplier > 1 {
-			// Envoy reads an absent multiplier as 1: set it only when it
-			// says something (one allocation, for such rules only).
-			lim.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
-		}
-		st.CurrentLimit = lim
+		st.CurrentLimit = currentLimit(&lims[i], r)
 		st.LimitRemaining = clampUint32(remaining)
 		st.DurationUntilReset = &durs[i]
 		quota := s.quotaMode(r)
@@ -350,6 +342,19 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		resp.DynamicMetadata = responseMetadata(req, res, resp)
 	}
 	return resp
+}
+
+// currentLimit fills lim, a status's current_limit, from rule r and
+// returns it.
+func currentLimit(lim *rlsv3.RateLimitResponse_RateLimit, r *descriptors.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	lim.Name, lim.RequestsPerUnit = r.Name, r.RequestsPerUnit
+	lim.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit)
+	if r.UnitMultiplier > 1 {
+		// Envoy reads an absent multiplier as 1: set it only when it
+		// says something (one allocation, for such rules only).
+		lim.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
+	}
+	return lim
 }
 
 // oneStatus holds a response to one descriptor, the usual request, in one
