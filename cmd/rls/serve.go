@@ -377,6 +377,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		AllowEmpty:       a.cfg.AllowEmptyConfig,
 		MergeDomains:     a.cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"],
+		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.Set(c)
@@ -689,6 +690,7 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 
 // loadOptions are the options of loading the config files.
 func loadOptions(cfg *Config) descriptors.LoadOptions {
+	alg, _ := descriptors.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
-		MergeDomainsName: optionNames["descriptors.MergeDomains"]}
+		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg}
 }

@@ -29,11 +29,14 @@ type LoadOptions struct {
 	// MergeDomainsName names that option in errors (see ParseOptions).
 	MergeDomains     bool
 	MergeDomainsName string
+	// DefaultAlgorithm is the algorithm of rules that name none [sliding
+	// window] (see ParseOptions).
+	DefaultAlgorithm Algorithm
 }
 
 // parseOptions are the options of parsing what was loaded.
 func (o LoadOptions) parseOptions() ParseOptions {
-	return ParseOptions{MergeDomains: o.MergeDomains, MergeDomainsName: o.MergeDomainsName}
+	return ParseOptions{MergeDomains: o.MergeDomains, MergeDomainsName: o.MergeDomainsName, DefaultAlgorithm: o.DefaultAlgorithm}
 }
 
 // readFile reads at most max+1 bytes of path (a file may grow after its

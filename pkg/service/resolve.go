@@ -44,7 +44,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 	for _, d := range req.Descriptors {
 		var r *descriptors.Rule
 		if l := d.Limit; l != nil {
-			r = cfg.MatchOverride(req.Domain, d.Entries, l.RequestsPerUnit, descriptors.Unit(l.Unit))
+			r = cfg.MatchOverride(req.Domain, d.Entries, l.RequestsPerUnit, descriptors.Unit(l.Unit), l.GetUnitMultiplier().GetValue())
 		} else {
 			r = cfg.Match(req.Domain, d.Entries)
 		}
