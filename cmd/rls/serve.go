@@ -356,7 +356,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		QuotaMode:        cfg.QuotaMode,
 		ResponseMetadata: cfg.ResponseMetadata,
 		NearLimitRatio:   cfg.NearLimitRatio,
-		Limits:           service.DefaultLimits, // fixed bounds, listed in the README
+		Limits:           service.DefaultLimits, // fixed bounds, listed in docs/flags.md
 		Metrics:          a.svcMetrics,
 		Log:              a.log,
 		Tracing:          a.tracing.Service(),
@@ -378,6 +378,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		AllowEmptyName:   optionNames["reload.AllowEmpty"],
 		MergeDomains:     a.cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"],
+		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.Set(c)
@@ -690,6 +691,7 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 
 // loadOptions are the options of loading the config files.
 func loadOptions(cfg *Config) descriptors.LoadOptions {
+	alg, _ := store.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
-		MergeDomainsName: optionNames["descriptors.MergeDomains"]}
+		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg}
 }

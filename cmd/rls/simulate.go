@@ -46,7 +46,7 @@ func newSimulateFlagSet(f *simulateFlags) *flag.FlagSet {
 	fs.DurationVar(&f.window, "window", time.Second, "without --config: the window, a whole number of seconds")
 	fs.StringVar(&f.precisions, "precisions", "2,5,10,20,60", "sliding-window precisions to compare besides the two-counter window (2 to 60, comma-separated; empty for none)")
 	fs.StringVar(&f.trace, "trace", "", "CSV trace: timestamp seconds, then the descriptor's key=value entries, then optionally the hits (one request a line)")
-	fs.Var(&f.gens, "gen", "generated trace (repeatable): poisson[:rate=R,duration=D], onoff[:rate=R,on=D,off=D,duration=D], boundary[:n=N,spread=D,every=D,duration=D] or standard (the five of the README)")
+	fs.Var(&f.gens, "gen", "generated trace (repeatable): poisson[:rate=R,duration=D], onoff[:rate=R,on=D,off=D,duration=D], boundary[:n=N,spread=D,every=D,duration=D] or standard (the five of docs/algorithms.md)")
 	fs.Uint64Var(&f.seed, "seed", 1, "random seed of the generated traces")
 	fs.StringVar(&f.jsonOut, "json", "", "also write the results as JSON to this file (- for stdout, instead of the tables)")
 	fs.StringVar(&f.svgOut, "svg", "", "also draw admitted-per-trailing-window over time as SVG into this file (with several traces: FILE-1.svg, FILE-2.svg, ...)")

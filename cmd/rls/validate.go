@@ -57,6 +57,7 @@ func (c *Config) Validate() error {
 		oneOf("log-level", c.LogLevel, "debug", "info", "warn", "error"),
 		oneOf("log-format", c.LogFormat, "text", "json"),
 		oneOf("on-store-error", c.OnStoreError, "fail_open", "fail_closed"),
+		oneOf("default-algorithm", strings.ToLower(c.DefaultAlgorithm), "sliding_window", "fixed_window", "token_bucket"),
 		c.validateBounds(),
 		c.validateGRPCTLS(),
 		c.validateEnv(),

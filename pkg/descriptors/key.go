@@ -24,7 +24,9 @@ import (
 // not part of valid UTF-8 as "%XX" (keys are valid UTF-8; input bytes are
 // kept exactly: "a\xff" and "a%FF" have distinct keys). The "p" part is
 // present for sliding windows of precision 2 or more only (so a rule
-// without precision keeps its key), the "o" part for override rules only. Distinct inputs (domain,
+// without precision keeps its key), the "o" part for override rules only.
+// The window seconds are the whole window (unit times unit_multiplier), so
+// a rule of one unit keeps its key and two periods never share a counter. Distinct inputs (domain,
 // entries, algorithm, window, override and its requests_per_unit) give
 // distinct keys, and the Redis Cluster hash tag is exactly the tenant.
 // Without entries the tenant is esc(domain) "|". A nil r is treated as a
@@ -34,7 +36,7 @@ func AppendKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescripto
 	var alg store.Algorithm
 	var secs int64
 	if r != nil {
-		alg, secs = r.Algorithm, r.Unit.Seconds()
+		alg, secs = r.Algorithm, r.WindowSeconds()
 	}
 	if alg == store.TokenBucket {
 		dst = append(dst, "tb:{"...)

@@ -26,7 +26,7 @@ func TestAppendKey(t *testing.T) {
 		{"sliding", "api", []string{"api_key", "k1", "route", "/v1/x"}, minute, "rl:{api|api_key=k1}:s60|route=/v1/x"},
 		{"fixed", "api", []string{"api_key", "k1"}, &Rule{Unit: UnitHour, Algorithm: store.FixedWindow}, "rl:{api|api_key=k1}:f3600"},
 		{"token bucket", "api", []string{"api_key", "k1"}, &Rule{Unit: UnitSecond, Algorithm: store.TokenBucket, Burst: 9}, "tb:{api|api_key=k1}:t1"},
-		{"override", "api", []string{"api_key", "k1", "route", "r"}, OverrideRule(minute, "api", 500, UnitDay), "rl:{api|api_key=k1}:s86400o500|route=r"},
+		{"override", "api", []string{"api_key", "k1", "route", "r"}, OverrideRule(minute, "api", 500, UnitDay, 1), "rl:{api|api_key=k1}:s86400o500|route=r"},
 		{"month and year", "d", []string{"k", "v"}, &Rule{Unit: UnitYear}, "rl:{d|k=v}:s31536000"},
 		{"escaping", "a{b}", []string{"k:1", "v=|%", "k 2", "x\ny\x7f"}, minute, "rl:{a%7Bb%7D|k%3A1=v%3D%7C%25}:s60|k%202=x%0Ay%7F"},
 		{"utf-8 kept", "api", []string{"name", "Zoë 日本"}, minute, "rl:{api|name=Zoë%20日本}:s60"},
@@ -38,7 +38,7 @@ func TestAppendKey(t *testing.T) {
 		{"nil rule", "api", []string{"k", "v"}, nil, "rl:{api|k=v}:s0"},
 		{"share threshold", "api", []string{"team", "eng-core"}, cfg.Match("api", entries("team", "eng-core")), "rl:{api|team=%*eng-*}:s60"},
 		{"wildcard without share counts values", "api", []string{"team", "sales"}, cfg.Match("api", entries("team", "sales")), "rl:{api|team=sales}:s60"},
-		{"override never shares", "api", []string{"team", "eng-core"}, OverrideRule(cfg.Match("api", entries("team", "eng-core")), "api", 3, UnitMinute), "rl:{api|team=eng-core}:s60o3"},
+		{"override never shares", "api", []string{"team", "eng-core"}, OverrideRule(cfg.Match("api", entries("team", "eng-core")), "api", 3, UnitMinute, 1), "rl:{api|team=eng-core}:s60o3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

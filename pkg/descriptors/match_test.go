@@ -199,7 +199,7 @@ func TestOverrideRule(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := OverrideRule(tt.base, "api", 42, UnitHour)
+			got := OverrideRule(tt.base, "api", 42, UnitHour, 1)
 			if got.Burst != 0 || got == tt.base {
 				t.Errorf("override shares state with its base: %+v", got)
 			}
@@ -213,10 +213,10 @@ func TestOverrideRule(t *testing.T) {
 	if base.Override || base.RequestsPerUnit != 10 {
 		t.Errorf("OverrideRule modified its base: %+v", base)
 	}
-	if r := cfg.MatchOverride("nope", entries("a", "b"), 1, UnitSecond); r != nil {
+	if r := cfg.MatchOverride("nope", entries("a", "b"), 1, UnitSecond, 1); r != nil {
 		t.Errorf("MatchOverride on unknown domain = %+v", r)
 	}
-	if r := cfg.MatchOverride("api", entries("nope", "b"), 5, UnitSecond); r == nil || !r.Override || r.RequestsPerUnit != 5 {
+	if r := cfg.MatchOverride("api", entries("nope", "b"), 5, UnitSecond, 1); r == nil || !r.Override || r.RequestsPerUnit != 5 {
 		t.Errorf("MatchOverride without configured rule = %+v", r)
 	}
 }

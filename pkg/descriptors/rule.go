@@ -14,8 +14,9 @@ import (
 type Rule struct {
 	Name            string // rate_limit.name, may be empty
 	Unit            Unit
-	RequestsPerUnit uint32
-	Unlimited       bool // never limited: answer OK without counting
+	UnitMultiplier  uint32 // units per window (unit_multiplier); 0 or 1: one unit
+	RequestsPerUnit uint32 // requests per window: per UnitMultiplier units
+	Unlimited       bool   // never limited: answer OK without counting
 	Algorithm       store.Algorithm
 	Burst           uint32 // token bucket capacity as configured; 0 means RequestsPerUnit
 	Precision       uint32 // sliding window sub-windows (2..MaxPrecision); 0 or 1: the two-counter window
@@ -49,9 +50,17 @@ type Rule struct {
 	rr *splitRR
 }
 
-// Window returns the rule's window, its unit's length (0 for an invalid unit).
+// Window returns the rule's window: its unit's length times its
+// unit_multiplier (0 for an invalid unit). A rule from Parse, or an override
+// whose period Unit.Window accepted, is at most MaxWindow.
 func (r *Rule) Window() time.Duration {
-	return time.Duration(r.Unit.Seconds()) * time.Second
+	return time.Duration(r.WindowSeconds()) * time.Second
+}
+
+// WindowSeconds returns the rule's window in seconds.
+func (r *Rule) WindowSeconds() int64 {
+	secs, _ := r.Unit.Window(r.UnitMultiplier)
+	return secs
 }
 
 // ApplyReplaces implements envoyproxy/ratelimit's replaces: rules holds the
@@ -92,13 +101,15 @@ func replaced(rules []*Rule, name string) bool {
 }
 
 // OverrideRule returns the rule for a request descriptor's limit override:
-// RequestsPerUnit and Unit come from the override and Override is true.
+// RequestsPerUnit, Unit and UnitMultiplier (mult: 0 or 1 is one unit) come
+// from the override and Override is true. The caller checks the period
+// first (Unit.Window).
 // Everything else (name, algorithm, on_error, shadow mode, detailed metric,
 // replaces, place in the YAML) comes from base when base is not nil, except
 // Burst, which is 0 so the capacity follows the override. With a nil base
 // the rule has the defaults (sliding window, OnErrorDefault). Its counter key
 // never equals a configured rule's or another override's (see AppendKey).
-func OverrideRule(base *Rule, domain string, rpu uint32, unit Unit) *Rule {
+func OverrideRule(base *Rule, domain string, rpu uint32, unit Unit, mult uint32) *Rule {
 	r := &Rule{Domain: domain}
 	if base != nil {
 		*r = *base
@@ -110,6 +121,7 @@ func OverrideRule(base *Rule, domain string, rpu uint32, unit Unit) *Rule {
 	r.Domain = domain
 	r.RequestsPerUnit = rpu
 	r.Unit = unit
+	r.UnitMultiplier = mult
 	r.Override = true
 	return r
 }

@@ -20,7 +20,7 @@ import (
 // robin per key within a process). The whole key admits no more than its
 // limit (a sliding window rounds each sub-key's budget up: at most one
 // request per sub-key more than unsplit); it can admit less, when one
-// sub-key is spent while another still has room (README, "Hot keys:
+// sub-key is spent while another still has room (docs/redis.md, "Hot keys:
 // split").
 
 // MaxSplit is the most sub-keys a rule's split may spread a counter over.

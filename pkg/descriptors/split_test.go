@@ -88,7 +88,7 @@ func TestSplitShares(t *testing.T) {
 	// share of at least one.
 	base := &Rule{Unit: UnitSecond, RequestsPerUnit: 9000, Split: 8, rr: new(splitRR)}
 	for rpu, want := range map[uint32]int{0: 1, 1: 1, 5: 5, 8: 8, 100: 8} {
-		if got := OverrideRule(base, "d", rpu, UnitSecond).Splits(); got != want {
+		if got := OverrideRule(base, "d", rpu, UnitSecond, 1).Splits(); got != want {
 			t.Errorf("override of %d on split 8: %d sub-keys, want %d", rpu, got, want)
 		}
 	}

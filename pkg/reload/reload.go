@@ -16,6 +16,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // Result is the outcome of one reload attempt.
@@ -55,6 +56,9 @@ type Options struct {
 	// (descriptors.ParseOptions).
 	MergeDomains     bool
 	MergeDomainsName string
+	// DefaultAlgorithm is the algorithm of rules that name none
+	// (descriptors.ParseOptions).
+	DefaultAlgorithm store.Algorithm
 }
 
 // load is descriptors.LoadWith; tests count its calls.
@@ -163,7 +167,7 @@ func (w *Watcher) Reload() Result {
 	}
 	w.failed = ""
 	cfg, _, err := load(w.opts.Dir, descriptors.LoadOptions{MaxFileBytes: w.opts.MaxFileBytes, MaxFileBytesName: w.opts.MaxFileBytesName,
-		MergeDomains: w.opts.MergeDomains, MergeDomainsName: w.opts.MergeDomainsName})
+		MergeDomains: w.opts.MergeDomains, MergeDomainsName: w.opts.MergeDomainsName, DefaultAlgorithm: w.opts.DefaultAlgorithm})
 	if err == nil && len(cfg.Domains()) == 0 && !w.opts.AllowEmpty {
 		err = errors.New("the config directory " + w.opts.Dir + " has no domain left (no .yaml or .yml file with a domain): " +
 			"a reload to it would remove every limit" + allowHint(w.opts.AllowEmptyName))

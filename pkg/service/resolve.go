@@ -44,7 +44,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 	for _, d := range req.Descriptors {
 		var r *descriptors.Rule
 		if l := d.Limit; l != nil {
-			r = cfg.MatchOverride(req.Domain, d.Entries, l.RequestsPerUnit, descriptors.Unit(l.Unit))
+			r = cfg.MatchOverride(req.Domain, d.Entries, l.RequestsPerUnit, descriptors.Unit(l.Unit), l.GetUnitMultiplier().GetValue())
 		} else {
 			r = cfg.Match(req.Domain, d.Entries)
 		}
@@ -69,7 +69,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 			hits = d.HitsAddend.Value
 		}
 		// A split rule counts this request on one of its sub-keys, in
-		// turn (README, "Hot keys: split").
+		// turn (docs/redis.md, "Hot keys: split").
 		sub := r.NextSub(req.Domain, d.Entries)
 		res.key = descriptors.AppendSubKey(res.key[:0], req.Domain, d.Entries, r, sub)
 		c := ruleCheck(r, string(res.key), sub)

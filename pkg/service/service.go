@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
@@ -303,9 +304,7 @@ func (s *Service) limitedStatus(r *descriptors.Rule, it *limiter.Item, st *rlsv3
 	lim *rlsv3.RateLimitResponse_RateLimit, dur *durationpb.Duration, v *verdict) Outcome {
 	out := &it.Result
 	remaining := wholeRemaining(r, &it.Check, out.Remaining)
-	lim.Name, lim.RequestsPerUnit = r.Name, r.RequestsPerUnit
-	lim.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit)
-	st.CurrentLimit = lim
+	st.CurrentLimit = currentLimit(lim, r)
 	st.LimitRemaining = clampUint32(remaining)
 	st.DurationUntilReset = dur
 	quota := s.quotaMode(r)
@@ -370,6 +369,19 @@ func (v *verdict) bodyRule() *descriptors.Rule {
 		return v.body
 	}
 	return v.quotaBody
+}
+
+// currentLimit fills lim, a status's current_limit, from rule r and
+// returns it.
+func currentLimit(lim *rlsv3.RateLimitResponse_RateLimit, r *descriptors.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	lim.Name, lim.RequestsPerUnit = r.Name, r.RequestsPerUnit
+	lim.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit)
+	if r.UnitMultiplier > 1 {
+		// Envoy reads an absent multiplier as 1: set it only when it
+		// says something (one allocation, for such rules only).
+		lim.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
+	}
+	return lim
 }
 
 // oneStatus holds a response to one descriptor, the usual request, in one
@@ -468,7 +480,8 @@ func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k
 
 // addRateLimitHeaders adds the draft-03 RateLimit headers, from the status
 // with the least remaining (as Envoy's own x-ratelimit headers do), and
-// Retry-After (whole seconds, rounded up) on OVER_LIMIT.
+// Retry-After (whole seconds, rounded up) on OVER_LIMIT. A policy's w is
+// its whole window: the unit times unit_multiplier.
 func addRateLimitHeaders(resp *rlsv3.RateLimitResponse, names *HeaderNames) {
 	var chosen *rlsv3.RateLimitResponse_DescriptorStatus
 	var policies strings.Builder
@@ -481,7 +494,8 @@ func addRateLimitHeaders(resp *rlsv3.RateLimitResponse, names *HeaderNames) {
 		if chosen == nil || st.LimitRemaining < chosen.LimitRemaining {
 			chosen = st
 		}
-		fmt.Fprintf(&policies, ", %d;w=%d", l.RequestsPerUnit, descriptors.Unit(l.Unit).Seconds())
+		w, _ := descriptors.Unit(l.Unit).Window(l.GetUnitMultiplier().GetValue())
+		fmt.Fprintf(&policies, ", %d;w=%d", l.RequestsPerUnit, w)
 		if l.Name != "" {
 			fmt.Fprintf(&policies, ";name=%q", l.Name)
 		}
@@ -575,7 +589,17 @@ func validateOverride(l *rlcommon.RateLimitDescriptor_RateLimitOverride) error {
 	switch l.Unit {
 	case typev3.RateLimitUnit_SECOND, typev3.RateLimitUnit_MINUTE, typev3.RateLimitUnit_HOUR,
 		typev3.RateLimitUnit_DAY, typev3.RateLimitUnit_MONTH, typev3.RateLimitUnit_YEAR:
-		return nil
+	default:
+		return fmt.Errorf("unit %s (%d) is invalid; choices are [SECOND MINUTE HOUR DAY MONTH YEAR]", l.Unit, int32(l.Unit))
 	}
-	return fmt.Errorf("unit %s (%d) is invalid; choices are [SECOND MINUTE HOUR DAY MONTH YEAR]", l.Unit, int32(l.Unit))
+	// A period rls cannot count is refused, never clamped: a clamped
+	// window would enforce another limit than the one asked for, and
+	// nothing would show it. Envoy's own validation requires a
+	// unit_multiplier above 0 when it is set.
+	if m := l.GetUnitMultiplier(); m != nil {
+		if _, ok := descriptors.Unit(l.Unit).Window(m.Value); !ok || m.Value == 0 {
+			return fmt.Errorf("unit_multiplier %s", descriptors.WindowError(descriptors.Unit(l.Unit), m.Value))
+		}
+	}
+	return nil
 }

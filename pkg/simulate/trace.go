@@ -155,8 +155,8 @@ func cmpInt(a, b int64) int {
 }
 
 // StandardGenerators are the traces of the generator "standard" and of
-// the README's "Choosing an algorithm" table: Poisson arrivals at 0.9, 1.1
-// and 2 times the limit, on/off bursts and a boundary attack.
+// docs/algorithms.md's "Choosing an algorithm" table: Poisson arrivals at
+// 0.9, 1.1 and 2 times the limit, on/off bursts and a boundary attack.
 var StandardGenerators = []string{
 	"poisson:rate=0.9L",
 	"poisson:rate=1.1L",
@@ -174,7 +174,7 @@ const GeneratorHelp = `generators (W is the window, L the limit; every parameter
                                        N requests (default L) evenly in the S (default W/20) before
                                        a window boundary and N in the S after it, at every E
                                        (default 2W) from the first boundary
-  standard                             the five traces of the README's table: poisson at 0.9L,
+  standard                             the five traces of docs/algorithms.md's table: poisson at 0.9L,
                                        1.1L and 2L, onoff and boundary, with their defaults
   R is requests per window as a multiple of L ("1.1L") or per second ("55"); N a count or a
   multiple of L; durations as in Go ("500ms", "20s").`
