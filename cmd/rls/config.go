@@ -43,6 +43,7 @@ type Config struct {
 	DefaultAlgorithm              string // of rules naming none, files and xDS; a compat mode may set it before Validate
 	FleetSize, MinFleetSize       int
 	OverLimitCache                bool
+	Reserve                       bool
 	LocalMaxBytes, MemoryMaxBytes int64
 	ResponseHeaders               bool
 
@@ -130,6 +131,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.FleetSize, "fleet-size", 0, "replicas sharing the limits, for the fail-open share; 0 learns it")
 	fs.IntVar(&c.MinFleetSize, "min-fleet-size", 1, "least fleet size learned, and assumed before the first heartbeat")
 	fs.BoolVar(&c.OverLimitCache, "over-limit-cache", true, "deny what the store found over its limit locally until its retry time")
+	fs.BoolVar(&c.Reserve, "reserve", true, "Redis: decide hot keys from slices of hits reserved in the store")
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes of the local tables (over-limit cache, fail-open buckets)")
 	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters; the oldest are evicted beyond it")
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-* headers, and Retry-After to OVER_LIMIT answers")
@@ -166,7 +168,7 @@ var helpGroups = []helpGroup{
 		[][2]string{{"GOGC, GOMEMLIMIT", "the Go runtime's; with neither set, rls tunes GOGC itself"}}},
 	{"Redis", []string{"redis-url", "redis-timeout"},
 		[][2]string{{redisPasswordEnv, "Redis password, overriding the URL's (never a flag: ps shows flags)"}}},
-	{"Limits", []string{"on-store-error", "default-algorithm", "fleet-size", "min-fleet-size", "over-limit-cache", "local-max-bytes",
+	{"Limits", []string{"on-store-error", "default-algorithm", "fleet-size", "min-fleet-size", "over-limit-cache", "reserve", "local-max-bytes",
 		"memory-max-bytes", "response-headers"}, nil},
 	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
 	{"xDS", []string{"config-source", "xds-server", "xds-node-id", "xds-tls-ca", "xds-tls-cert", "xds-tls-key"}, nil},

@@ -218,8 +218,8 @@ func TestHelp(t *testing.T) {
 	}
 	n := 0
 	newFlagSet(defaultConfig(), io.Discard).VisitAll(func(*flag.Flag) { n++ })
-	if flags != n || n > 39 {
-		t.Errorf("the help shows %d flags of %d; want all, and at most 39", flags, n)
+	if flags != n || n > 50 {
+		t.Errorf("the help shows %d flags of %d; want all, and at most 50", flags, n)
 	}
 }
 

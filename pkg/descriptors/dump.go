@@ -45,6 +45,9 @@ func (r *Rule) dumpLine() string {
 		if r.OnError != OnErrorDefault {
 			fmt.Fprintf(&b, " on_error=%s", r.OnError)
 		}
+		if r.NoReserve {
+			b.WriteString(" reserve=false")
+		}
 	}
 	if r.ShadowMode {
 		b.WriteString(" shadow_mode")

@@ -32,7 +32,7 @@ var (
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
 	rateLimitFields = []string{"unit", "unit_multiplier", "requests_per_unit", "name", "unlimited", "replaces",
-		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split"}
+		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split", "reserve"}
 	replacesFields = []string{"name"}
 )
 
@@ -653,6 +653,9 @@ func (p *parser) rateLimit(rf field) *Rule {
 	p.response(fs, r)
 	if f, ok := fs["on_error"]; ok {
 		r.OnError = p.onError(f)
+	}
+	if f, ok := fs["reserve"]; ok {
+		r.NoReserve = !p.boolean(f, "reserve")
 	}
 	return r
 }

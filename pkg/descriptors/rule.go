@@ -22,17 +22,20 @@ type Rule struct {
 	Precision       uint32 // sliding window sub-windows (2..MaxPrecision); 0 or 1: the two-counter window
 	Split           uint32 // sub-keys a key's counter is spread over (1..MaxSplit, see Splits); 0 or 1: none
 	OnError         OnError
-	ShadowMode      bool
-	DetailedMetric  bool
-	QuotaMode       bool     // the descriptor's quota_mode flag, carried for the service
-	Replaces        []string // names of the limits this one replaces
-	ResponseBody    string   // body of the 429 when this rule denies (raw_body); may be empty
-	ContentType     string   // content-type of ResponseBody; empty means Envoy's default
-	Domain          string
-	Path            string // place in the YAML: key or key=value per level, joined by '/'
-	File            string
-	Line            int  // line of the rate_limit field in File
-	Override        bool // made from a request's limit override (OverrideRule)
+	// NoReserve keeps the rule's keys off reservations (reserve: false):
+	// every request goes to the store.
+	NoReserve      bool
+	ShadowMode     bool
+	DetailedMetric bool
+	QuotaMode      bool     // the descriptor's quota_mode flag, carried for the service
+	Replaces       []string // names of the limits this one replaces
+	ResponseBody   string   // body of the 429 when this rule denies (raw_body); may be empty
+	ContentType    string   // content-type of ResponseBody; empty means Envoy's default
+	Domain         string
+	Path           string // place in the YAML: key or key=value per level, joined by '/'
+	File           string
+	Line           int  // line of the rate_limit field in File
+	Override       bool // made from a request's limit override (OverrideRule)
 	// Metadata is the descriptor's metadata field, returned (merged with
 	// the other passing descriptors') as the response's dynamic metadata
 	// when the service is asked to; nil when absent.
