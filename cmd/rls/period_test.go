@@ -14,7 +14,7 @@ import (
 
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
-	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/testkit"
 	"github.com/rls-project/rls/pkg/xds/xdstest"
 )
@@ -33,23 +33,23 @@ func TestDefaultAlgorithmFiles(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, tc := range []struct {
 		args []string
-		want descriptors.Algorithm
+		want store.Algorithm
 	}{
-		{nil, descriptors.SlidingWindow},
-		{[]string{"--default-algorithm", "fixed_window"}, descriptors.FixedWindow},
-		{[]string{"--default-algorithm", "FIXED_WINDOW"}, descriptors.FixedWindow},
-		{[]string{"--default-algorithm", "token_bucket"}, descriptors.TokenBucket},
+		{nil, store.SlidingWindow},
+		{[]string{"--default-algorithm", "fixed_window"}, store.FixedWindow},
+		{[]string{"--default-algorithm", "FIXED_WINDOW"}, store.FixedWindow},
+		{[]string{"--default-algorithm", "token_bucket"}, store.TokenBucket},
 	} {
 		cfg := testConfig(t, append([]string{"--config-dir", dir}, tc.args...)...)
 		rules, err := loadRules(cfg, log)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := map[string]descriptors.Algorithm{}
+		got := map[string]store.Algorithm{}
 		for _, r := range rules.Rules() {
 			got[r.Path] = r.Algorithm
 		}
-		if got["none"] != tc.want || got["named"] != descriptors.TokenBucket {
+		if got["none"] != tc.want || got["named"] != store.TokenBucket {
 			t.Errorf("%v: rules %v, want none %s and named token_bucket", tc.args, got, tc.want)
 		}
 	}

@@ -377,6 +377,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		Poll:             a.cfg.ConfigPoll,
 		MaxFileBytes:     a.cfg.ConfigMaxBytes,
 		AllowEmpty:       a.cfg.AllowEmptyConfig,
+		AllowEmptyName:   optionNames["reload.AllowEmpty"],
 		MergeDomains:     a.cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"],
 		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
@@ -701,7 +702,7 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 
 // loadOptions are the options of loading the config files.
 func loadOptions(cfg *Config) descriptors.LoadOptions {
-	alg, _ := descriptors.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
+	alg, _ := store.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg}
 }

@@ -26,6 +26,7 @@ var optionNames = map[string]string{
 	"redis.Timeout":            flagRef("redis-timeout"),
 	"redis.Password":           redisPasswordEnv,
 	"descriptors.MergeDomains": flagRef("merge-domains"),
+	"reload.AllowEmpty":        flagRef("allow-empty-config"),
 }
 
 // userError turns a package's option error into one naming the setting

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // Config is a loaded, validated set of domains. It is immutable after Load
@@ -16,7 +18,7 @@ type Config struct {
 	hash    string
 	// defaultAlg is the algorithm of an override that matches no rule
 	// (ParseOptions.DefaultAlgorithm).
-	defaultAlg Algorithm
+	defaultAlg store.Algorithm
 }
 
 // level is the set of descriptors at one depth below a parent.

@@ -5,6 +5,8 @@ import (
 	"unicode/utf8"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // AppendKey appends to dst the store key of the counter that rule r keeps
@@ -31,12 +33,12 @@ import (
 // sliding-window rule of window 0. AppendKey does not allocate when dst has
 // enough capacity.
 func AppendKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, r *Rule) []byte {
-	var alg Algorithm
+	var alg store.Algorithm
 	var secs int64
 	if r != nil {
 		alg, secs = r.Algorithm, r.WindowSeconds()
 	}
-	if alg == TokenBucket {
+	if alg == store.TokenBucket {
 		dst = append(dst, "tb:{"...)
 	} else {
 		dst = append(dst, "rl:{"...)
@@ -48,15 +50,15 @@ func AppendKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescripto
 	}
 	dst = append(dst, "}:"...)
 	switch alg {
-	case TokenBucket:
+	case store.TokenBucket:
 		dst = append(dst, 't')
-	case FixedWindow:
+	case store.FixedWindow:
 		dst = append(dst, 'f')
 	default:
 		dst = append(dst, 's')
 	}
 	dst = strconv.AppendInt(dst, secs, 10)
-	if r != nil && alg == SlidingWindow && r.Precision >= 2 {
+	if r != nil && alg == store.SlidingWindow && r.Precision >= 2 {
 		dst = append(dst, 'p')
 		dst = strconv.AppendUint(dst, uint64(r.Precision), 10)
 	}

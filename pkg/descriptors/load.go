@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // DefaultMaxFileBytes is the largest config file Load reads: 8 MiB, eight
@@ -31,7 +33,7 @@ type LoadOptions struct {
 	MergeDomainsName string
 	// DefaultAlgorithm is the algorithm of rules that name none [sliding
 	// window] (see ParseOptions).
-	DefaultAlgorithm Algorithm
+	DefaultAlgorithm store.Algorithm
 }
 
 // parseOptions are the options of parsing what was loaded.

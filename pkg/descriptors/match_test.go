@@ -8,6 +8,8 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // entries builds request entries from key, value pairs.
@@ -185,7 +187,7 @@ func TestOverrideRule(t *testing.T) {
 		base *Rule
 		want Rule
 	}{
-		{"from base", base, Rule{Name: "v1", Unit: UnitHour, RequestsPerUnit: 42, Algorithm: TokenBucket,
+		{"from base", base, Rule{Name: "v1", Unit: UnitHour, RequestsPerUnit: 42, Algorithm: store.TokenBucket,
 			OnError: OnErrorFailClosed, Domain: "api", Path: base.Path, File: base.File, Line: base.Line, Override: true}},
 		{"no base", nil, Rule{Unit: UnitHour, RequestsPerUnit: 42, Domain: "api", Override: true}},
 		{"unlimited base", cfg.Match("api", entries("free", "x")), Rule{Name: "free", Unit: UnitHour, RequestsPerUnit: 42,

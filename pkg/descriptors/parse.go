@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // maxNodes bounds the descriptors one file may expand to (aliases can
@@ -51,7 +53,7 @@ type ParseOptions struct {
 	// override that matches no rule. The zero value is SlidingWindow. It
 	// never changes what is valid: a file accepted with one default is
 	// accepted with any other.
-	DefaultAlgorithm Algorithm
+	DefaultAlgorithm store.Algorithm
 }
 
 // Parse is ParseWith with the default options: one domain per file.
@@ -153,7 +155,7 @@ type parser struct {
 	exceeded bool
 	rules    []*Rule
 	// defaultAlg is ParseOptions.DefaultAlgorithm.
-	defaultAlg Algorithm
+	defaultAlg store.Algorithm
 }
 
 // field is one key/value pair of a YAML mapping.
@@ -732,7 +734,7 @@ func (p *parser) algorithm(fs map[string]field, r *Rule) {
 	}()
 	if f, ok := fs["algorithm"]; ok {
 		if s, ok := p.str(f, "algorithm"); ok {
-			if a, ok := ParseAlgorithm(s); ok {
+			if a, ok := store.ParseAlgorithm(s); ok {
 				r.Algorithm = a
 			} else {
 				p.errorf(f.val, "algorithm", "invalid algorithm %q; choices are sliding_window, token_bucket, fixed_window", s)
@@ -740,11 +742,11 @@ func (p *parser) algorithm(fs map[string]field, r *Rule) {
 		}
 	}
 	if f, ok := fs["precision"]; ok {
-		if r.Algorithm != SlidingWindow {
+		if r.Algorithm != store.SlidingWindow {
 			p.errorf(f.key, "precision", "only valid with algorithm: sliding_window (the default)")
 		} else if n, ok := p.uint32Field(f, "precision"); ok {
-			if n < 1 || n > MaxPrecision {
-				p.errorf(f.val, "precision", "must be 1 to %d sub-windows per window, got %d", MaxPrecision, n)
+			if n < 1 || n > store.MaxPrecision {
+				p.errorf(f.val, "precision", "must be 1 to %d sub-windows per window, got %d", store.MaxPrecision, n)
 			}
 			r.Precision = n
 		}
@@ -753,7 +755,7 @@ func (p *parser) algorithm(fs map[string]field, r *Rule) {
 	if !ok {
 		return
 	}
-	if r.Algorithm != TokenBucket {
+	if r.Algorithm != store.TokenBucket {
 		p.errorf(f.key, "burst", "only valid with algorithm: token_bucket")
 	} else if b, ok := p.uint32Field(f, "burst"); ok {
 		if b < 1 {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 const periodsYAML = `domain: api
@@ -147,12 +149,12 @@ descriptors:
   - key: bucket
     rate_limit: {unit: minute, requests_per_unit: 3, algorithm: token_bucket, burst: 5}
 `
-	for _, def := range []Algorithm{SlidingWindow, FixedWindow, TokenBucket} {
+	for _, def := range []store.Algorithm{store.SlidingWindow, store.FixedWindow, store.TokenBucket} {
 		cfg, err := ParseWith(map[string][]byte{"a.yaml": []byte(y)}, ParseOptions{DefaultAlgorithm: def})
 		if err != nil {
 			t.Fatalf("%s: %v", def, err)
 		}
-		for key, want := range map[string]Algorithm{"none": def, "named": SlidingWindow, "precise": SlidingWindow, "bucket": TokenBucket} {
+		for key, want := range map[string]store.Algorithm{"none": def, "named": store.SlidingWindow, "precise": store.SlidingWindow, "bucket": store.TokenBucket} {
 			if got := cfg.Match("api", entries(key, "v")).Algorithm; got != want {
 				t.Errorf("default %s: rule %s has %s, want %s", def, key, got, want)
 			}
@@ -160,7 +162,7 @@ descriptors:
 		if got := cfg.MatchOverride("api", entries("nothing", "v"), 1, UnitSecond, 1).Algorithm; got != def {
 			t.Errorf("default %s: override without a rule has %s", def, got)
 		}
-		if got := cfg.MatchOverride("api", entries("named", "v"), 1, UnitSecond, 1).Algorithm; got != SlidingWindow {
+		if got := cfg.MatchOverride("api", entries("named", "v"), 1, UnitSecond, 1).Algorithm; got != store.SlidingWindow {
 			t.Errorf("default %s: override of a named rule has %s, want the rule's", def, got)
 		}
 		// burst still needs token_bucket named, whatever the default.

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // Rule is one configured limit (the rate_limit of a descriptor) or a limit
@@ -15,7 +17,7 @@ type Rule struct {
 	UnitMultiplier  uint32 // units per window (unit_multiplier); 0 or 1: one unit
 	RequestsPerUnit uint32 // requests per window: per UnitMultiplier units
 	Unlimited       bool   // never limited: answer OK without counting
-	Algorithm       Algorithm
+	Algorithm       store.Algorithm
 	Burst           uint32 // token bucket capacity as configured; 0 means RequestsPerUnit
 	Precision       uint32 // sliding window sub-windows (2..MaxPrecision); 0 or 1: the two-counter window
 	Split           uint32 // sub-keys a key's counter is spread over (1..MaxSplit, see Splits); 0 or 1: none

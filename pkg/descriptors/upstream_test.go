@@ -1,4 +1,5 @@
-// Replay of envoyproxy/ratelimit's config tests against rls (issue #16).
+// Replay of envoyproxy/ratelimit's config tests against rls, so a config
+// upstream accepts (or rejects) means the same to rls.
 //
 // Source: test/config/config_test.go of envoyproxy/ratelimit at commit
 // f2fb15770f7fd1c88ca6c3a1b58ee513917ace96 (2026-07-05). The YAML files it

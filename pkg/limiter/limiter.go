@@ -1,5 +1,5 @@
-// Package limiter makes the decision around a store (components 1 and 3 of
-// seed-lld.md):
+// Package limiter makes the decision around a store, between the service
+// that answers the request and the store that counts:
 //
 //   - It gives the store the caller's time, not its own: a call is bounded by
 //     the gRPC caller's deadline minus a margin for the answer, and by the

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // TestPolicyWithUnknownFieldRefused: RateLimitPolicy has no period
@@ -45,12 +46,12 @@ func TestPolicyWithUnknownFieldRefused(t *testing.T) {
 	// Without the unknown field it builds, and a period is one unit.
 	clean := proto.Clone(decoded).(*rlsconf.RateLimitConfig)
 	clean.Descriptors[1].Descriptors[0].RateLimit.ProtoReflect().SetUnknown(nil)
-	cfg, err := Build([]*rlsconf.RateLimitConfig{clean}, descriptors.ParseOptions{DefaultAlgorithm: descriptors.FixedWindow})
+	cfg, err := Build([]*rlsconf.RateLimitConfig{clean}, descriptors.ParseOptions{DefaultAlgorithm: store.FixedWindow})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := cfg.Match("api", entries("k2", "x", "n", "y"))
-	if r == nil || r.Window().Minutes() != 1 || r.Algorithm != descriptors.FixedWindow {
+	if r == nil || r.Window().Minutes() != 1 || r.Algorithm != store.FixedWindow {
 		t.Errorf("clean policy: %+v, want a one-minute fixed window (the default algorithm)", r)
 	}
 }
