@@ -18,6 +18,35 @@
 #   BENCH_PEER_ENV="REDIS_PIPELINE_WINDOW=150us" make bench   # extra env for the peer, recorded in the report
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# write_config DIR: the YAML both servers load (rls from --config-dir, the
+# peer from its runtime directory), one file per domain.
+write_config() {
+  mkdir -p "$1"
+  cat > "$1/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: api_key
+    rate_limit: {name: per-key, unit: second, requests_per_unit: 1000000000}
+    descriptors:
+      - key: route
+        rate_limit: {name: per-route, unit: second, requests_per_unit: 1000000000}
+YAML
+  cat > "$1/blocked.yaml" <<'YAML'
+domain: blocked
+descriptors:
+  - key: api_key
+    rate_limit: {name: tiny, unit: hour, requests_per_unit: 1}
+YAML
+  # (g): one hot key sent 5,000/s against a limit of 2,500/s.
+  cat > "$1/hot.yaml" <<'YAML'
+domain: hot
+descriptors:
+  - key: api_key
+    rate_limit: {name: hot, unit: second, requests_per_unit: 2500}
+YAML
+}
+# scripts/bench.sh --print-config DIR writes the config alone (scripts/redis_profile.sh uses it).
+if [ "${1:-}" = --print-config ]; then write_config "$2"; exit 0; fi
 QUICK=${BENCH_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
   DUR=${BENCH_DURATION:-3s}; WARMUP=${BENCH_WARMUP:-1s}; ROUNDS=${BENCH_ROUNDS:-1}
@@ -116,22 +145,7 @@ go test -run '^$' -bench 'BenchmarkDecision|BenchmarkHandler' -benchmem -count "
 go test -run '^$' -bench 'BenchmarkCachedDenial' -benchmem -count "$MICRO_COUNT" ./pkg/limiter/ | tee -a "$OUT/micro.txt"
 fi
 
-mkdir -p "$WORK/config"
-cat > "$WORK/config/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: api_key
-    rate_limit: {name: per-key, unit: second, requests_per_unit: 1000000000}
-    descriptors:
-      - key: route
-        rate_limit: {name: per-route, unit: second, requests_per_unit: 1000000000}
-YAML
-cat > "$WORK/config/blocked.yaml" <<'YAML'
-domain: blocked
-descriptors:
-  - key: api_key
-    rate_limit: {name: tiny, unit: hour, requests_per_unit: 1}
-YAML
+write_config "$WORK/config"
 # The peer reads the same files: with RUNTIME_WATCH_ROOT=false it loads
 # $RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config/*.yaml.
 mkdir -p "$WORK/peer/ratelimit/config"
