@@ -263,3 +263,72 @@ func TestPipelineFunctionMissing(t *testing.T) {
 		t.Errorf("%d pipelines, want 2", d)
 	}
 }
+
+// ACLRules are the ACL rules docs/redis.md gives for rls's Redis user:
+// every command the store sends or its scripts run, and nothing else.
+var ACLRules = []string{"~*", "resetchannels", "-@all",
+	"+fcall", "+fcall_ro", "+function|load", // the Function library
+	"+evalsha", "+eval", // the script fallback, and the fleet's heartbeat script
+	"+time", "+mget", "+set", "+pttl", "+pexpire", // run by decide.lua
+	"+zremrangebyscore", "+zadd", "+zcard", "+zrem", // the fleet's heartbeats
+	"+del", "+ping", "+hello", "+cluster|slots", "+cluster|shards"}
+
+// TestACLRules: a user with just ACLRules decides, peeks, deletes and
+// beats on the Function path; without +function|load it falls back to
+// EVALSHA and does the same.
+func TestACLRules(t *testing.T) {
+	srv := redistest.StartServer(t)
+	admin := srv.Client()
+	t.Cleanup(func() { admin.Close() })
+	ctx := context.Background()
+	for _, tc := range []struct {
+		user  string
+		extra []string
+		mode  string
+	}{{"rls", nil, ScriptFunction}, {"rlsnofn", []string{"-function|load"}, ScriptEval}} {
+		args := []any{"ACL", "SETUSER", tc.user, "reset", "on", ">secret"}
+		for _, r := range append(append([]string(nil), ACLRules...), tc.extra...) {
+			args = append(args, r)
+		}
+		if err := admin.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: tc.user, Password: "secret"})
+		t.Cleanup(func() { c.Close() })
+		s := mustNew(t, Options{Client: c, Timeout: time.Second})
+		if err := s.Ping(ctx); err != nil {
+			t.Fatalf("%s: Ping: %v", tc.user, err)
+		}
+		if got := s.ScriptModes()[tc.mode]; got != 1 {
+			t.Fatalf("%s: ScriptModes() = %v, want %s", tc.user, s.ScriptModes(), tc.mode)
+		}
+		key := "rl:{acl}:" + tc.user
+		if n := decideN(t, s, key, 3); n != 2 { // the third is denied: PTTL
+			t.Errorf("%s: %d of 3 allowed, want 2", tc.user, n)
+		}
+		res := make([]store.Result, 1)
+		if err := s.Peek(ctx, []store.Check{{Key: key, Limit: 2, Window: time.Minute}}, res); err != nil {
+			t.Errorf("%s: Peek: %v", tc.user, err)
+		}
+		if n, err := s.Heartbeat(ctx, "r1", time.Second); err != nil || n != 1 {
+			t.Errorf("%s: Heartbeat = %d, %v", tc.user, n, err)
+		}
+		if err := s.Leave(ctx, "r1"); err != nil {
+			t.Errorf("%s: Leave: %v", tc.user, err)
+		}
+		if err := s.Delete(ctx, key); err != nil {
+			t.Errorf("%s: Delete: %v", tc.user, err)
+		}
+		// A key without a TTL denied: PEXPIRE gives it one.
+		empty := lua.State{Algorithm: lua.AlgTokenBucket, Tokens: 0, LastRefill: 1e18}.Encode()
+		if err := admin.Set(ctx, key, empty, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if r := decide(t, s, store.Check{Key: key, Algorithm: store.TokenBucket, Limit: 2, Window: time.Minute, Hits: 1}); r[0].Allowed {
+			t.Errorf("%s: an empty bucket allowed a hit", tc.user)
+		}
+		if ttl := admin.PTTL(ctx, key).Val(); ttl <= 0 {
+			t.Errorf("%s: PTTL %v after the denial, want the TTL restored", tc.user, ttl)
+		}
+	}
+}

@@ -85,7 +85,7 @@ func TestBadStateIsFresh(t *testing.T) {
 	}
 }
 
-// TestDenialRestoresTTL: a count far above the limit written without a TTL
+// TestDenialRestoresTTL: a state that denies for long, written without a TTL
 // (which would deny the key for ever, since denials never write) gets the
 // TTL a write would set when a check is denied on it, on one-check calls
 // and requests of two checks; a peek writes nothing and leaves it.
@@ -98,16 +98,21 @@ func TestDenialRestoresTTL(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		s := mustNew(t, Options{Client: c, Timeout: time.Second})
 		ctx := context.Background()
-		huge := strconv.FormatInt(1e15*8, 10) // compact sliding window: 2^24 saturated counts
+		// A bucket last refilled far in the future: empty until then, a
+		// value this script never writes but one that parses.
+		huge := lua.State{Algorithm: lua.AlgTokenBucket, Tokens: 0, LastRefill: 1e18}.Encode()
+		bucket := func(key string, hits uint64) store.Check {
+			return store.Check{Key: key, Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: hits}
+		}
 		for _, tc := range []struct {
 			name   string
 			checks []store.Check
 			peek   bool
 		}{
-			{"one check", []store.Check{{Key: "rl:{ttl}:a", Limit: 3, Window: time.Minute, Hits: 1}}, false},
-			{"check-only", []store.Check{{Key: "rl:{ttl}:b", Limit: 3, Window: time.Minute}}, false},
-			{"two checks", []store.Check{{Key: "rl:{ttl}:c", Limit: 3, Window: time.Minute, Hits: 1}, {Key: "rl:{ttl}:c2", Limit: 3, Window: time.Minute, Hits: 1}}, false},
-			{"peek", []store.Check{{Key: "rl:{ttl}:d", Limit: 3, Window: time.Minute, Hits: 1}}, true},
+			{"one check", []store.Check{bucket("tb:{ttl}:a", 1)}, false},
+			{"check-only", []store.Check{bucket("tb:{ttl}:b", 0)}, false},
+			{"two checks", []store.Check{bucket("tb:{ttl}:c", 1), bucket("tb:{ttl}:c2", 1)}, false},
+			{"peek", []store.Check{bucket("tb:{ttl}:d", 1)}, true},
 		} {
 			name := srv.mode + "/" + tc.name
 			key := tc.checks[0].Key
@@ -131,7 +136,7 @@ func TestDenialRestoresTTL(t *testing.T) {
 			case tc.peek && ttl != -1:
 				t.Errorf("%s: PTTL %v, want none: a peek writes nothing", name, ttl)
 			case !tc.peek && (ttl <= 0 || ttl > 2*time.Minute):
-				t.Errorf("%s: PTTL %v, want the sliding window's (at most 2 minutes)", name, ttl)
+				t.Errorf("%s: PTTL %v, want the bucket's (61 s)", name, ttl)
 			}
 			if v, _ := c.Get(ctx, key).Result(); v != huge {
 				t.Errorf("%s: value %q changed; a denial writes no count", name, v)
