@@ -431,7 +431,7 @@ func (co *coalescer) sendPipeline(ctx context.Context, us []unit, sc *scratch) b
 	}
 	if retry > 0 {
 		if missing {
-			functions = co.scripts.load(ctx, co.loader(), "the node did not have it")
+			functions = co.scripts.reload(ctx, co.loader())
 		} else {
 			functions = co.scripts.mode.Load() == modeFunction
 		}

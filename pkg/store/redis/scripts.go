@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -23,7 +24,7 @@ import (
 // A node's mode is found on its first call (or first readiness Ping) by
 // loading the library: loaded, it is ScriptFunction; refused (an error
 // reply other than an outage's), ScriptEval; an outage leaves it unknown
-// and the call goes by EVALSHA, to be tried again on the next one. A
+// and the call goes by EVALSHA, to be tried again a second later. A
 // node that later answers FCALL with "Function not found" (restarted
 // without persistence, a failover to a node that never had the library,
 // FUNCTION FLUSH) gets the library again and the call is retried once; a
@@ -47,7 +48,8 @@ const (
 // scripts is one node's script mode.
 type scripts struct {
 	mode    atomic.Int32
-	loading atomic.Bool // a FUNCTION LOAD is under way
+	loading atomic.Bool  // a FUNCTION LOAD is under way
+	retryAt atomic.Int64 // unix nanoseconds: after an outage, no load before
 	node    string
 	onMode  func(node, mode, reason string)
 }
@@ -70,6 +72,9 @@ func (sc *scripts) functions(ctx context.Context, node redis.Cmdable) bool {
 	case modeFunction:
 		return true
 	case modeEval:
+		return false
+	}
+	if time.Now().UnixNano() < sc.retryAt.Load() {
 		return false
 	}
 	return sc.load(ctx, node, "")
@@ -98,7 +103,25 @@ func (sc *scripts) load(ctx context.Context, node redis.Cmdable, why string) boo
 		sc.set(modeEval, "FUNCTION LOAD refused: "+err.Error())
 		return false
 	}
-	return false // an outage: try again on a later call
+	// An outage: try again on a call after loadRetry, and go by EVALSHA
+	// until then, so that a node that is down or out of memory does not
+	// cost every call a second round trip.
+	sc.retryAt.Store(time.Now().Add(loadRetry).UnixNano())
+	return false
+}
+
+// loadRetry is how long a node whose FUNCTION LOAD met an outage goes by
+// EVALSHA before the library is tried again.
+const loadRetry = time.Second
+
+// reload loads the library again on a node that answered "Function not
+// found", unless a load met an outage less than loadRetry ago, and reports
+// whether it did.
+func (sc *scripts) reload(ctx context.Context, node redis.Cmdable) bool {
+	if time.Now().UnixNano() < sc.retryAt.Load() {
+		return false
+	}
+	return sc.load(ctx, node, "the node did not have it")
 }
 
 // refused reports whether err is Redis refusing a command, not failing to
@@ -146,7 +169,7 @@ func (co *coalescer) run(ctx context.Context, c redis.Cmdable, keys []string, ar
 		err := cmd.Err()
 		switch {
 		case functionMissing(err):
-			if !sc.load(ctx, co.loader(), "the node did not have it") {
+			if !sc.reload(ctx, co.loader()) {
 				return runEval(ctx, c, keys, args)
 			}
 			cmd = fcall(ctx, c, keys, args)

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -330,5 +331,44 @@ func TestACLRules(t *testing.T) {
 		if ttl := admin.PTTL(ctx, key).Val(); ttl <= 0 {
 			t.Errorf("%s: PTTL %v after the denial, want the TTL restored", tc.user, ttl)
 		}
+	}
+}
+
+// TestScriptLoadBackoff: a node that cannot load the library for an outage
+// (here out of memory: FUNCTION LOAD and every write are refused with OOM)
+// is not asked again on every call: one load, then EVALSHA until
+// loadRetry has passed.
+func TestScriptLoadBackoff(t *testing.T) {
+	srv := redistest.StartServer(t, "--maxmemory", "1", "--maxmemory-policy", "noeviction")
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	s := mustNew(t, Options{Client: c, Timeout: time.Second})
+	ctx := context.Background()
+	check := []store.Check{{Key: "rl:{oom}:a", Limit: 2, Window: time.Minute, Hits: 1}}
+	start := time.Now()
+	for range 5 {
+		if err := s.Decide(ctx, check, make([]store.Result, 1)); !errors.Is(err, store.ErrUnavailable) {
+			t.Fatalf("Decide on an out-of-memory Redis: %v, want ErrUnavailable", err)
+		}
+	}
+	if time.Since(start) >= loadRetry {
+		t.Skip("the machine was too slow to make 5 calls within loadRetry")
+	}
+	info := c.Info(ctx, "commandstats").Val()
+	rejected := -1
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_function|load:"); ok {
+			for kv := range strings.SplitSeq(strings.TrimSpace(rest), ",") {
+				if v, ok := strings.CutPrefix(kv, "rejected_calls="); ok {
+					rejected, _ = strconv.Atoi(v)
+				}
+			}
+		}
+	}
+	if rejected != 1 {
+		t.Errorf("FUNCTION LOAD refused %d times for 5 calls, want 1; commandstats:\n%s", rejected, info)
+	}
+	if got := s.ScriptModes(); got[ScriptFunction]+got[ScriptEval] != 0 {
+		t.Errorf("ScriptModes() = %v, want the mode still unknown", got)
 	}
 }
