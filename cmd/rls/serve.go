@@ -212,6 +212,7 @@ func (a *app) buildStore() error {
 	}
 	if rs, ok := raw.(*redisstore.Store); ok {
 		telemetry.RegisterBreakers(a.reg, rs)
+		telemetry.RegisterScriptMode(a.reg, rs)
 	}
 	a.rawStore = raw
 	a.st = telemetry.NewMeteredStore(raw, a.reg)
