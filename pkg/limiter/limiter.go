@@ -29,6 +29,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rls-project/rls/pkg/logthrottle"
 	"github.com/rls-project/rls/pkg/store"
 )
 
@@ -124,6 +125,8 @@ type Options struct {
 	DisableCache bool
 	// Now is the clock [time.Now].
 	Now func() time.Time
+	// After is the timer of the background retries' backoff [time.After].
+	After func(time.Duration) <-chan time.Time
 	// Log receives rate-limited fallback reports and write-back failures [discard].
 	Log *slog.Logger
 }
@@ -202,8 +205,10 @@ type Limiter struct {
 	causes      [numCauses]atomic.Uint64
 	protocol    atomic.Uint64
 	lastFallbk  atomic.Int64 // unix nanoseconds of the last fallback decision
-	lastLogged  atomic.Int64
-	unloggedErr atomic.Uint64
+	fallbackLog *logthrottle.Throttle
+	refundLog   *logthrottle.Throttle
+	bg          background
+	closed      atomic.Bool // Close has returned: no background work is left
 
 	undone, undoRetried, undoLost atomic.Uint64
 	undoUnknown                   atomic.Uint64
@@ -234,6 +239,9 @@ func New(st store.Store, opts Options) *Limiter {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.After == nil {
+		opts.After = time.After
+	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -241,6 +249,9 @@ func New(st store.Store, opts Options) *Limiter {
 		known: newLRU[known](opts.CacheSize, opts.CacheBytes, knownOverhead),
 		local: newLRU[*bucket](opts.BucketsSize, opts.BucketsBytes, bucketOverhead)}
 	l.wb.init(opts.BucketsSize, opts.BucketsBytes)
+	l.bg.init()
+	l.fallbackLog = logthrottle.New(logthrottle.Every, opts.Now)
+	l.refundLog = logthrottle.New(logthrottle.Every, opts.Now)
 	l.pool.New = func() any { return new(scratch) }
 	return l
 }
@@ -313,7 +324,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	// A call that timed out may have reached Redis and run after all: its
 	// consumption is unknown, and is not refunded (a refund of what was not
 	// consumed would admit beyond the limit).
-	sent := err != nil && causeOf(err) == CauseDeadline && !errors.Is(err, errNoTime)
+	sent := err != nil && maybeSent(err)
 	fromStore, unknown := 0, 0
 	for j, i := range sc.idx {
 		if i < 0 {
@@ -337,6 +348,12 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 		l.undo(ctx, items)
 	}
 	return nil
+}
+
+// maybeSent reports whether a store call that failed with err may have
+// reached Redis and run after all: it timed out after it was sent.
+func maybeSent(err error) bool {
+	return causeOf(err) == CauseDeadline && !errors.Is(err, errNoTime)
 }
 
 // errNoTime is the store's answer when the caller's deadline leaves no time
@@ -453,4 +470,25 @@ func (l *Limiter) CachedDenial(c *store.Check) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(k.until - now), true
+}
+
+// Close stops the limiter's background work and waits for it, bounded by
+// ctx: no write-back or refund retry starts after it begins, the retries
+// waiting for their backoff make one last try at once, and what is in
+// flight finishes. When ctx ends first, the store calls still running are
+// cancelled and Close waits for them to return, so nothing the limiter
+// started runs, or calls the store, once Close returns; it then returns
+// ctx's error. A refund not taken by then is counted lost
+// (Counters.UndoLost) and logged. Hits admitted locally and not yet
+// written back stay queued: call WriteBack after Close to hand them over;
+// what that cannot write is counted lost. Decide still works after Close,
+// without background work. Close may be called more than once.
+func (l *Limiter) Close(ctx context.Context) error {
+	lostBefore := l.undoLost.Load()
+	err := l.bg.close(ctx)
+	l.closed.Store(true)
+	if lost := l.undoLost.Load() - lostBefore; lost > 0 {
+		l.opts.Log.Warn("limiter closed with refunds the store did not take: counted lost", "refunds_lost", lost)
+	}
+	return err
 }
