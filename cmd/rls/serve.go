@@ -565,10 +565,17 @@ func (a *app) shutdown(runErr error) {
 	a.writeBack()
 }
 
-// writeBack hands the hits admitted locally while the store could not
-// answer to the store before it is closed, within ShutdownTimeout.
+// writeBack stops the limiter's background work (refund retries and
+// write-backs: what is not done is counted lost), then hands the hits
+// admitted locally while the store could not answer to the store before it
+// is closed, each within ShutdownTimeout.
 func (a *app) writeBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := a.lim.Close(ctx); err != nil {
+		a.log.Warn("limiter background work not done at shutdown", "err", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
 	if err := a.lim.WriteBack(ctx); err != nil {
 		a.log.Warn("write-back of locally admitted hits at shutdown failed; the store does not count them", "err", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -233,4 +234,28 @@ func TestNothingRunsAfterClose(t *testing.T) {
 		t.Errorf("log %q does not report the 2 hits lost", logs.String())
 	}
 	noLeak(t, base)
+}
+
+// timeoutRefunds fails every refund call with a socket read timeout: the
+// call was sent, and Redis may still run it.
+type timeoutRefunds struct{ store.Store }
+
+func (s timeoutRefunds) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
+	if anyRefund(checks) {
+		return fmt.Errorf("redis decide: %w: read tcp 127.0.0.1:1: %w", store.ErrUnavailable, os.ErrDeadlineExceeded)
+	}
+	return s.Store.Decide(ctx, checks, results)
+}
+
+// A refund whose call timed out on the socket may have run: it is counted
+// unknown and never retried (a retry could refund twice).
+func TestSocketTimeoutRefundNotRetried(t *testing.T) {
+	l, ss, _ := newSlotted(t)
+	l.st = timeoutRefunds{ss}
+	if err := l.Decide(context.Background(), []Item{{Check: hourly("a|k=1", 0)}, {Check: hourly("b|k=1", 100)}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := l.Counters(); c.UndoUnknown != 1 || c.UndoRetried != 0 {
+		t.Fatalf("counters %+v, want 1 unknown, 0 retried", c)
+	}
 }

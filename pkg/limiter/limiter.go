@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -351,9 +352,11 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 }
 
 // maybeSent reports whether a store call that failed with err may have
-// reached Redis and run after all: it timed out after it was sent.
+// reached Redis and run after all: it timed out after it was sent (the
+// caller's deadline, or a socket's read timeout, which the net package
+// reports as os.ErrDeadlineExceeded).
 func maybeSent(err error) bool {
-	return causeOf(err) == CauseDeadline && !errors.Is(err, errNoTime)
+	return (causeOf(err) == CauseDeadline && !errors.Is(err, errNoTime)) || errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // errNoTime is the store's answer when the caller's deadline leaves no time

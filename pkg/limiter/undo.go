@@ -91,7 +91,7 @@ func failedRefunds(refunds []store.Check, results []store.Result, err error) (fa
 	if err == nil {
 		return nil, false
 	}
-	maybeRan = errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, errNoTime)
+	maybeRan = maybeSent(err)
 	if !errors.Is(err, store.ErrUnavailable) {
 		return refunds, maybeRan
 	}
