@@ -42,14 +42,8 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 			refunds = append(refunds, *c)
 			continue
 		}
-		if closed || c.Hits == 0 || !r.Allowed || (vetoed && !c.Refund) {
-			continue
-		}
-		b := l.bucket(c, fleet, now)
-		*r = b.take(c, now)
-		r.Undecided = true
-		if r.Allowed && !c.Refund {
-			l.wb.add(c, b, now)
+		if !closed && c.Hits > 0 && r.Allowed && (!vetoed || c.Refund) {
+			l.takeLocally(c, r, fleet, now)
 		}
 	}
 	if len(refunds) > 0 {
@@ -58,6 +52,17 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 	l.causes[causeOf(cause)].Add(1)
 	l.lastFallbk.Store(now)
 	l.logFallback(n, cause)
+}
+
+// takeLocally takes (or refunds) c's hits from its fail-open bucket,
+// setting r, and queues what it admitted for write-back.
+func (l *Limiter) takeLocally(c *store.Check, r *store.Result, fleet int, now int64) {
+	b := l.bucket(c, fleet, now)
+	*r = b.take(c, now)
+	r.Undecided = true
+	if r.Allowed && !c.Refund {
+		l.wb.add(c, b, now)
+	}
 }
 
 // markAllIfNone marks every result undecided when the store marked none:

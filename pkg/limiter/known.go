@@ -49,11 +49,12 @@ func (l *Limiter) lookup(c *store.Check) (known, bool) {
 // consuming, non-shadow check was denied).
 func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
 	hits := 0
+	credits := givesBack(items)
 	for i := range items {
 		it := &items[i]
 		it.Source, it.Result = FromStore, store.Result{}
 		c := &it.Check
-		if l.opts.DisableCache || c.Refund || c.Force {
+		if l.opts.DisableCache || c.Refund || c.Force || (credits && givesBackTo(items, c.Key)) {
 			continue
 		}
 		k, ok := l.lookup(c)
@@ -74,21 +75,51 @@ func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
 	return vetoed
 }
 
-// learn records a result the store decided for c at now.
-func (l *Limiter) learn(c *store.Check, r *store.Result, now int64) {
+// givesBack reports whether items hold a refund: the store applies refunds
+// before the other checks, so a denial it answered before need not hold
+// for their keys.
+func givesBack(items []Item) bool {
+	for i := range items {
+		if c := &items[i].Check; c.Hits > 0 && c.Refund {
+			return true
+		}
+	}
+	return false
+}
+
+// givesBackTo reports whether items refund key.
+func givesBackTo(items []Item, key string) bool {
+	for i := range items {
+		if c := &items[i].Check; c.Hits > 0 && c.Refund && c.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// learn records a result the store decided for c, a check of the
+// sub-batch sc, at now. A denial is remembered for the hits the sub-batch
+// asked of c's key in all (see keyHits): that much was denied, and a
+// request asking for less may pass.
+func (l *Limiter) learn(c *store.Check, r *store.Result, sc *scratch, now int64) {
+	denied := !c.Refund && !c.Force && !r.Allowed && r.RetryAfter > 0 && !l.opts.DisableCache
+	var total uint64
+	if denied {
+		total = sc.keyHits(c.Key)
+	}
 	lruWith(l.known, c.Key, func(k known, ok bool) (known, bool, struct{}) {
 		if !ok || !k.sameRule(c) {
 			k = known{limit: c.Limit, burst: c.Burst, window: c.Window}
 		}
 		k.remaining, k.at = r.Remaining, now
 		switch {
-		case c.Refund || c.Force:
-			// A refund gives budget back; a write-back is not a denial.
-			if c.Refund {
-				k.deniedHits = 0
-			}
-		case !r.Allowed && r.RetryAfter > 0 && !l.opts.DisableCache:
-			k.deniedHits, k.until = max(c.Hits, 1), now+int64(r.RetryAfter)
+		case c.Refund:
+			k.deniedHits = 0 // a refund gives budget back
+		case c.Force: // a write-back is not a denial
+		case denied:
+			k.deniedHits, k.until = total, now+int64(r.RetryAfter)
+		case r.Allowed && max(c.Hits, 1) >= k.deniedHits:
+			k.deniedHits = 0 // the store let as many pass: the denial is over
 		}
 		return k, true, struct{}{}
 	})

@@ -278,7 +278,35 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 
 	sc := l.pool.Get().(*scratch)
 	defer l.pool.Put(sc)
-	sc.idx, sc.checks = sc.idx[:0], sc.checks[:0]
+	if !sc.fill(items, vetoed) {
+		return nil
+	}
+	if l.wb.n.Load() > 0 {
+		l.attachWriteBacks(sc, nowNs)
+	}
+	sc.clearResults()
+
+	err := l.callStore(ctx, now, sc)
+	if len(sc.wb) > 0 {
+		l.settleWriteBacks(sc, err, nowNs)
+		clear(sc.wb) // the pool must not keep buckets alive
+	}
+	if stop, err := l.storeFailed(ctx, err, nowNs, items, sc); stop {
+		return err
+	}
+	unknown := l.collect(items, sc, err, nowNs)
+	if vetoes(items, func(i int) bool { return !items[i].Result.Allowed }) {
+		l.undoUnknown.Add(uint64(unknown))
+		l.undo(ctx, items)
+	}
+	return nil
+}
+
+// fill makes sc the sub-batch of items the cache did not answer (only
+// checking, when the cache denied the request), and reports whether it
+// has any check.
+func (sc *scratch) fill(items []Item, vetoed bool) bool {
+	sc.idx, sc.checks, sc.wb = sc.idx[:0], sc.checks[:0], sc.wb[:0]
 	for i := range items {
 		if items[i].Source == FromCache {
 			continue
@@ -291,42 +319,47 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 		sc.idx = append(sc.idx, i)
 		sc.checks = append(sc.checks, c)
 	}
-	if len(sc.checks) == 0 {
-		return nil
-	}
-	sc.wb = sc.wb[:0]
-	if l.wb.n.Load() > 0 {
-		l.attachWriteBacks(sc, nowNs)
-	}
+	return len(sc.checks) > 0
+}
+
+// clearResults sizes sc.results to sc.checks, zeroed.
+func (sc *scratch) clearResults() {
 	if cap(sc.results) < len(sc.checks) {
 		sc.results = make([]store.Result, len(sc.checks))
 	}
 	sc.results = sc.results[:len(sc.checks)]
 	clear(sc.results)
+}
 
-	err := l.callStore(ctx, now, sc)
-	if len(sc.wb) > 0 {
-		l.settleWriteBacks(sc, err, nowNs)
-		clear(sc.wb) // the pool must not keep buckets alive
-	}
+// storeFailed handles the store call's err: nothing to do but start the
+// write-backs when it answered, the fallback when it could not, and stop
+// (with the error Decide returns) when no fallback covers it or the caller
+// is gone.
+func (l *Limiter) storeFailed(ctx context.Context, err error, now int64, items []Item, sc *scratch) (stop bool, _ error) {
 	switch {
 	case err == nil:
 		l.wb.kick(l)
+		return false, nil
 	case errors.Is(err, store.ErrProtocol):
 		l.protocol.Add(1)
-		return err
+		return true, err
 	case !errors.Is(err, store.ErrUnavailable):
-		return err
+		return true, err
 	case ctx.Err() != nil:
-		return ctx.Err() // the caller is gone; no fallback answer is wanted
-	default:
-		l.fallback(nowNs, items, sc, err)
+		return true, ctx.Err() // the caller is gone; no fallback answer is wanted
 	}
-	// A call that timed out may have reached Redis and run after all: its
-	// consumption is unknown, and is not refunded (a refund of what was not
-	// consumed would admit beyond the limit).
+	l.fallback(now, items, sc, err)
+	return false, nil
+}
+
+// collect copies the sub-batch's results into items and learns what the
+// store decided. It returns the number of consuming checks whose call timed
+// out after it may have been sent: Redis may have run it after all, so
+// their consumption is unknown, and is not refunded (a refund of what was
+// not consumed would admit beyond the limit).
+func (l *Limiter) collect(items []Item, sc *scratch, err error, now int64) (unknown int) {
 	sent := err != nil && maybeSent(err)
-	fromStore, unknown := 0, 0
+	fromStore := 0
 	for j, i := range sc.idx {
 		if i < 0 {
 			continue // a write-back riding along
@@ -341,14 +374,25 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 			continue
 		}
 		fromStore++
-		l.learn(&sc.checks[j], &it.Result, nowNs) // the check as sent (a vetoed one only checked)
+		l.learn(&sc.checks[j], &it.Result, sc, now) // the check as sent (a vetoed one only checked)
 	}
 	l.sources[FromStore].Add(uint64(fromStore))
-	if vetoes(items, func(i int) bool { return !items[i].Result.Allowed }) {
-		l.undoUnknown.Add(uint64(unknown))
-		l.undo(ctx, items)
+	return unknown
+}
+
+// keyHits returns the hits the sub-batch asks of key in all, a check-only
+// check counting one: the store decides a key's checks of one batch
+// against what the earlier ones took, so a denial of any of them is a
+// denial of this total, not of that check's hits alone.
+func (sc *scratch) keyHits(key string) uint64 {
+	var n uint64
+	for j := range sc.checks {
+		c := &sc.checks[j]
+		if sc.idx[j] >= 0 && c.Key == key && !c.Refund && !c.Force {
+			n += max(c.Hits, 1)
+		}
 	}
-	return nil
+	return n
 }
 
 // maybeSent reports whether a store call that failed with err may have

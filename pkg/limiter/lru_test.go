@@ -44,7 +44,7 @@ func TestLRUMaxBytes(t *testing.T) {
 	const n = 20_000 // 80 MB of keys per table
 	for i := range n {
 		c := store.Check{Key: bigKey(i), Limit: 10, Window: 3600e9, Hits: 1}
-		l.learn(&c, &store.Result{Allowed: true, Remaining: 9}, 1)
+		l.learn(&c, &store.Result{Allowed: true, Remaining: 9}, nil, 1)
 		b := l.bucket(&c, 1, 1)
 		b.take(&c, 1)
 		l.wb.add(&c, b, 1)
