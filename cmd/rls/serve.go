@@ -339,13 +339,13 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 	// One byte cap: each entry costs at least a byte, so a key cap equal
 	// to the bytes never binds first.
 	a.lim = limiter.New(a.tracing.Store(a.st), limiter.Options{
-		FleetSize:    a.fleet.Size,
-		CacheSize:    int(cfg.LocalMaxBytes / 2),
-		BucketsSize:  int(cfg.LocalMaxBytes / 4),
-		CacheBytes:   cfg.LocalMaxBytes / 2,
-		BucketsBytes: cfg.LocalMaxBytes / 4,
-		DisableCache: !cfg.OverLimitCache,
-		Log:          a.log,
+		FleetSize:             a.fleet.Size,
+		OverLimitCacheSize:    int(cfg.LocalMaxBytes / 2),
+		BucketsSize:           int(cfg.LocalMaxBytes / 4),
+		OverLimitCacheBytes:   cfg.LocalMaxBytes / 2,
+		BucketsBytes:          cfg.LocalMaxBytes / 4,
+		DisableOverLimitCache: !cfg.OverLimitCache,
+		Log:                   a.log,
 	})
 	telemetry.RegisterLimiter(a.reg, a.lim, a.fleet)
 	a.svc = service.New(rules, a.lim, service.Options{

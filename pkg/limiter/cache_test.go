@@ -67,7 +67,7 @@ func diffRun(t *testing.T, data []byte) {
 	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
 	cached := New(memory.New(memory.Options{Now: clk.Now}), Options{Now: clk.Now})
 	plainStore := memory.New(memory.Options{Now: clk.Now})
-	plain := New(plainStore, Options{Now: clk.Now, DisableCache: true})
+	plain := New(plainStore, Options{Now: clk.Now, DisableOverLimitCache: true})
 	ctx := context.Background()
 	for step := 0; len(data) >= 4; step++ {
 		head := data[0]

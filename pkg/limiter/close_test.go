@@ -129,7 +129,7 @@ func TestClosePendingRefundRetry(t *testing.T) {
 			mem := memory.New(memory.Options{Now: clk.Now})
 			ss := &slotStore{Store: mem}
 			var logs testkit.Buffer
-			l := New(ss, Options{Now: clk.Now, After: clk.After, DisableCache: true,
+			l := New(ss, Options{Now: clk.Now, After: clk.After, DisableOverLimitCache: true,
 				Log: slog.New(slog.NewTextHandler(&logs, nil))})
 			a, b := hourly("a|k=1", 0), hourly("b|k=1", 100)
 			ss.refundsFail.Store(tc.failures)

@@ -106,24 +106,25 @@ type Options struct {
 	// FleetSize returns how many replicas share the limits [always 1]. The
 	// fail-open share of a limit is limit / FleetSize().
 	FleetSize func() int
-	// CacheSize caps the entries of the table of what the store last said
-	// per key (the over-limit cache and the fail-open seeds) [100000].
-	CacheSize int
+	// OverLimitCacheSize caps the entries of the over-limit cache, what the
+	// store last said per key (its denials, and the fail-open seeds) [100000].
+	OverLimitCacheSize int
 	// BucketsSize caps the fail-open buckets' entries, and the keys waiting
 	// for their locally admitted hits to be written back [100000].
 	BucketsSize int
-	// CacheBytes caps the bytes of the table of what the store last said
-	// [DefaultCacheBytes]. An entry counts len(key) plus a per-entry overhead
-	// (the map slot, the node and the value) measured on linux/amd64.
-	CacheBytes int64
+	// OverLimitCacheBytes caps the bytes of the over-limit cache
+	// [DefaultOverLimitCacheBytes]. An entry counts len(key) plus a per-entry
+	// overhead (the map slot, the node and the value) measured on linux/amd64.
+	OverLimitCacheBytes int64
 	// BucketsBytes caps the bytes of the fail-open buckets, and separately
 	// those of the keys waiting for write-back [DefaultBucketsBytes each].
 	BucketsBytes int64
 	// FailClosedRetry is the retry time of a fail_closed denial [1s].
 	FailClosedRetry time.Duration
-	// DisableCache turns the over-limit cache off (every check goes to the
-	// store). What the store said is still remembered for the fallback.
-	DisableCache bool
+	// DisableOverLimitCache turns the over-limit cache's denials off (every
+	// check goes to the store). What the store said is still remembered for
+	// the fallback.
+	DisableOverLimitCache bool
 	// Now is the clock [time.Now].
 	Now func() time.Time
 	// After is the timer of the background retries' backoff [time.After].
@@ -137,8 +138,8 @@ type Options struct {
 // for the fail-open buckets and the pending write-backs (filled only while
 // the store cannot answer).
 const (
-	DefaultCacheBytes   = 32 << 20
-	DefaultBucketsBytes = 16 << 20
+	DefaultOverLimitCacheBytes = 32 << 20
+	DefaultBucketsBytes        = 16 << 20
 )
 
 // What one entry of each local table costs beyond len(key), in bytes: the
@@ -148,9 +149,9 @@ const (
 // maps' growth; the constants are the largest figure rounded up.
 // TestLRUEntryOverhead measures them again.
 const (
-	knownOverhead     = 160 // measured 135-152
-	bucketOverhead    = 192 // measured 167-185
-	writeBackOverhead = 208 // measured 140-203 (the map holds the check inline)
+	overLimitCacheOverhead = 160 // measured 135-152
+	bucketOverhead         = 192 // measured 167-185
+	writeBackOverhead      = 208 // measured 140-203 (the map holds the check inline)
 )
 
 // Item is one check of a request as the limiter decides it: the check and
@@ -195,12 +196,12 @@ type Counters struct {
 
 // Limiter decides batches of checks. It is safe for concurrent use.
 type Limiter struct {
-	st    store.Store
-	opts  Options
-	known *lru[known]
-	local *lru[*bucket]
-	wb    writeBacks
-	pool  sync.Pool // *scratch
+	st             store.Store
+	opts           Options
+	overLimitCache *lru[overLimitEntry]
+	local          *lru[*bucket]
+	wb             writeBacks
+	pool           sync.Pool // *scratch
 
 	sources     [numSources]atomic.Uint64
 	causes      [numCauses]atomic.Uint64
@@ -222,14 +223,14 @@ func New(st store.Store, opts Options) *Limiter {
 	if opts.FleetSize == nil {
 		opts.FleetSize = func() int { return 1 }
 	}
-	if opts.CacheSize <= 0 {
-		opts.CacheSize = 100_000
+	if opts.OverLimitCacheSize <= 0 {
+		opts.OverLimitCacheSize = 100_000
 	}
 	if opts.BucketsSize <= 0 {
 		opts.BucketsSize = 100_000
 	}
-	if opts.CacheBytes <= 0 {
-		opts.CacheBytes = DefaultCacheBytes
+	if opts.OverLimitCacheBytes <= 0 {
+		opts.OverLimitCacheBytes = DefaultOverLimitCacheBytes
 	}
 	if opts.BucketsBytes <= 0 {
 		opts.BucketsBytes = DefaultBucketsBytes
@@ -247,8 +248,8 @@ func New(st store.Store, opts Options) *Limiter {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	l := &Limiter{st: st, opts: opts, undoBackoff: defaultUndoBackoff,
-		known: newLRU[known](opts.CacheSize, opts.CacheBytes, knownOverhead),
-		local: newLRU[*bucket](opts.BucketsSize, opts.BucketsBytes, bucketOverhead)}
+		overLimitCache: newLRU[overLimitEntry](opts.OverLimitCacheSize, opts.OverLimitCacheBytes, overLimitCacheOverhead),
+		local:          newLRU[*bucket](opts.BucketsSize, opts.BucketsBytes, bucketOverhead)}
 	l.wb.init(opts.BucketsSize, opts.BucketsBytes)
 	l.bg.init()
 	l.fallbackLog = logthrottle.New(logthrottle.Every, opts.Now)
@@ -471,7 +472,9 @@ func (l *Limiter) Counters() Counters {
 
 // Table is one local table's size, for metrics.
 type Table struct {
-	Name    string // last_answers, fail_open_buckets or write_backs
+	// Name is the table's metric label: last_answers (the over-limit
+	// cache), fail_open_buckets or write_backs.
+	Name    string
 	Entries int
 	Bytes   int64 // what the entries count against the table's byte cap
 	// Evictions counts the least recently used entries dropped at a cap
@@ -480,12 +483,12 @@ type Table struct {
 	Evictions int64
 }
 
-// Tables returns the sizes of the local tables: what the store last said
-// per key (the over-limit cache and the fail-open seeds), the fail-open
-// buckets, and the keys waiting for write-back. It locks every shard in
+// Tables returns the sizes of the local tables: the over-limit cache (what
+// the store last said per key: its denials and the fail-open seeds), the
+// fail-open buckets, and the keys waiting for write-back. It locks every shard in
 // turn: for scrapes, not for the decision path.
 func (l *Limiter) Tables() [3]Table {
-	kn, kb, ke := l.known.stats()
+	kn, kb, ke := l.overLimitCache.stats()
 	bn, bb, be := l.local.stats()
 	l.wb.mu.Lock()
 	wn, wb := len(l.wb.m), l.wb.bytes
@@ -502,7 +505,7 @@ func (l *Limiter) Tables() [3]Table {
 // an operator is not denied, nor charged, from stale local state.
 func (l *Limiter) Forget(keys ...string) {
 	for _, k := range keys {
-		lruWith(l.known, k, func(v known, _ bool) (known, bool, struct{}) { return v, false, struct{}{} })
+		lruWith(l.overLimitCache, k, func(v overLimitEntry, _ bool) (overLimitEntry, bool, struct{}) { return v, false, struct{}{} })
 		lruWith(l.local, k, func(b *bucket, _ bool) (*bucket, bool, struct{}) { return b, false, struct{}{} })
 		l.wb.drop(k)
 	}

@@ -67,7 +67,7 @@ func newSlottedClock(t *testing.T) (*Limiter, *slotStore, *memory.Store, *testki
 	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
 	mem := memory.New(memory.Options{Now: clk.Now})
 	ss := &slotStore{Store: mem}
-	return New(ss, Options{Now: clk.Now, After: clk.After, DisableCache: true}), ss, mem, clk
+	return New(ss, Options{Now: clk.Now, After: clk.After, DisableOverLimitCache: true}), ss, mem, clk
 }
 
 // advanceUntil moves clk past each backoff wait the limiter's retries are
@@ -152,7 +152,7 @@ func TestUndoFallbackDenial(t *testing.T) {
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
 	mem := memory.New(memory.Options{Now: clk.now})
 	cs := &countingStore{Store: mem, undecided: map[string]bool{"down|k=1": true}}
-	l := New(cs, Options{Now: clk.now, DisableCache: true})
+	l := New(cs, Options{Now: clk.now, DisableOverLimitCache: true})
 	up := hourly("up|k=1", 100)
 	items := []Item{{Check: up}, {Check: hourly("down|k=1", 100), FailClosed: true}}
 	if err := l.Decide(context.Background(), items); err != nil {
