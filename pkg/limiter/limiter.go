@@ -198,8 +198,8 @@ type Counters struct {
 type Limiter struct {
 	st             store.Store
 	opts           Options
-	overLimitCache *lru[overLimitEntry]
-	local          *lru[*bucket]
+	overLimitCache *lruMap[overLimitEntry]
+	local          *lruMap[*bucket]
 	wb             writeBacks
 	pool           sync.Pool // *scratch
 

@@ -24,15 +24,15 @@ func bigKey(i int) string {
 	return fmt.Sprintf("bounds|api_key=%08d|%s", i, strings.Repeat("v", 4096))
 }
 
-func put[V any](l *lru[V], key string, v V) {
+func put[V any](l *lruMap[V], key string, v V) {
 	lruWith(l, key, func(V, bool) (V, bool, struct{}) { return v, true, struct{}{} })
 }
 
-func has[V any](l *lru[V], key string) bool {
+func has[V any](l *lruMap[V], key string) bool {
 	s := l.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.m[key] != nil
+	return s.list.Get(key) != nil
 }
 
 // TestLRUMaxBytes feeds the three local tables of a Limiter 4 KB keys far

@@ -37,11 +37,11 @@ func (l *Limiter) lookup(c *store.Check) (overLimitEntry, bool) {
 	s := l.overLimitCache.shard(c.Key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := s.m[c.Key]
-	if n == nil || !n.val.sameRule(c) {
+	n := s.list.Get(c.Key)
+	if n == nil || !n.Value.sameRule(c) {
 		return overLimitEntry{}, false
 	}
-	return n.val, true
+	return n.Value, true
 }
 
 // fromCache answers the items the over-limit cache denies, marks the others
