@@ -44,13 +44,6 @@ func (b *background) start(f func()) bool {
 	return true
 }
 
-// isClosed reports whether Close has begun.
-func (b *background) isClosed() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.closed
-}
-
 // close refuses new work, ends the backoff waits, and waits for the
 // goroutines to return; when ctx ends first it cancels their store calls
 // and waits for them to return (a store honours its context), then returns

@@ -176,16 +176,17 @@ type Counters struct {
 	// WrittenBack counts hits admitted locally and then written to the store.
 	WrittenBack uint64
 	// WriteBackLost counts hits admitted locally that could not be written
-	// back (the table of pending write-backs was full, or the store refused
-	// them with a protocol error).
+	// back (the table of pending write-backs was full, or the store had not
+	// taken them when the limiter was closed).
 	WriteBackLost uint64
 	// ProtocolErrors counts store answers rls could not use (store.ErrProtocol).
 	ProtocolErrors uint64
 	// Undone counts the checks refunded because their request was denied
 	// after the store consumed them (another Cluster slot or the fallback
 	// denied it, or its quotas); UndoRetried those whose refund the store
-	// could not take at once, and UndoLost those it never took (their
-	// counters keep the consumption until their window passes).
+	// could not take at once, with the clients' refunds (is_negative_hits)
+	// it could not take, and UndoLost those it never took (their counters
+	// keep the consumption until their window passes).
 	Undone, UndoRetried, UndoLost uint64
 	// UndoUnknown counts the consuming checks of denied requests whose store
 	// call, or whose refund, timed out after it may have been sent: Redis

@@ -15,8 +15,9 @@ import (
 // denied after a slot consumed, and a request only its quota checks deny.
 // What the store consumed for such a request (store.Result.Consumed) is
 // refunded before the answer leaves; a refund the store refused (its node
-// down, its breaker open) is retried in the background for a few seconds
-// (Counters.UndoRetried, UndoLost). A call that timed out after it may have
+// down, its breaker open), this one or a client's own (is_negative_hits),
+// is retried in the background for a few seconds (Counters.UndoRetried,
+// UndoLost; Close gives it a last try and counts it lost if that fails). A call that timed out after it may have
 // been sent is never retried or refunded (Counters.UndoUnknown): Redis may
 // still run it, and refunding twice, or refunding what was not consumed,
 // would admit beyond a limit. Until a refund lands, a concurrent request can
