@@ -345,7 +345,9 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		OverLimitCacheBytes:   cfg.LocalMaxBytes / 2,
 		BucketsBytes:          cfg.LocalMaxBytes / 4,
 		DisableOverLimitCache: !cfg.OverLimitCache,
-		Log:                   a.log,
+		// The memory store is local: a slice would save nothing.
+		Reserve: cfg.Reserve && cfg.Store != "memory",
+		Log:     a.log,
 	})
 	telemetry.RegisterLimiter(a.reg, a.lim, a.fleet)
 	a.svc = service.New(rules, a.lim, service.Options{
@@ -356,7 +358,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		QuotaMode:        cfg.QuotaMode,
 		ResponseMetadata: cfg.ResponseMetadata,
 		NearLimitRatio:   cfg.NearLimitRatio,
-		Limits:           service.DefaultLimits, // fixed bounds, listed in the README
+		Limits:           service.DefaultLimits, // fixed bounds, listed in docs/flags.md
 		Metrics:          a.svcMetrics,
 		Log:              a.log,
 		Tracing:          a.tracing.Service(),
@@ -375,8 +377,10 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		Poll:             a.cfg.ConfigPoll,
 		MaxFileBytes:     a.cfg.ConfigMaxBytes,
 		AllowEmpty:       a.cfg.AllowEmptyConfig,
+		AllowEmptyName:   optionNames["reload.AllowEmpty"],
 		MergeDomains:     a.cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"],
+		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.Set(c)
@@ -566,9 +570,11 @@ func (a *app) shutdown(runErr error) {
 }
 
 // writeBack stops the limiter's background work (refund retries and
-// write-backs: what is not done is counted lost), then hands the hits
-// admitted locally while the store could not answer to the store before it
-// is closed, each within ShutdownTimeout.
+// write-backs: what is not done is counted lost), then returns the unused
+// hits of reserved slices, so other replicas can use them in the same
+// window, and hands the hits admitted locally while the store could not
+// answer to the store before it is closed, each step within
+// ShutdownTimeout.
 func (a *app) writeBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
@@ -577,6 +583,13 @@ func (a *app) writeBack() {
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
+	before := a.lim.Counters()
+	if err := a.lim.ReleaseReservations(ctx); err != nil {
+		a.log.Warn("returning reserved hits at shutdown failed; they stay counted until their window ends", "err", err)
+	}
+	if after := a.lim.Counters(); after.ReservedReturned > before.ReservedReturned {
+		a.log.Info("reserved hits returned", "hits", after.ReservedReturned-before.ReservedReturned)
+	}
 	if err := a.lim.WriteBack(ctx); err != nil {
 		a.log.Warn("write-back of locally admitted hits at shutdown failed; the store does not count them", "err", err)
 	}
@@ -696,6 +709,7 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 
 // loadOptions are the options of loading the config files.
 func loadOptions(cfg *Config) descriptors.LoadOptions {
+	alg, _ := store.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
-		MergeDomainsName: optionNames["descriptors.MergeDomains"]}
+		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg}
 }

@@ -1,5 +1,5 @@
-// Package limiter makes the decision around a store (components 1 and 3 of
-// seed-lld.md):
+// Package limiter makes the decision around a store, between the service
+// that answers the request and the store that counts:
 //
 //   - It gives the store the caller's time, not its own: a call is bounded by
 //     the gRPC caller's deadline minus a margin for the answer, and by the
@@ -43,11 +43,12 @@ const (
 	FromCache                    // the local over-limit cache denied it
 	FromFailOpen                 // store unavailable: the local fail-open bucket decided
 	FromFailClosed               // store unavailable: denied by the rule's fail_closed
+	FromReserve                  // admitted from a slice of hits reserved in the store (see reserve.go)
 	numSources
 )
 
 // Sources lists every Source, in order.
-var Sources = [numSources]Source{FromStore, FromCache, FromFailOpen, FromFailClosed}
+var Sources = [numSources]Source{FromStore, FromCache, FromFailOpen, FromFailClosed, FromReserve}
 
 // String names the source as metrics and logs show it.
 func (s Source) String() string {
@@ -60,6 +61,8 @@ func (s Source) String() string {
 		return "fail_open"
 	case FromFailClosed:
 		return "fail_closed"
+	case FromReserve:
+		return "reserved"
 	}
 	return "unknown"
 }
@@ -125,6 +128,11 @@ type Options struct {
 	// check goes to the store). What the store said is still remembered for
 	// the fallback.
 	DisableOverLimitCache bool
+	// Reserve turns reservations for hot keys on (see reserve.go): a key
+	// this replica sees often, with far more left in the store than the
+	// fleet can use soon, is decided from a slice of hits reserved in the
+	// store in one call.
+	Reserve bool
 	// Now is the clock [time.Now].
 	Now func() time.Time
 	// After is the timer of the background retries' backoff [time.After].
@@ -164,9 +172,12 @@ type Item struct {
 	// Quota makes the check a quota: the request is denied by quotas only
 	// when every quota check of it is denied (envoyproxy/ratelimit's
 	// quota_mode; see vetoes). The store sees it as a shadow check.
-	Quota  bool
-	Result store.Result
-	Source Source
+	Quota bool
+	// NoReserve keeps the check off reservations: it always goes to the
+	// store (the rule's reserve: false).
+	NoReserve bool
+	Result    store.Result
+	Source    Source
 }
 
 // Counters are the limiter's running totals since it was made.
@@ -193,6 +204,10 @@ type Counters struct {
 	// may have run it after all, so the consumption may stand, and is
 	// neither refunded nor retried (that could admit beyond a limit).
 	UndoUnknown uint64
+	// Reserved counts hits of reservations: granted by the store, used by
+	// admitted requests, returned unused, or expired unused (their window
+	// ended, the rule changed, or the refund failed).
+	ReservedGranted, ReservedUsed, ReservedReturned, ReservedExpired uint64
 }
 
 // Limiter decides batches of checks. It is safe for concurrent use.
@@ -202,7 +217,8 @@ type Limiter struct {
 	overLimitCache *lruMap[overLimitEntry]
 	local          *lruMap[*bucket]
 	wb             writeBacks
-	pool           sync.Pool // *scratch
+	res            *reservations // nil: reservations are off
+	pool           sync.Pool     // *scratch
 
 	sources     [numSources]atomic.Uint64
 	causes      [numCauses]atomic.Uint64
@@ -255,18 +271,37 @@ func New(st store.Store, opts Options) *Limiter {
 	l.bg.init()
 	l.fallbackLog = logthrottle.New(logthrottle.Every, opts.Now)
 	l.refundLog = logthrottle.New(logthrottle.Every, opts.Now)
+	if opts.Reserve {
+		l.res = newReservations()
+	}
 	l.pool.New = func() any { return new(scratch) }
 	return l
 }
 
 // scratch is the sub-batch sent to the store: the checks the cache did not
-// answer, with their positions in the caller's batch (-1 for a write-back
-// riding along, whose entries are in wb, in order).
+// answer, with their positions in the caller's batch (rideWriteBack for a
+// write-back riding along, whose entries are in wb, in order; rideReserve
+// and rideReturn for a reservation's checks, in resv).
 type scratch struct {
 	idx     []int
 	checks  []store.Check
 	results []store.Result
 	wb      []flight
+	resv    []riding
+}
+
+// Positions of the checks that ride along with a batch.
+const (
+	rideWriteBack = -1
+	rideReserve   = -2 // a new slice: a shadow check of its hits
+	rideReturn    = -3 // an ended slice's unused hits: a refund
+)
+
+// riding is a reservation check riding along: its position in the batch
+// and its hits.
+type riding struct {
+	j    int
+	hits uint64
 }
 
 // Decide decides items: it sets each item's Result and Source. It returns
@@ -277,18 +312,23 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	now := l.opts.Now()
 	nowNs := now.UnixNano()
 	vetoed := l.fromCache(items, nowNs)
+	if l.fromReservations(items, vetoed, nowNs) {
+		return nil
+	}
 
 	sc := l.pool.Get().(*scratch)
 	defer l.pool.Put(sc)
 	if !sc.fill(items, vetoed) {
 		return nil
 	}
+	l.attachReservations(items, sc, vetoed, nowNs)
 	if l.wb.n.Load() > 0 {
 		l.attachWriteBacks(sc, nowNs)
 	}
 	sc.clearResults()
 
 	err := l.callStore(ctx, now, sc)
+	l.settleReservations(sc, err, nowNs)
 	if len(sc.wb) > 0 {
 		l.settleWriteBacks(sc, err, nowNs)
 		clear(sc.wb) // the pool must not keep buckets alive
@@ -308,7 +348,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 // checking, when the cache denied the request), and reports whether it
 // has any check.
 func (sc *scratch) fill(items []Item, vetoed bool) bool {
-	sc.idx, sc.checks, sc.wb = sc.idx[:0], sc.checks[:0], sc.wb[:0]
+	sc.idx, sc.checks, sc.wb, sc.resv = sc.idx[:0], sc.checks[:0], sc.wb[:0], sc.resv[:0]
 	for i := range items {
 		if items[i].Source == FromCache {
 			continue
@@ -468,6 +508,10 @@ func (l *Limiter) Counters() Counters {
 	c.ProtocolErrors = l.protocol.Load()
 	c.Undone, c.UndoRetried, c.UndoLost = l.undone.Load(), l.undoRetried.Load(), l.undoLost.Load()
 	c.UndoUnknown = l.undoUnknown.Load()
+	if l.res != nil {
+		c.ReservedGranted, c.ReservedUsed = l.res.granted.Load(), l.res.used.Load()
+		c.ReservedReturned, c.ReservedExpired = l.res.returned.Load(), l.res.expired.Load()
+	}
 	return c
 }
 
