@@ -220,14 +220,15 @@ type Limiter struct {
 	res            *reservations // nil: reservations are off
 	pool           sync.Pool     // *scratch
 
-	sources     [numSources]atomic.Uint64
-	causes      [numCauses]atomic.Uint64
-	protocol    atomic.Uint64
-	lastFallbk  atomic.Int64 // unix nanoseconds of the last fallback decision
-	fallbackLog *logthrottle.Throttle
-	refundLog   *logthrottle.Throttle
-	bg          background
-	closed      atomic.Bool // Close has returned: no background work is left
+	sources      [numSources]atomic.Uint64
+	causes       [numCauses]atomic.Uint64
+	protocol     atomic.Uint64
+	lastFallbk   atomic.Int64 // unix nanoseconds of the last fallback decision
+	fallbackLog  *logthrottle.Throttle
+	refundLog    *logthrottle.Throttle
+	writeBackLog *logthrottle.Throttle
+	bg           background
+	closed       atomic.Bool // Close has returned: no background work is left
 
 	undone, undoRetried, undoLost atomic.Uint64
 	undoUnknown                   atomic.Uint64
@@ -271,6 +272,7 @@ func New(st store.Store, opts Options) *Limiter {
 	l.bg.init()
 	l.fallbackLog = logthrottle.New(logthrottle.Every, opts.Now)
 	l.refundLog = logthrottle.New(logthrottle.Every, opts.Now)
+	l.writeBackLog = logthrottle.New(logthrottle.Every, opts.Now)
 	if opts.Reserve {
 		l.res = newReservations()
 	}

@@ -191,7 +191,9 @@ func (l *Limiter) WriteBack(ctx context.Context) error {
 			l.settle(flights[i], &checks[i], &results[i], err, anyUndecided(results), now)
 		}
 		if err != nil && !errors.Is(err, store.ErrUnavailable) {
-			l.opts.Log.Error("write-back of locally admitted hits failed; they stay queued", "err", err, "keys", len(checks))
+			if held, ok := l.writeBackLog.Allow(); ok {
+				l.opts.Log.Error("write-back of locally admitted hits failed; they stay queued", "err", err, "keys", len(checks), "failures_not_logged", held)
+			}
 		}
 		if err != nil && firstErr == nil {
 			firstErr = err
