@@ -73,6 +73,11 @@ type Config struct {
 	// The Go runtime's GOGC and GOMEMLIMIT, as read: with neither set rls
 	// tunes the GC target itself (pkg/gctune).
 	GOGC, GOMEMLIMIT string
+
+	// given holds the flags set on the command line or by their RLS_*
+	// twin, and the variables without a flag that were set: a setting
+	// given for nothing (Redis's with the memory store) is an error.
+	given map[string]bool
 }
 
 // defaultConfig is the Config of the settings without a flag.
@@ -241,12 +246,15 @@ func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 			return
 		}
 		if v := getenv(envName(f.Name)); v != "" {
+			set[f.Name] = true
 			if err := f.Value.Set(v); err != nil {
 				errs = append(errs, fmt.Errorf("%s=%q: %v", envName(f.Name), v, valueError(f, err)))
 			}
 		}
 	})
 	c.RedisPassword = getenv(redisPasswordEnv)
+	set[redisPasswordEnv] = c.RedisPassword != ""
+	c.given = set
 	c.OTLP = telemetry.ReadOTLPEnv(getenv)
 	c.GOGC, c.GOMEMLIMIT = getenv("GOGC"), getenv("GOMEMLIMIT")
 	return errors.Join(errs...)

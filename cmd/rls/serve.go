@@ -120,6 +120,9 @@ type app struct {
 	// shutdown begins. /healthcheck reports both.
 	probe        *telemetry.StoreProbe
 	shuttingDown atomic.Bool
+	// storeAuth is set while the store refuses rls's credentials: then rls
+	// is NOT_SERVING (a misconfiguration, not an outage to ride out).
+	storeAuth atomic.Bool
 
 	servers    sync.WaitGroup // the gRPC and HTTP servers' goroutines
 	errc       chan error     // a server that failed
@@ -210,14 +213,43 @@ func (a *app) buildStore() error {
 	if err != nil {
 		return err
 	}
+	a.rawStore = raw // closed by closeStore from here on
+	a.st = telemetry.NewMeteredStore(raw, a.reg)
 	if rs, ok := raw.(*redisstore.Store); ok {
 		telemetry.RegisterBreakers(a.reg, rs)
+		if err := checkCredentials(ready, a.cfg.RedisTimeout); err != nil {
+			return err
+		}
 	}
-	a.rawStore = raw
-	a.st = telemetry.NewMeteredStore(raw, a.reg)
-	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: ready, OnChange: a.setStoreHealth, Log: a.log})
+	// A PING may be allowed where the scripts are not (an ACL without
+	// EVALSHA): a decision's refusal counts as the probe's.
+	probeReady := func(ctx context.Context) error {
+		if err := ready(ctx); err != nil {
+			return err
+		}
+		return a.st.AuthRefused(authRefusedHold)
+	}
+	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: probeReady, OnChange: a.setStoreHealth, Log: a.log})
 	return nil
 }
+
+// checkCredentials pings the store once at start-up and refuses to start
+// when it refuses rls's credentials: a wrong password is a mistake to fix,
+// not an outage to serve through. Any other failure (Redis not up yet) is
+// left to the readiness probe: rls starts degraded and recovers.
+func checkCredentials(ready func(context.Context) error, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := ready(ctx); errors.Is(err, store.ErrAuth) {
+		return fmt.Errorf("redis refused rls's credentials; set the right password in %s (or the %s's), "+
+			"and the ACL user's permissions: %w", redisPasswordEnv, flagRef("redis-url"), err)
+	}
+	return nil
+}
+
+// authRefusedHold is how long after a decision's refusal of rls's
+// credentials the store still counts as refusing them.
+const authRefusedHold = 2 * telemetry.ProbeEvery
 
 // buildTracing starts the tracer provider when OpenTelemetry's variables
 // turn tracing on (a.tracing stays nil when they do not).
@@ -401,14 +433,17 @@ func (a *app) registerGRPC() {
 }
 
 // setStoreHealth is told each change of the store's readiness: the gRPC
-// health service "rls.store" follows it.
-func (a *app) setStoreHealth(ok bool) {
+// health service "rls.store" follows it, and while the store refuses rls's
+// credentials the rate limit service is NOT_SERVING too.
+func (a *app) setStoreHealth(st telemetry.StoreState) {
 	s := healthpb.HealthCheckResponse_NOT_SERVING
-	if ok {
+	if st.OK {
 		s = healthpb.HealthCheckResponse_SERVING
 	}
 	a.healthSrv.SetServingStatus(storeHealthName, s)
-	a.log.Info("store health", "serving", ok)
+	a.storeAuth.Store(st.Auth())
+	a.setRLSServing(a.configReady.Load())
+	a.log.Info("store health", "serving", st.OK, "reason", st.Reason)
 }
 
 // start serves gRPC, then the HTTP and debug ports, then starts the
@@ -509,6 +544,8 @@ func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
 	case !a.configReady.Load():
 		http.Error(w, "NOT_SERVING: no config yet, waiting for the first valid config from the xDS server", http.StatusServiceUnavailable)
+	case a.storeAuth.Load():
+		http.Error(w, "NOT_SERVING: the store refuses rls's credentials (wrong password or ACL); calls are answered Unavailable", http.StatusServiceUnavailable)
 	case !a.probe.OK() || a.lim.Degraded(degradedWindow):
 		io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")
 	default:

@@ -98,10 +98,11 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 }
 
 // setRLSServing sets the health of the rate limit service (under its own
-// name, upstream's and the server's "").
+// name, upstream's and the server's ""): NOT_SERVING, whatever ok says,
+// while the store refuses rls's credentials.
 func (a *app) setRLSServing(ok bool) {
 	s := healthpb.HealthCheckResponse_NOT_SERVING
-	if ok {
+	if ok && !a.storeAuth.Load() { // a refusal of rls's credentials: NOT_SERVING
 		s = healthpb.HealthCheckResponse_SERVING
 	}
 	for _, name := range []string{"", rlsServiceName, upstreamHealthName} {

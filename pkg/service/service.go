@@ -238,6 +238,11 @@ func (s *Service) toStatus(err error) error {
 	case errors.Is(err, store.ErrUnavailable):
 		s.opts.Log.Warn("store unavailable", "err", err)
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, store.ErrAuth):
+		// Not logged per call: the store's readiness probe logs it,
+		// throttled, and turns health NOT_SERVING. Unavailable, so
+		// Envoy's failure_mode_deny decides, as for any rls it cannot use.
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, store.ErrProtocol):
 		s.opts.Log.Error("store protocol error: the store answered something rls cannot use (a bug, not an outage)", "err", err)
 		return status.Error(codes.Internal, err.Error())

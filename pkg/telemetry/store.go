@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,15 +20,35 @@ type MeteredStore struct {
 	latency *prometheus.HistogramVec
 	errs    *prometheus.CounterVec
 	decideL prometheus.Observer
+	// lastAuth is the last refusal of rls's credentials by a decision
+	// (see AuthRefused), with its time.
+	lastAuth atomic.Pointer[authRefusal]
+}
+
+type authRefusal struct {
+	at  time.Time
+	err error
+}
+
+// AuthRefused returns the last error of an operation that the store
+// refused for rls's credentials or permissions (store.ErrAuth) within the
+// last d, else nil: a readiness probe's PING may be allowed where the
+// scripts are not (an ACL without EVALSHA).
+func (t *MeteredStore) AuthRefused(d time.Duration) error {
+	if r := t.lastAuth.Load(); r != nil && time.Since(r.at) < d {
+		return r.err
+	}
+	return nil
 }
 
 // ErrorKinds are the kinds ErrorKind returns, the kind label of
 // rls_store_errors_total.
-var ErrorKinds = []string{"deadline", "unavailable", "circuit_open", "protocol", "other"}
+var ErrorKinds = []string{"deadline", "unavailable", "circuit_open", "protocol", "auth", "other"}
 
 // ErrorKind classifies a store error for metrics and spans: deadline (the
 // budget ran out), circuit_open, unavailable (any other outage), protocol
-// (an answer rls cannot use: a bug), other.
+// (an answer rls cannot use: a bug), auth (the store refused rls's
+// credentials or permissions), other.
 func ErrorKind(err error) string {
 	switch {
 	case errors.Is(err, store.ErrCircuitOpen):
@@ -38,6 +59,8 @@ func ErrorKind(err error) string {
 		return "unavailable"
 	case errors.Is(err, store.ErrProtocol):
 		return "protocol"
+	case errors.Is(err, store.ErrAuth):
+		return "auth"
 	}
 	return "other"
 }
@@ -53,7 +76,7 @@ func NewMeteredStore(st store.Store, reg prometheus.Registerer) *MeteredStore {
 		}, []string{"op"}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_store_errors_total",
-			Help: "Store operations that failed, by operation and kind (deadline: no answer within the budget; unavailable: Redis refused or failed; circuit_open; protocol: an answer rls cannot use, a bug).",
+			Help: "Store operations that failed, by operation and kind (deadline: no answer within the budget; unavailable: Redis refused or failed; circuit_open; protocol: an answer rls cannot use, a bug; auth: Redis refused rls's credentials or permissions).",
 		}, []string{"op", "kind"}),
 	}
 	reg.MustRegister(t.latency, t.errs)
@@ -70,6 +93,9 @@ func NewMeteredStore(st store.Store, reg prometheus.Registerer) *MeteredStore {
 func (t *MeteredStore) count(op string, err error) {
 	if err != nil && !errors.Is(err, context.Canceled) {
 		t.errs.WithLabelValues(op, ErrorKind(err)).Inc()
+		if errors.Is(err, store.ErrAuth) {
+			t.lastAuth.Store(&authRefusal{at: time.Now(), err: err})
+		}
 	}
 }
 
