@@ -174,3 +174,57 @@ descriptors:
 		t.Errorf("rls_store_up once recovered: %q", got)
 	}
 }
+
+// TestEmptyConfigDirRefused: rls serve on an empty --config-dir (the
+// image's default /config when the config is mounted elsewhere) exits,
+// naming --allow-empty-config; with it, rls serves (every descriptor OK).
+func TestEmptyConfigDirRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	out, err := flRun(t, nil, "serve", "--config-dir", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "", "--debug-addr", "")
+	if err == nil || !strings.Contains(out, "has no domain") || !strings.Contains(out, "--allow-empty-config (RLS_ALLOW_EMPTY_CONFIG)") {
+		t.Fatalf("serve on an empty dir: exit %v, want a refusal naming --allow-empty-config:\n%s", err, out)
+	}
+	p := startRLS(t, dir, "--allow-empty-config")
+	if r := should(t, p.client(), "d", desc("k", "v")); r.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Errorf("with --allow-empty-config: %v", r)
+	}
+}
+
+// TestValidateAgreesWithDryRun: rls validate DIR and rls serve --dry-run
+// --config-dir DIR accept and refuse the same directories, with the same
+// flags. (A directory missing altogether is the one difference: --dry-run
+// reports it unchecked, as a pod's volume exists only in the pod.)
+func TestValidateAgreesWithDryRun(t *testing.T) {
+	t.Parallel()
+	domainD := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+	for _, c := range []struct {
+		name  string
+		files map[string]string
+		flags []string
+		ok    bool
+		want  string // in the output of a refusal
+	}{
+		{"valid", map[string]string{"d.yaml": domainD}, nil, true, ""},
+		{"empty", map[string]string{}, nil, false, "has no domain"},
+		{"empty allowed", map[string]string{}, []string{"--allow-empty-config"}, true, ""},
+		{"no yaml", map[string]string{"README.txt": domainD}, nil, false, "has no domain"},
+		{"bad yaml", map[string]string{"d.yaml": "domain: d\ndescriptors: [\n"}, nil, false, "d.yaml:"},
+		{"unknown field", map[string]string{"d.yaml": domainD + "    typo: 1\n"}, nil, false, "d.yaml:"},
+		{"bad unit", map[string]string{"d.yaml": "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"}, nil, false, "d.yaml:"},
+		{"two files one domain", map[string]string{"a.yaml": domainD, "b.yaml": "domain: d\ndescriptors:\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 1}\n"}, nil, false, "duplicate domain"},
+		{"merged", map[string]string{"a.yaml": domainD, "b.yaml": "domain: d\ndescriptors:\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 1}\n"}, []string{"--merge-domains"}, true, ""},
+	} {
+		dir := writeConfig(t, c.files)
+		vOut, vErr := flRun(t, nil, append(append([]string{"validate"}, c.flags...), dir)...)
+		dOut, dErr := flRun(t, nil, append([]string{"serve", "--dry-run", "--config-dir", dir}, c.flags...)...)
+		for _, r := range []struct {
+			cmd, out string
+			err      error
+		}{{"validate", vOut, vErr}, {"serve --dry-run", dOut, dErr}} {
+			if (r.err == nil) != c.ok || (!c.ok && !strings.Contains(r.out, c.want)) {
+				t.Errorf("%s: rls %s: exit %v, want ok=%v (and %q):\n%s", c.name, r.cmd, r.err, c.ok, c.want, r.out)
+			}
+		}
+	}
+}

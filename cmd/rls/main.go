@@ -69,58 +69,83 @@ func isHelp(arg string) bool {
 	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
 }
 
-const validateUsage = `usage: rls validate [--merge-domains] DIR
+const validateUsage = `usage: rls validate [--merge-domains] [--allow-empty-config] DIR
 
 Loads every descriptor YAML file in DIR as rls serve would and prints each
-error as file:line: message; exits 1 when any file is invalid.
---merge-domains lets several files define one domain, as rls serve
---merge-domains does.
+error as file:line: message; exits 1 when any file is invalid, or when DIR
+has no domain (rls serve refuses to start on it). --merge-domains and
+--allow-empty-config mean what they mean to rls serve.
 `
 
-// validate loads a config directory and prints every error as
-// file:line: message. It fails when any file is invalid.
+// validate loads a config directory as rls serve --config-dir would and
+// prints every error as file:line: message. It fails when any file is
+// invalid or when serve would refuse the config (loadRules decides both).
 func validate(args []string, out io.Writer) error {
-	opts := descriptors.LoadOptions{MergeDomainsName: "--merge-domains"}
-	if len(args) == 2 && (args[0] == "--merge-domains" || args[0] == "-merge-domains") {
-		opts.MergeDomains, args = true, args[1:]
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("rls validate", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&cfg.MergeDomains, "merge-domains", false, "")
+	fs.BoolVar(&cfg.AllowEmptyConfig, "allow-empty-config", false, "")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		return errors.New("usage: rls validate [--merge-domains] [--allow-empty-config] DIR (rls validate --help)")
 	}
-	if len(args) != 1 {
-		return errors.New("usage: rls validate [--merge-domains] DIR (rls validate --help)")
-	}
-	cfg, notes, err := descriptors.LoadWith(args[0], opts)
-	for _, n := range notes {
-		fmt.Fprintln(out, n)
-	}
+	cfg.ConfigDir = fs.Arg(0)
+	rules, err := loadRules(cfg, func(note string) { fmt.Fprintln(out, note) })
 	if err != nil {
 		var list descriptors.Errors
 		if errors.As(err, &list) {
 			for _, e := range list {
 				fmt.Fprintln(out, e.Error())
 			}
-			return fmt.Errorf("%s: %d error(s)", args[0], len(list))
+			return fmt.Errorf("%s: %d error(s)", cfg.ConfigDir, len(list))
 		}
 		return err
 	}
-	domains := cfg.Domains()
+	domains := rules.Domains()
 	sort.Strings(domains)
-	fmt.Fprintf(out, "%s: ok, %d domain(s) %v\n", args[0], len(domains), domains)
+	fmt.Fprintf(out, "%s: ok, %d domain(s) %v\n", cfg.ConfigDir, len(domains), domains)
 	return nil
 }
 
-// version reports the module version and VCS revision baked in by go build.
+// Set by the release build (make release, the Dockerfile) with -ldflags
+// "-X main.buildVersion=v1.2.3 -X main.buildCommit=... -X main.buildDate=...".
+// Empty in a plain go build: then version reads the build info.
+var buildVersion, buildCommit, buildDate string
+
+// version reports the version, commit and build date: the release's
+// ldflags, else what go build recorded (the module version, vcs.revision,
+// vcs.time and vcs.modified), else "unknown".
 func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			v += " " + s.Value
+	v, commit, date := buildVersion, buildCommit, buildDate
+	goVersion := "unknown"
+	modified := false
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		goVersion = bi.GoVersion
+		if v == "" {
+			v = bi.Main.Version
 		}
-		if s.Key == "vcs.modified" && s.Value == "true" {
-			v += " (modified)"
+		for _, s := range bi.Settings {
+			switch {
+			case s.Key == "vcs.revision" && commit == "":
+				commit = s.Value
+			case s.Key == "vcs.time" && date == "":
+				date = s.Value
+			case s.Key == "vcs.modified" && buildCommit == "":
+				modified = s.Value == "true"
+			}
 		}
 	}
-	return v + " " + bi.GoVersion
+	if v == "" {
+		v = "(devel)"
+	}
+	if commit == "" {
+		commit = "unknown"
+	}
+	if modified {
+		commit += "-modified"
+	}
+	if date == "" {
+		date = "unknown"
+	}
+	return fmt.Sprintf("%s commit %s built %s %s", v, commit, date, goVersion)
 }

@@ -139,9 +139,10 @@ func (a *app) build() error {
 	rules := &descriptors.Config{} // none until the xDS server sends one
 	if !a.cfg.fromXDS() {
 		var err error
-		if rules, err = loadRules(a.cfg, a.log); err != nil {
+		if rules, err = loadRules(a.cfg, logNotes(a.log)); err != nil {
 			return err
 		}
+		a.log.Info("config loaded", "domains", rules.Domains(), "hash", rules.Hash())
 		a.configReady.Store(true)
 	} else if a.cfg.AllowEmptyConfig {
 		// Serve at once, with no rule (every descriptor OK) until the xDS
@@ -188,13 +189,14 @@ func (a *app) logStart() {
 	}
 }
 
-// loadRules loads the descriptor config, logging its notes. A config
-// without any domain is refused unless --allow-empty-config: it would limit
-// nothing.
-func loadRules(cfg *Config, log *slog.Logger) (*descriptors.Config, error) {
+// loadRules loads the descriptor config of --config-dir, telling note its
+// notes: the one check of a config directory, for serve, serve --dry-run
+// and validate alike. A config without any domain is refused unless
+// --allow-empty-config: it would limit nothing.
+func loadRules(cfg *Config, note func(string)) (*descriptors.Config, error) {
 	rules, notes, err := descriptors.LoadWith(cfg.ConfigDir, loadOptions(cfg))
 	for _, n := range notes {
-		log.Info(n)
+		note(n)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w", err)
@@ -203,8 +205,12 @@ func loadRules(cfg *Config, log *slog.Logger) (*descriptors.Config, error) {
 		return nil, fmt.Errorf("load config: %s has no domain (no .yaml or .yml file with a domain), so rls would limit nothing; "+
 			"add the config, or pass %s to start without one", cfg.ConfigDir, flagRef("allow-empty-config"))
 	}
-	log.Info("config loaded", "domains", rules.Domains(), "hash", rules.Hash())
 	return rules, nil
+}
+
+// logNotes returns a note function logging each note at INFO.
+func logNotes(log *slog.Logger) func(string) {
+	return func(n string) { log.Info(n) }
 }
 
 // buildStore opens the configured store and wraps it with metrics.
