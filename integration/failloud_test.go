@@ -228,3 +228,28 @@ func TestValidateAgreesWithDryRun(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownDomainCountedAndLoggedOnce: requests for a domain no config
+// defines are answered OK, each counted in
+// rls_unknown_domain_requests_total{domain}, and warned about once (at most
+// once a minute per domain); a configured domain is not counted.
+func TestUnknownDomainCountedAndLoggedOnce(t *testing.T) {
+	t.Parallel()
+	p := startRLS(t, "../config")
+	for range 5 {
+		if r := should(t, p.client(), "exmaple", desc("api_key", "demo")); r.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("unknown domain: %v", r)
+		}
+	}
+	should(t, p.client(), "example", desc("api_key", "k"))
+	m := series(scrape(t, p))
+	if got := m[`rls_unknown_domain_requests_total{domain="exmaple"}`]; got != 5 {
+		t.Errorf("rls_unknown_domain_requests_total{domain=\"exmaple\"} = %v, want 5", got)
+	}
+	if got, ok := m[`rls_unknown_domain_requests_total{domain="example"}`]; ok {
+		t.Errorf("the configured domain counted as unknown: %v", got)
+	}
+	if n := strings.Count(p.Log.String(), "request for a domain that no config defines"); n != 1 {
+		t.Errorf("%d warnings for 5 requests of one unknown domain, want 1:\n%s", n, p.Log.String())
+	}
+}

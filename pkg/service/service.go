@@ -42,6 +42,7 @@ type Service struct {
 	opts    Options
 	nearPPM uint64    // NearLimitRatio in millionths
 	pool    sync.Pool // *resolution
+	unknown *unknownDomains
 }
 
 // DefaultNearLimitRatio is Options.NearLimitRatio's default, as
@@ -178,7 +179,7 @@ func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
 		opts.NearLimitRatio = DefaultNearLimitRatio
 	}
-	s := &Service{lim: lim, opts: opts, nearPPM: uint64(math.Round(opts.NearLimitRatio * 1e6))}
+	s := &Service{lim: lim, opts: opts, nearPPM: uint64(math.Round(opts.NearLimitRatio * 1e6)), unknown: opts.Metrics.unknownDomains()}
 	s.SetConfig(cfg)
 	s.pool.New = func() any { return new(resolution) }
 	return s
@@ -207,6 +208,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	defer s.pool.Put(res)
 	if err := s.resolve(snap.cfg, req, res); err != nil {
 		return nil, s.endSpan(span, req, nil, nil, s.toStatus(err))
+	}
+	if !snap.cfg.HasDomain(req.Domain) {
+		s.unknown.record(req.Domain, s.opts.Log)
 	}
 	if len(res.items) > 0 {
 		if err := s.lim.Decide(ctx, res.items); err != nil {
