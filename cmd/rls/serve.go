@@ -110,8 +110,9 @@ type app struct {
 	configReady  atomic.Bool
 	xdsConnected prometheus.Gauge
 
-	grpcLis   net.Listener
+	grpcLis   *connguard.Listener
 	conns     *connguard.Metrics // open, refused and closed connections per port
+	maxConns  int                // --max-conns, fitted to the file-descriptor limit
 	grpcSrv   *grpc.Server
 	healthSrv *health.Server
 	httpSrvs  []*http.Server // the HTTP and debug servers started
@@ -307,6 +308,9 @@ func (a *app) closeStore() {
 // buildGRPC listens on --grpc-addr and makes the gRPC server, with TLS
 // when --grpc-tls-cert is set. Services are registered on it later.
 func (a *app) buildGRPC() error {
+	if err := a.fitConns(); err != nil {
+		return err
+	}
 	lis, err := net.Listen("tcp", a.cfg.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
@@ -318,14 +322,39 @@ func (a *app) buildGRPC() error {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log})
+	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout,
+		Metrics: a.conns, Log: a.log})
 	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
 		Port: "grpc-addr", Metrics: a.conns, Log: a.log})
-	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds))}, grpcOptions(a.cfg, a.svcMetrics, a.log)...)
+	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.StatsHandler(a.grpcLis.StatsHandler())},
+		grpcOptions(a.cfg, a.svcMetrics, a.log)...)
 	if a.cfg.fromXDS() {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
 	}
 	a.grpcSrv = grpc.NewServer(opts...)
+	return nil
+}
+
+// fitConns checks --max-conns on every port against the process's
+// file-descriptor limit: beyond it Accept fails before the cap is reached
+// and no idle connection can be evicted to make room, so the cap is
+// lowered to fit, with a warning; start-up fails when not even that fits.
+func (a *app) fitConns() error {
+	ports := 1
+	for _, addr := range []string{a.cfg.HTTPAddr, a.cfg.DebugAddr} {
+		if addr != "" {
+			ports++
+		}
+	}
+	n, err := connguard.FitFDs(a.cfg.MaxConns, ports, connguard.FDLimit())
+	var fe *connguard.FDError
+	switch {
+	case errors.As(err, &fe) && fe.Fitted == 0:
+		return fmt.Errorf("%s: %w", flagRef("max-conns"), err)
+	case err != nil:
+		a.log.Warn(flagRef("max-conns")+": lowered to fit the file-descriptor limit", "err", err, "max_conns", n)
+	}
+	a.maxConns = n
 	return nil
 }
 
@@ -502,8 +531,11 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("--%s: %w", name, err)
 	}
-	lis = connguard.Limit(lis, connguard.LimitOptions{Port: name, Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log})
+	capped := connguard.Limit(lis, connguard.LimitOptions{Port: name, Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout,
+		Metrics: a.conns, Log: a.log})
+	lis = capped
 	srv := &http.Server{
+		ConnState:         capped.ConnState, // which connections are busy: the idle make room at the cap
 		Handler:           h,
 		ReadHeaderTimeout: handshakeTimeout,
 		ReadTimeout:       httpReadTimeout,

@@ -126,6 +126,7 @@ func (c *Config) validateBounds() error {
 		{"max-conns", c.MaxConns < 0, "is negative"},
 		{"redis-timeout", c.RedisTimeout <= 0, "must be positive"},
 		{"idle-timeout", c.IdleTimeout <= 0, "must be positive"},
+		{"first-call-timeout", c.FirstCallTimeout <= 0, "must be positive"},
 		{"min-fleet-size", c.MinFleetSize < 1, "must be at least 1"},
 		{"local-max-bytes", c.LocalMaxBytes < 1<<20, "must be at least 1 MiB (1048576)"},
 		{"memory-max-bytes", c.MemoryMaxBytes < 1<<20, "must be at least 1 MiB (1048576)"},
