@@ -24,7 +24,7 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath \
-      -ldflags="-s -w -X main.buildVersion=$VERSION -X main.buildCommit=$COMMIT -X main.buildDate=$DATE" \
+      -ldflags="-s -w -X github.com/rls-project/rls/pkg/buildinfo.Version=$VERSION -X github.com/rls-project/rls/pkg/buildinfo.Commit=$COMMIT -X github.com/rls-project/rls/pkg/buildinfo.Date=$DATE" \
       -o /out/rls ./cmd/rls && mkdir -p /out/config
 
 FROM gcr.io/distroless/static-debian12:nonroot

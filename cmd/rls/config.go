@@ -75,10 +75,7 @@ type Config struct {
 	// tunes the GC target itself (pkg/gctune).
 	GOGC, GOMEMLIMIT string
 
-	// given holds the flags set on the command line or by their RLS_*
-	// twin, and the variables without a flag that were set: a setting
-	// given for nothing (Redis's with the memory store) is an error.
-	given map[string]bool
+	given map[string]bool // the flags (or twins) and RLS_REDIS_PASSWORD set
 }
 
 // defaultConfig is the Config of the settings without a flag.

@@ -11,10 +11,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"sort"
 	"syscall"
 
+	"github.com/rls-project/rls/pkg/buildinfo"
 	"github.com/rls-project/rls/pkg/descriptors"
 )
 
@@ -40,7 +40,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	switch cmd {
 	case "version":
-		fmt.Fprintln(stdout, "rls", version())
+		fmt.Fprintln(stdout, "rls", buildinfo.String())
 		return nil
 	case "validate":
 		if len(args) == 1 && isHelp(args[0]) {
@@ -77,9 +77,8 @@ has no domain (rls serve refuses to start on it). --merge-domains and
 --allow-empty-config mean what they mean to rls serve.
 `
 
-// validate loads a config directory as rls serve --config-dir would and
-// prints every error as file:line: message. It fails when any file is
-// invalid or when serve would refuse the config (loadRules decides both).
+// validate loads a config directory as serve would (loadRules) and prints
+// every error as file:line: message.
 func validate(args []string, out io.Writer) error {
 	cfg := defaultConfig()
 	fs := flag.NewFlagSet("rls validate", flag.ContinueOnError)
@@ -105,47 +104,4 @@ func validate(args []string, out io.Writer) error {
 	sort.Strings(domains)
 	fmt.Fprintf(out, "%s: ok, %d domain(s) %v\n", cfg.ConfigDir, len(domains), domains)
 	return nil
-}
-
-// Set by the release build (make release, the Dockerfile) with -ldflags
-// "-X main.buildVersion=v1.2.3 -X main.buildCommit=... -X main.buildDate=...".
-// Empty in a plain go build: then version reads the build info.
-var buildVersion, buildCommit, buildDate string
-
-// version reports the version, commit and build date: the release's
-// ldflags, else what go build recorded (the module version, vcs.revision,
-// vcs.time and vcs.modified), else "unknown".
-func version() string {
-	v, commit, date := buildVersion, buildCommit, buildDate
-	goVersion := "unknown"
-	modified := false
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		goVersion = bi.GoVersion
-		if v == "" {
-			v = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			switch {
-			case s.Key == "vcs.revision" && commit == "":
-				commit = s.Value
-			case s.Key == "vcs.time" && date == "":
-				date = s.Value
-			case s.Key == "vcs.modified" && buildCommit == "":
-				modified = s.Value == "true"
-			}
-		}
-	}
-	if v == "" {
-		v = "(devel)"
-	}
-	if commit == "" {
-		commit = "unknown"
-	}
-	if modified {
-		commit += "-modified"
-	}
-	if date == "" {
-		date = "unknown"
-	}
-	return fmt.Sprintf("%s commit %s built %s %s", v, commit, date, goVersion)
 }

@@ -121,9 +121,7 @@ type app struct {
 	// shutdown begins. /healthcheck reports both.
 	probe        *telemetry.StoreProbe
 	shuttingDown atomic.Bool
-	// storeAuth is set while the store refuses rls's credentials: then rls
-	// is NOT_SERVING (a misconfiguration, not an outage to ride out).
-	storeAuth atomic.Bool
+	storeAuth    atomic.Bool // the store refuses rls's credentials: NOT_SERVING
 
 	servers    sync.WaitGroup // the gRPC and HTTP servers' goroutines
 	errc       chan error     // a server that failed
@@ -140,7 +138,7 @@ func (a *app) build() error {
 	rules := &descriptors.Config{} // none until the xDS server sends one
 	if !a.cfg.fromXDS() {
 		var err error
-		if rules, err = loadRules(a.cfg, logNotes(a.log)); err != nil {
+		if rules, err = loadRules(a.cfg, func(n string) { a.log.Info(n) }); err != nil {
 			return err
 		}
 		a.log.Info("config loaded", "domains", rules.Domains(), "hash", rules.Hash())
@@ -190,8 +188,7 @@ func (a *app) logStart() {
 	}
 }
 
-// loadRules loads the descriptor config of --config-dir, telling note its
-// notes: the one check of a config directory, for serve, serve --dry-run
+// loadRules loads --config-dir, telling note its notes, for serve, --dry-run
 // and validate alike. A config without any domain is refused unless
 // --allow-empty-config: it would limit nothing.
 func loadRules(cfg *Config, note func(string)) (*descriptors.Config, error) {
@@ -209,11 +206,6 @@ func loadRules(cfg *Config, note func(string)) (*descriptors.Config, error) {
 	return rules, nil
 }
 
-// logNotes returns a note function logging each note at INFO.
-func logNotes(log *slog.Logger) func(string) {
-	return func(n string) { log.Info(n) }
-}
-
 // buildStore opens the configured store and wraps it with metrics.
 func (a *app) buildStore() error {
 	raw, ready, err := openStore(a.cfg, a.log)
@@ -224,39 +216,15 @@ func (a *app) buildStore() error {
 	a.st = telemetry.NewMeteredStore(raw, a.reg)
 	if rs, ok := raw.(*redisstore.Store); ok {
 		telemetry.RegisterBreakers(a.reg, rs)
-		if err := checkCredentials(ready, a.cfg.RedisTimeout); err != nil {
-			return err
+		// A wrong password is a mistake to fix, not an outage to serve through.
+		if err := telemetry.RefusedCredentials(ready, a.cfg.RedisTimeout); err != nil {
+			return fmt.Errorf("redis refused rls's credentials; set the right password in %s (or the %s's), "+
+				"and the ACL user's permissions: %w", redisPasswordEnv, flagRef("redis-url"), err)
 		}
 	}
-	// A PING may be allowed where the scripts are not (an ACL without
-	// EVALSHA): a decision's refusal counts as the probe's.
-	probeReady := func(ctx context.Context) error {
-		if err := ready(ctx); err != nil {
-			return err
-		}
-		return a.st.AuthRefused(authRefusedHold)
-	}
-	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: probeReady, OnChange: a.setStoreHealth, Log: a.log})
+	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: a.st.Ready(ready), OnChange: a.setStoreHealth, Log: a.log})
 	return nil
 }
-
-// checkCredentials pings the store once at start-up and refuses to start
-// when it refuses rls's credentials: a wrong password is a mistake to fix,
-// not an outage to serve through. Any other failure (Redis not up yet) is
-// left to the readiness probe: rls starts degraded and recovers.
-func checkCredentials(ready func(context.Context) error, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if err := ready(ctx); errors.Is(err, store.ErrAuth) {
-		return fmt.Errorf("redis refused rls's credentials; set the right password in %s (or the %s's), "+
-			"and the ACL user's permissions: %w", redisPasswordEnv, flagRef("redis-url"), err)
-	}
-	return nil
-}
-
-// authRefusedHold is how long after a decision's refusal of rls's
-// credentials the store still counts as refusing them.
-const authRefusedHold = 2 * telemetry.ProbeEvery
 
 // buildTracing starts the tracer provider when OpenTelemetry's variables
 // turn tracing on (a.tracing stays nil when they do not).
@@ -322,8 +290,7 @@ func (a *app) buildGRPC() error {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout,
-		Metrics: a.conns, Log: a.log})
+	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
 	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
 		Port: "grpc-addr", Metrics: a.conns, Log: a.log})
 	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.StatsHandler(a.grpcLis.StatsHandler())},
@@ -335,23 +302,12 @@ func (a *app) buildGRPC() error {
 	return nil
 }
 
-// fitConns checks --max-conns on every port against the process's
-// file-descriptor limit: beyond it Accept fails before the cap is reached
-// and no idle connection can be evicted to make room, so the cap is
-// lowered to fit, with a warning; start-up fails when not even that fits.
+// fitConns fits --max-conns to the file-descriptor limit (connguard.FitFDs).
 func (a *app) fitConns() error {
-	ports := 1
-	for _, addr := range []string{a.cfg.HTTPAddr, a.cfg.DebugAddr} {
-		if addr != "" {
-			ports++
-		}
-	}
-	n, err := connguard.FitFDs(a.cfg.MaxConns, ports, connguard.FDLimit())
-	var fe *connguard.FDError
-	switch {
-	case errors.As(err, &fe) && fe.Fitted == 0:
+	n, err := connguard.FitFDs(a.cfg.MaxConns, connguard.Ports(a.cfg.GRPCAddr, a.cfg.HTTPAddr, a.cfg.DebugAddr), connguard.FDLimit())
+	if fe := (*connguard.FDError)(nil); errors.As(err, &fe) && fe.Fitted == 0 {
 		return fmt.Errorf("%s: %w", flagRef("max-conns"), err)
-	case err != nil:
+	} else if err != nil {
 		a.log.Warn(flagRef("max-conns")+": lowered to fit the file-descriptor limit", "err", err, "max_conns", n)
 	}
 	a.maxConns = n
@@ -531,9 +487,7 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("--%s: %w", name, err)
 	}
-	capped := connguard.Limit(lis, connguard.LimitOptions{Port: name, Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout,
-		Metrics: a.conns, Log: a.log})
-	lis = capped
+	capped := connguard.Limit(lis, connguard.LimitOptions{Port: name, Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
 	srv := &http.Server{
 		ConnState:         capped.ConnState, // which connections are busy: the idle make room at the cap
 		Handler:           h,
@@ -549,11 +503,11 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 	}
 	a.httpSrvs = append(a.httpSrvs, srv)
 	a.servers.Go(func() {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.errc <- fmt.Errorf("%s: %w", name, err)
 		}
 	})
-	a.log.Info("http listening", "flag", name, "addr", lis.Addr().String())
+	a.log.Info("http listening", "flag", name, "addr", capped.Addr().String())
 	return nil
 }
 

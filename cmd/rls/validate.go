@@ -65,28 +65,18 @@ func (c *Config) Validate() error {
 	)
 }
 
-// redisSettings are the settings only a Redis store reads: the flags, and
-// the one variable without a flag.
-var redisSettings = []string{"redis-url", "redis-timeout", "redis-tls-ca", "redis-tls-cert", "redis-tls-key", redisPasswordEnv}
-
-// validateRedisUnused refuses a Redis setting given with the memory store:
-// the memory store counts per process, so a fleet meant to share Redis
-// would admit its limits once per replica, and nothing else would say so.
+// validateRedisUnused refuses a Redis setting given with the memory store,
+// which counts per process: a fleet would admit its limits once per replica.
 func (c *Config) validateRedisUnused() error {
-	if c.Store != "memory" {
-		return nil
-	}
 	var errs []error
-	for _, name := range redisSettings {
-		if !c.given[name] {
-			continue
+	for _, name := range []string{"redis-url", "redis-timeout", "redis-tls-ca", "redis-tls-cert", "redis-tls-key", redisPasswordEnv} {
+		if ref := flagRef(name); c.Store == "memory" && c.given[name] {
+			if name == redisPasswordEnv {
+				ref = name
+			}
+			errs = append(errs, fmt.Errorf("%s is set but %s is memory, which reads no Redis setting and counts per process: "+
+				"set %s redis (or redis-cluster, redis-sentinel) to share the counts in Redis, or remove %s", ref, flagRef("store"), flagRef("store"), ref))
 		}
-		ref := redisPasswordEnv
-		if name != redisPasswordEnv {
-			ref = flagRef(name)
-		}
-		errs = append(errs, fmt.Errorf("%s is set but %s is memory, which reads no Redis setting and counts per process: "+
-			"set %s redis (or redis-cluster, redis-sentinel) to share the counts in Redis, or remove %s", ref, flagRef("store"), flagRef("store"), ref))
 	}
 	return errors.Join(errs...)
 }

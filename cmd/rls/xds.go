@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/rls-project/rls/pkg/buildinfo"
+
 	"context"
 	"errors"
 	"fmt"
@@ -34,7 +36,7 @@ func (a *app) buildXDS() error {
 		Server:       cfg.XDSServer,
 		NodeID:       cfg.XDSNodeID,
 		NodeMetadata: meta,
-		Version:      version(),
+		Version:      buildinfo.String(),
 		MaxRecvBytes: cfg.XDSMaxRecvBytes,
 		Update:       a.applyXDS,
 		Rejected:     func(string, error) { a.cfgMetrics.Report(reload.Failure) },

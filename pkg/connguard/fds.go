@@ -42,3 +42,14 @@ func FitFDs(max, ports int, limit uint64) (int, error) {
 	}
 	return e.Fitted, e
 }
+
+// Ports counts the addresses that are set: the ports a server listens on.
+func Ports(addrs ...string) int {
+	n := 0
+	for _, a := range addrs {
+		if a != "" {
+			n++
+		}
+	}
+	return n
+}

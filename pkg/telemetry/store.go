@@ -30,6 +30,34 @@ type authRefusal struct {
 	err error
 }
 
+// AuthRefusedHold is how long after a decision's refusal of rls's
+// credentials the store still counts as refusing them (Ready).
+const AuthRefusedHold = 2 * ProbeEvery
+
+// Ready returns ready (a readiness probe of the store) failing also while
+// a decision's refusal of rls's credentials is within AuthRefusedHold: a
+// PING may be allowed where the scripts are not (an ACL without EVALSHA).
+func (t *MeteredStore) Ready(ready func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := ready(ctx); err != nil {
+			return err
+		}
+		return t.AuthRefused(AuthRefusedHold)
+	}
+}
+
+// RefusedCredentials probes the store once, within timeout, and returns
+// the error when it refuses rls's credentials (store.ErrAuth), else nil:
+// any other failure (Redis not up yet) is an outage, left to the probe.
+func RefusedCredentials(ready func(context.Context) error, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := ready(ctx); errors.Is(err, store.ErrAuth) {
+		return err
+	}
+	return nil
+}
+
 // AuthRefused returns the last error of an operation that the store
 // refused for rls's credentials or permissions (store.ErrAuth) within the
 // last d, else nil: a readiness probe's PING may be allowed where the
