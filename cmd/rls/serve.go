@@ -115,13 +115,13 @@ type app struct {
 	maxConns  int                // --max-conns, fitted to the file-descriptor limit
 	grpcSrv   *grpc.Server
 	healthSrv *health.Server
-	httpSrvs  []*http.Server // the HTTP and debug servers started
+	health    *telemetry.Health // the services' health, from the config and the store
+	httpSrvs  []*http.Server    // the HTTP and debug servers started
 
 	// probe follows the store's readiness; shuttingDown is set once
 	// shutdown begins. /healthcheck reports both.
 	probe        *telemetry.StoreProbe
 	shuttingDown atomic.Bool
-	storeAuth    atomic.Bool // the store refuses rls's credentials: NOT_SERVING
 
 	servers    sync.WaitGroup // the gRPC and HTTP servers' goroutines
 	errc       chan error     // a server that failed
@@ -222,7 +222,7 @@ func (a *app) buildStore() error {
 				"and the ACL user's permissions: %w", redisPasswordEnv, flagRef("redis-url"), err)
 		}
 	}
-	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: a.st.Ready(ready), OnChange: a.setStoreHealth, Log: a.log})
+	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: a.st.Ready(ready), OnChange: func(s telemetry.StoreState) { a.health.SetStore(s) }, Log: a.log})
 	return nil
 }
 
@@ -276,8 +276,10 @@ func (a *app) closeStore() {
 // buildGRPC listens on --grpc-addr and makes the gRPC server, with TLS
 // when --grpc-tls-cert is set. Services are registered on it later.
 func (a *app) buildGRPC() error {
-	if err := a.fitConns(); err != nil {
-		return err
+	var err error
+	addrs := []string{a.cfg.GRPCAddr, a.cfg.HTTPAddr, a.cfg.DebugAddr}
+	if a.maxConns, err = connguard.Fit(flagRef("max-conns"), a.cfg.MaxConns, addrs, a.log); err != nil {
+		return err // caps fitted to the file-descriptor limit, so that idle connections can make room
 	}
 	lis, err := net.Listen("tcp", a.cfg.GRPCAddr)
 	if err != nil {
@@ -299,18 +301,6 @@ func (a *app) buildGRPC() error {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
 	}
 	a.grpcSrv = grpc.NewServer(opts...)
-	return nil
-}
-
-// fitConns fits --max-conns to the file-descriptor limit (connguard.FitFDs).
-func (a *app) fitConns() error {
-	n, err := connguard.FitFDs(a.cfg.MaxConns, connguard.Ports(a.cfg.GRPCAddr, a.cfg.HTTPAddr, a.cfg.DebugAddr), connguard.FDLimit())
-	if fe := (*connguard.FDError)(nil); errors.As(err, &fe) && fe.Fitted == 0 {
-		return fmt.Errorf("%s: %w", flagRef("max-conns"), err)
-	} else if err != nil {
-		a.log.Warn(flagRef("max-conns")+": lowered to fit the file-descriptor limit", "err", err, "max_conns", n)
-	}
-	a.maxConns = n
 	return nil
 }
 
@@ -413,28 +403,16 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 // Readiness: serving from start-up to SIGTERM (with --config-source xds,
 // from the first valid config). A store outage does not make rls unready
 // (it decides in fallback); it shows as degraded on /healthcheck and as
-// NOT_SERVING of the gRPC health service "rls.store".
+// NOT_SERVING of the gRPC health service "rls.store". A refusal of rls's
+// credentials does (telemetry.Health).
 func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.healthSrv = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpcSrv, a.healthSrv)
 	reflection.Register(a.grpcSrv)
-	a.healthSrv.SetServingStatus(storeHealthName, healthpb.HealthCheckResponse_NOT_SERVING)
-	a.setRLSServing(a.configReady.Load())
-}
-
-// setStoreHealth is told each change of the store's readiness: the gRPC
-// health service "rls.store" follows it, and while the store refuses rls's
-// credentials the rate limit service is NOT_SERVING too.
-func (a *app) setStoreHealth(st telemetry.StoreState) {
-	s := healthpb.HealthCheckResponse_NOT_SERVING
-	if st.OK {
-		s = healthpb.HealthCheckResponse_SERVING
-	}
-	a.healthSrv.SetServingStatus(storeHealthName, s)
-	a.storeAuth.Store(st.Auth())
-	a.setRLSServing(a.configReady.Load())
-	a.log.Info("store health", "serving", st.OK, "reason", st.Reason)
+	// The store's health follows it; rls's, the config and the store's credentials.
+	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, "", rlsServiceName, upstreamHealthName)
+	a.health.SetReady(a.configReady.Load())
 }
 
 // start serves gRPC, then the HTTP and debug ports, then starts the
@@ -536,7 +514,7 @@ func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
 	case !a.configReady.Load():
 		http.Error(w, "NOT_SERVING: no config yet, waiting for the first valid config from the xDS server", http.StatusServiceUnavailable)
-	case a.storeAuth.Load():
+	case a.health.Auth():
 		http.Error(w, "NOT_SERVING: the store refuses rls's credentials (wrong password or ACL); calls are answered Unavailable", http.StatusServiceUnavailable)
 	case !a.probe.OK() || a.lim.Degraded(degradedWindow):
 		io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")

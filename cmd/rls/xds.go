@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -93,23 +92,10 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 	a.cfgMetrics.Report(reload.Success)
 	a.log.Info("xds: config applied", "version", version, "domains", cfg.Domains(), "hash", cfg.Hash())
 	if !a.configReady.Swap(true) {
-		a.setRLSServing(true)
+		a.health.SetReady(true)
 		a.log.Info("first valid config from the xDS server: serving", "version", version)
 	}
 	return nil
-}
-
-// setRLSServing sets the health of the rate limit service (under its own
-// name, upstream's and the server's ""): NOT_SERVING, whatever ok says,
-// while the store refuses rls's credentials.
-func (a *app) setRLSServing(ok bool) {
-	s := healthpb.HealthCheckResponse_NOT_SERVING
-	if ok && !a.storeAuth.Load() { // a refusal of rls's credentials: NOT_SERVING
-		s = healthpb.HealthCheckResponse_SERVING
-	}
-	for _, name := range []string{"", rlsServiceName, upstreamHealthName} {
-		a.healthSrv.SetServingStatus(name, s)
-	}
 }
 
 // errNoConfig answers rate limit calls before the first config: an outage,

@@ -1,6 +1,10 @@
 package connguard
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+)
 
 // FDReserve is the file descriptors FitFDs keeps for what is not a
 // connection of a capped port: the listeners, Redis's pool, config files,
@@ -52,4 +56,19 @@ func Ports(addrs ...string) int {
 		}
 	}
 	return n
+}
+
+// Fit is FitFDs for the cap named name (in its messages) on ports with the
+// given addresses (the empty ones are not open) under the process's limit:
+// it logs a lowered cap as a warning, and returns an error only when not
+// even one connection per port fits.
+func Fit(name string, max int, addrs []string, log *slog.Logger) (int, error) {
+	n, err := FitFDs(max, Ports(addrs...), FDLimit())
+	var fe *FDError
+	if errors.As(err, &fe) && fe.Fitted == 0 {
+		return 0, fmt.Errorf("%s: %w", name, err)
+	} else if err != nil {
+		log.Warn(name+": lowered to fit the file-descriptor limit", "err", err, "max_conns", n)
+	}
+	return n, nil
 }
