@@ -56,7 +56,8 @@ type LimitOptions struct {
 //
 // The listener learns which connections are busy from the servers: an
 // http.Server's ConnState hook (ConnState) and a gRPC server's stats
-// handler (StatsHandler). A connection neither reports is always idle.
+// handler (StatsHandler; on TCP, where each connection's peer address is
+// its own). A connection neither reports is always idle.
 // Closing a connection Accept returned frees its slot, once however often
 // it is closed. The listener is safe for concurrent use, as l is.
 type Listener struct {
@@ -135,7 +136,14 @@ func (l *Listener) track(c net.Conn) *trackedConn {
 	t.last.Store(t.opened)
 	l.mu.Lock()
 	l.conns[t] = struct{}{}
-	l.byRemote[c.RemoteAddr().String()] = t
+	if ra := c.RemoteAddr(); ra != nil && ra.Network() == "tcp" { // unique per connection (a unix socket's peers are not)
+		l.byRemote[ra.String()] = t
+	} else {
+		// Its calls cannot be told apart from another's: count it busy for
+		// good, never evicted nor closed for making no call.
+		t.called.Store(true)
+		t.active.Store(1)
+	}
 	l.mu.Unlock()
 	t.timer.Store(time.AfterFunc(l.firstCall, func() {
 		if !t.called.Load() && t.claim() {
@@ -244,8 +252,8 @@ func (h *callTracker) HandleRPC(ctx context.Context, s stats.RPCStats) {
 func (l *Listener) release(t *trackedConn) {
 	l.mu.Lock()
 	delete(l.conns, t)
-	if l.byRemote[t.RemoteAddr().String()] == t {
-		delete(l.byRemote, t.RemoteAddr().String())
+	if ra := t.RemoteAddr(); ra != nil && l.byRemote[ra.String()] == t {
+		delete(l.byRemote, ra.String())
 	}
 	l.mu.Unlock()
 	l.n.Add(-1)
