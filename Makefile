@@ -7,7 +7,7 @@ export CGO_ENABLED ?= 1
 GOBIN    ?= $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: help build run test unit deps lint tidy proto bench bench-quick clean image
+.PHONY: help build run test unit deps lint tidy proto bench bench-quick clean image release release-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -27,6 +27,16 @@ image: ## build the container image (IMAGE=rls:dev; IMAGE=registry/rls:tag to pu
 	  echo "make image: $(DOCKER) is installed but cannot build: '$(DOCKER) info' fails (is its daemon running, and may you use it?)" >&2; exit 1; }
 	$(DOCKER) build -t $(IMAGE) .
 
+# Releases (docs/operations.md, "Versions and releases"): offline, into dist/.
+VERSION ?=
+DIST    ?= dist
+
+release: ## versioned linux/amd64 and linux/arm64 binaries, the Helm chart, SHA256SUMS and the image command into dist/ (VERSION=v1.2.3)
+	GO=$(GO) VERSION=$(VERSION) DIST=$(DIST) bash scripts/release.sh
+
+release-check: ## a release dry run into dist/, checking binaries, checksums, chart and rls version
+	GO=$(GO) DIST=$(DIST) bash scripts/release-check.sh
+
 run: build ## serve ./config on the embedded memory store (gRPC :8081, HTTP :8080)
 	./$(BIN) serve --config-dir $(CONFIG)
 
@@ -40,7 +50,7 @@ deps: ## install what the tests need (redis-server from Debian) when missing
 	@command -v grpcurl >/dev/null || { echo "installing grpcurl (the README's examples are run by a test)"; \
 	  $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4; }
 
-test: deps lint ## everything: vet, gofmt, unit and integration tests with the race detector
+test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit and integration tests with the race detector
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v /integration$$)
 	@# Allocation bounds, without the race detector (whose sync.Pool drops items at random).
 	$(GO) test -count=1 -run 'Allocation' ./pkg/service/
@@ -92,7 +102,7 @@ tidy: ## go mod tidy, failing when it changes anything
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
 
 clean: ## remove build output
-	rm -rf bin
+	rm -rf bin dist
 
 # Fuzzing: `make test` runs every fuzz target's seed corpus (testdata/fuzz/)
 # as ordinary tests; `make fuzz` fuzzes each target for FUZZTIME in turn (go

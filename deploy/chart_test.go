@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
 	"helm.sh/helm/v3/pkg/strvals"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -67,7 +69,7 @@ func TestDefaultValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(cm.Data) != 1 || cm.Data["example.yaml"] != string(want) {
-		t.Errorf("the chart's default config.files is not config/example.yaml (keys %v): copy it into values.yaml again", keys(cm.Data))
+		t.Errorf("the chart's example config is not config/example.yaml (keys %v): copy it into files/example.yaml again", keys(cm.Data))
 	}
 	for _, o := range r.objects {
 		if slices.Contains([]string{"ServiceMonitor", "PrometheusRule", "NetworkPolicy", "HorizontalPodAutoscaler", "Secret"}, o.kind) {
@@ -459,6 +461,7 @@ func checkRelease(t *testing.T, r *release) {
 	}
 	for _, pr := range all[*prometheusRule](r) {
 		checkRules(t, "PrometheusRule "+pr.Metadata.Name, pr.Spec)
+		checkRuleJobs(t, pr, svc.Name)
 	}
 	if cm := dashboardConfigMap(t, r); cm != nil {
 		checkDashboard(t, cm)
@@ -973,5 +976,94 @@ func TestProbeOverride(t *testing.T) {
 	}
 	if p := c.LivenessProbe; p.GRPC == nil {
 		t.Errorf("livenessProbe %+v: want the gRPC one, not overridden", p)
+	}
+}
+
+var jobRef = regexp.MustCompile(`\bjob="([^"]*)"`)
+
+// checkRuleJobs: every job the rules name is job, the job of the release's
+// targets (a ServiceMonitor without jobLabel scrapes them as the Service's
+// name), and at least one rule names it.
+func checkRuleJobs(t *testing.T, pr *prometheusRule, job string) {
+	t.Helper()
+	n := 0
+	for _, g := range pr.Spec.Groups {
+		for _, r := range g.Rules {
+			for _, m := range jobRef.FindAllStringSubmatch(r.Expr, -1) {
+				n++
+				if m[1] != job {
+					t.Errorf("PrometheusRule %s: %s selects job %q, want the release's job %q", pr.Metadata.Name, r.Alert, m[1], job)
+				}
+			}
+		}
+	}
+	if n == 0 {
+		t.Errorf("PrometheusRule %s: no rule selects the release's job %q", pr.Metadata.Name, job)
+	}
+}
+
+// TestUserConfigReplacesExample: a user's config.files replaces the chart's
+// example config, not merged with it, even when it defines domain example
+// too (both would make the pods refuse to start: a duplicate domain).
+func TestUserConfigReplacesExample(t *testing.T) {
+	mine := "domain: example\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 7}\n"
+	for _, name := range []string{"mine.yaml", "example.yaml"} {
+		r := mustRender(t, nil, map[string]any{"config": map[string]any{"files": map[string]any{name: mine}}})
+		cm := configMapOf(t, r, one[*appsv1.Deployment](t, r))
+		if len(cm.Data) != 1 || cm.Data[name] != mine {
+			t.Errorf("config.files {%s}: the ConfigMap has %v, want only the user's file", name, keys(cm.Data))
+		}
+		validateConfig(t, cm) // rls validate: one domain example, no duplicate
+	}
+}
+
+// TestRulesSelectReleaseJob: under any release name, the alert rules select
+// the job of that release's targets, never a fixed job="rls"; and
+// prometheusRule.job names another.
+func TestRulesSelectReleaseJob(t *testing.T) {
+	on := map[string]any{"serviceMonitor": map[string]any{"enabled": true}, "prometheusRule": map[string]any{"enabled": true}}
+	for _, c := range []struct {
+		release string
+		set     map[string]any
+		want    string
+	}{
+		{"payments", on, "payments-rls"},
+		{"rls", on, "rls"},
+		{"edge", mergeValues(on, map[string]any{"prometheusRule": map[string]any{"job": "kubernetes-pods"}}), "kubernetes-pods"},
+	} {
+		r, err := render(t, c.release, "ns", nil, c.set)
+		if err != nil {
+			t.Fatalf("%s: %v", c.release, err)
+		}
+		svc := one[*corev1.Service](t, r)
+		if c.set["prometheusRule"].(map[string]any)["job"] == nil && svc.Name != c.want {
+			t.Errorf("release %s: Service %s, want %s (the ServiceMonitor's job)", c.release, svc.Name, c.want)
+		}
+		checkRuleJobs(t, one[*prometheusRule](t, r), c.want)
+	}
+}
+
+// TestHelmLint: the chart passes Helm's own lint (helm lint's packages), in
+// strict mode, with the default values and with every shipped values file.
+func TestHelmLint(t *testing.T) {
+	for _, s := range shipped {
+		vals := map[string]any{}
+		for _, f := range s.files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v map[string]any
+			if err := yaml.Unmarshal(b, &v); err != nil {
+				t.Fatal(err)
+			}
+			vals = mergeValues(vals, v)
+		}
+		l := lint.All(chartDir, vals, "rls", true)
+		for _, m := range l.Messages {
+			if m.Severity >= support.WarningSev {
+				t.Errorf("%s: helm lint: %s", s.name, m)
+			}
+		}
 	}
 }

@@ -440,7 +440,7 @@ func TestDockerCompose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"FROM golang:", "CGO_ENABLED=0", "FROM gcr.io/distroless/static", "USER nonroot", "EXPOSE 8080 8081", `ENTRYPOINT ["/usr/local/bin/rls", "serve"`} {
+	for _, want := range []string{"FROM --platform=$BUILDPLATFORM golang:", "CGO_ENABLED=0", "FROM gcr.io/distroless/static", "USER nonroot", "EXPOSE 8080 8081", `ENTRYPOINT ["/usr/local/bin/rls", "serve"`} {
 		if !strings.Contains(string(df), want) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}

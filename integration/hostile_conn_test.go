@@ -38,9 +38,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rls-project/rls/integration/redistest"
@@ -555,10 +553,10 @@ func TestHostileIdleConnections(t *testing.T) {
 	})
 }
 
-// TestHostileMaxConns: beyond --max-conns a new connection is accepted and
-// closed at once (a gRPC client fails fast instead of waiting for its
-// deadline), and once the idle connections holding the cap are closed
-// (the 5 s handshake timeout), new clients are served again.
+// TestHostileMaxConns: beyond --max-conns a new connection makes room by
+// closing the oldest idle one at once (silent connections hold no call), so
+// a new gRPC client is served at once instead of refused; the connections
+// not evicted are closed after the 5 s handshake timeout.
 func TestHostileMaxConns(t *testing.T) {
 	const capN = 100
 	hcNoFile(t, 2*capN+1024)
@@ -573,30 +571,17 @@ func TestHostileMaxConns(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 
 	callStart := time.Now()
-	err := hcFreshCall(p.GRPCAddr, 2*time.Second)
-	failedIn := time.Since(callStart)
-	if status.Code(err) != codes.Unavailable || failedIn > time.Second {
-		t.Errorf("a new gRPC client beyond --max-conns: got %v after %v, want Unavailable at once", err, failedIn)
+	err := hcFreshCall(p.GRPCAddr, time.Second)
+	if err != nil {
+		t.Errorf("a new gRPC client beyond --max-conns: %v after %v, want an answer (an idle connection evicted)", err, time.Since(callStart))
 	}
-	t.Logf("a new gRPC client beyond --max-conns %d: %v after %v", capN, status.Code(err), failedIn.Round(time.Millisecond))
 	s := series(scrape(t, p))
-	if open, refused := s[`rls_connections_open{port="grpc-addr"}`], s[`rls_connections_refused_total{port="grpc-addr"}`]; open != capN || refused < 50 {
-		t.Errorf("grpc-addr: %v connections open, %v refused; want %d open, at least 50 refused", open, refused, capN)
-	} else {
-		t.Logf("grpc-addr: %v connections open, %v refused", open, refused)
+	open, refused := s[`rls_connections_open{port="grpc-addr"}`], s[`rls_connections_refused_total{port="grpc-addr"}`]
+	evicted := s[`rls_connections_closed_total{port="grpc-addr",reason="idle_evicted"}`]
+	if open > capN || refused != 0 || evicted < 51 {
+		t.Errorf("grpc-addr: %v connections open, %v refused, %v evicted; want at most %d open, none refused, at least 51 evicted", open, refused, evicted, capN)
 	}
-
-	// The held connections never send a preface: closed after the 5 s
-	// handshake timeout, freeing the cap.
-	var served time.Duration
-	waitFor(t, "a new gRPC client served once the idle connections are closed", 10*time.Second, func() bool {
-		if hcFreshCall(p.GRPCAddr, time.Second) == nil {
-			served = time.Since(callStart)
-			return true
-		}
-		return false
-	})
-	t.Logf("a new gRPC client served again %v after the cap was reached", served.Round(10*time.Millisecond))
+	t.Logf("grpc-addr: %v connections open, %v refused, %v evicted", open, refused, evicted)
 	wg.Wait()
 	early, late := 0, 0
 	for _, c := range held {
@@ -609,8 +594,8 @@ func TestHostileMaxConns(t *testing.T) {
 			late++
 		}
 	}
-	t.Logf("%d connections: %d closed at once (beyond the cap), %d held until the handshake timeout", len(held), early, late)
-	if early != 50 || late != capN {
-		t.Errorf("want 50 closed at once and %d held; got %d and %d", capN, early, late)
+	t.Logf("%d connections: %d evicted at once, %d held until the handshake timeout", len(held), early, late)
+	if early < 50 || early+late != capN+50 {
+		t.Errorf("want at least 50 evicted at once, the rest held; got %d and %d", early, late)
 	}
 }

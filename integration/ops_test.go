@@ -40,6 +40,21 @@ func scrape(t testing.TB, p *rlsProc) string {
 	return string(b)
 }
 
+// storeUp returns rls_store_up's one series as "value reason" ("1 none",
+// "0 auth"), or "" when it is not there (or there twice).
+func storeUp(m map[string]float64) string {
+	got := ""
+	for k, v := range m {
+		if r, ok := strings.CutPrefix(k, `rls_store_up{reason="`); ok {
+			if got != "" {
+				return ""
+			}
+			got = fmt.Sprintf("%v %s", v, strings.TrimSuffix(r, `"}`))
+		}
+	}
+	return got
+}
+
 // series returns the rls_* sample lines of a scrape, name{labels} → value.
 func series(text string) map[string]float64 {
 	out := map[string]float64{}

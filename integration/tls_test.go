@@ -438,31 +438,38 @@ func TestTLSRedis(t *testing.T) {
 func TestTLSRedisPasswordNeverShown(t *testing.T) {
 	t.Parallel()
 	const flagPW, urlPW = "s3cr3t-pw", "s3cr3t-url-pw"
-	srv := redistest.StartServer(t, "--requirepass", "another-password")
+	srv := redistest.StartServer(t, "--requirepass", flagPW)
 	dir := writeConfig(t, map[string]string{"tls.yaml": tlRedisConfig})
-	p := startRLSBinEnv(t, rlsBin, []string{"RLS_REDIS_PASSWORD=" + flagPW}, dir, "--store", "redis", "--redis-url", "redis://:"+urlPW+"@"+srv.Addr,
-		"--redis-timeout", "500ms", "--fleet-size", "1", "--log-level", "debug")
+	args := []string{"--store", "redis", "--redis-url", "redis://:" + urlPW + "@" + srv.Addr,
+		"--redis-timeout", "500ms", "--fleet-size", "1", "--log-level", "debug"}
+	// A wrong password refuses to start, without showing it.
+	refused, err := flRun(t, []string{"RLS_REDIS_PASSWORD=wrong-" + flagPW}, append([]string{"serve", "--config-dir", dir,
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "", "--debug-addr", ""}, args...)...)
+	if err == nil || !strings.Contains(refused, "refused rls's credentials") {
+		t.Errorf("a wrong password: exit %v, want a refusal:\n%s", err, refused)
+	}
+	// The right one (RLS_REDIS_PASSWORD wins over the URL's) serves; then
+	// Redis refuses it (its password changed, connections dropped), then
+	// Redis is gone: both are logged.
+	p := startRLSBinEnv(t, rlsBin, []string{"RLS_REDIS_PASSWORD=" + flagPW}, dir, args...)
 	p.waitServing(t, 20*time.Second)
-	// Wrong password: every decision fails over to the fallback.
 	should(t, p.client(), "tls", desc("user", "bob"))
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(p.Log.String(), "store not ready") && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: flagPW})
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.ConfigSet(ctx, "requirepass", "another-password").Err(); err != nil {
+		t.Fatal(err)
 	}
-	// Redis gone: dial errors are logged too (the readiness probe logs an
-	// error that differs from the last one).
-	notReady := strings.Count(p.Log.String(), "store not ready")
+	admin2 := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "another-password"})
+	defer admin2.Close()
+	if err := admin2.Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the refusal logged", 5*time.Second, func() bool { return strings.Contains(p.Log.String(), "store refused rls's credentials") })
 	srv.Stop()
-	should(t, p.client(), "tls", desc("user", "bob"))
-	waitFor(t, "the dial error logged", 5*time.Second, func() bool {
-		return strings.Count(p.Log.String(), "store not ready") > notReady
-	})
-	should(t, p.client(), "tls", desc("user", "bob"))
+	waitFor(t, "the dial error logged", 5*time.Second, func() bool { return strings.Contains(p.Log.String(), "store not ready") })
 	p.stop(t)
-	log := p.Log.String()
-	if !strings.Contains(log, "store not ready") {
-		t.Errorf("the failing Redis was not logged; the test proves nothing:\n%s", log)
-	}
+	log := refused + p.Log.String()
 	for _, pw := range []string{flagPW, urlPW} {
 		if strings.Contains(log, pw) {
 			t.Errorf("the Redis password %q is in rls's log:\n%s", pw, log)

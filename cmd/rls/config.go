@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rls-project/rls/pkg/connguard"
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store/memory"
@@ -27,7 +28,7 @@ type Config struct {
 	GRPCAddr, HTTPAddr, DebugAddr string
 	Admin                         bool
 	MaxConns                      int
-	IdleTimeout                   time.Duration
+	IdleTimeout, FirstCallTimeout time.Duration
 	LogLevel, LogFormat           string
 	ShutdownDrain                 time.Duration
 	DryRun                        bool // check the flags, environment and config, then exit (dryrun.go)
@@ -75,6 +76,8 @@ type Config struct {
 	// The Go runtime's GOGC and GOMEMLIMIT, as read: with neither set rls
 	// tunes the GC target itself (pkg/gctune).
 	GOGC, GOMEMLIMIT string
+
+	given map[string]bool // the flags (or twins) and RLS_REDIS_PASSWORD set
 }
 
 // defaultConfig is the Config of the settings without a flag.
@@ -118,6 +121,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.Admin, "admin", false, "serve rls.admin.v1.AdminService (Explain, ResetCounters) on the gRPC port")
 	fs.IntVar(&c.MaxConns, "max-conns", 1000, "most connections open at once on each port; 0 is no cap")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 5*time.Minute, "close a connection without a call or request for this long")
+	fs.DurationVar(&c.FirstCallTimeout, "first-call-timeout", connguard.DefaultFirstCall, "close a connection that makes no call or request this long after opening")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error (any case)")
 	fs.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	fs.DurationVar(&c.ShutdownDrain, "shutdown-drain", 0, "on SIGTERM, serve this long while health says NOT_SERVING")
@@ -164,7 +168,7 @@ type helpGroup struct {
 // helpGroups lists every serve flag once (TestHelpGroupsEveryFlag).
 var helpGroups = []helpGroup{
 	{"Core", []string{"config-dir", "allow-empty-config", "store", "grpc-addr", "http-addr", "debug-addr", "admin",
-		"max-conns", "idle-timeout", "log-level", "log-format", "shutdown-drain", "dry-run"},
+		"max-conns", "idle-timeout", "first-call-timeout", "log-level", "log-format", "shutdown-drain", "dry-run"},
 		[][2]string{{"GOGC, GOMEMLIMIT", "the Go runtime's; with neither set, rls tunes GOGC itself"}}},
 	{"Redis", []string{"redis-url", "redis-timeout"},
 		[][2]string{{redisPasswordEnv, "Redis password, overriding the URL's (never a flag: ps shows flags)"}}},
@@ -245,12 +249,15 @@ func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 			return
 		}
 		if v := getenv(envName(f.Name)); v != "" {
+			set[f.Name] = true
 			if err := f.Value.Set(v); err != nil {
 				errs = append(errs, fmt.Errorf("%s=%q: %v", envName(f.Name), v, valueError(f, err)))
 			}
 		}
 	})
 	c.RedisPassword = getenv(redisPasswordEnv)
+	set[redisPasswordEnv] = c.RedisPassword != ""
+	c.given = set
 	c.OTLP = telemetry.ReadOTLPEnv(getenv)
 	c.GOGC, c.GOMEMLIMIT = getenv("GOGC"), getenv("GOMEMLIMIT")
 	return errors.Join(errs...)

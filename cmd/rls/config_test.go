@@ -17,7 +17,7 @@ import (
 )
 
 func TestEnvTwins(t *testing.T) {
-	env := map[string]string{"RLS_GRPC_ADDR": "127.0.0.1:9", "RLS_REDIS_TIMEOUT": "25ms", "RLS_OVER_LIMIT_CACHE": "false"}
+	env := map[string]string{"RLS_GRPC_ADDR": "127.0.0.1:9", "RLS_STORE": "redis", "RLS_REDIS_TIMEOUT": "25ms", "RLS_OVER_LIMIT_CACHE": "false"}
 	c, err := parseConfig([]string{"--config-dir", "../../config", "--grpc-addr", "127.0.0.1:1"}, func(k string) string { return env[k] }, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +52,10 @@ func TestInvalidSettingsNameTheFlag(t *testing.T) {
 		{nil, map[string]string{"RLS_REDIS_TIMEOUT": "-5ms"}, `--redis-timeout (RLS_REDIS_TIMEOUT) must be positive`},
 		{[]string{"--local-max-bytes", "1000"}, nil, `--local-max-bytes (RLS_LOCAL_MAX_BYTES) must be at least 1 MiB`},
 		{nil, map[string]string{"RLS_MEMORY_MAX_BYTES": "0"}, `--memory-max-bytes (RLS_MEMORY_MAX_BYTES) must be at least 1 MiB`},
+		{[]string{"--redis-url", "redis://redis:6379"}, nil, `--redis-url (RLS_REDIS_URL) is set but --store (RLS_STORE) is memory`},
+		{nil, map[string]string{"RLS_REDIS_URL": "redis://redis:6379"}, `--redis-url (RLS_REDIS_URL) is set but --store (RLS_STORE) is memory`},
+		{nil, map[string]string{"RLS_REDIS_TLS_CA": "ca.pem"}, `--redis-tls-ca (RLS_REDIS_TLS_CA) is set but --store (RLS_STORE) is memory`},
+		{nil, map[string]string{"RLS_REDIS_PASSWORD": "pw"}, `RLS_REDIS_PASSWORD is set but --store (RLS_STORE) is memory`},
 	} {
 		args := append([]string{"--config-dir", "../../config"}, tc.args...)
 		_, err := parseConfig(args, func(k string) string { return tc.env[k] }, &bytes.Buffer{})

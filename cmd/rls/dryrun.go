@@ -22,7 +22,7 @@ func dryRun(cfg *Config, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "rls serve --dry-run: flags ok, store %s; --config-dir %s does not exist here: not checked\n", store, cfg.ConfigDir)
 		return nil
 	}
-	rules, err := loadRules(cfg, newLogger(cfg, stderr))
+	rules, err := loadRules(cfg, func(n string) { newLogger(cfg, stderr).Info(n) })
 	if err != nil {
 		return err
 	}

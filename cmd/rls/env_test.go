@@ -21,7 +21,7 @@ func envOf(m map[string]string) func(string) string { return func(k string) stri
 func TestEnvReadInParseConfig(t *testing.T) {
 	c, err := parseConfig([]string{"--config-dir", "../../config"}, envOf(map[string]string{
 		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-		"OTEL_BSP_MAX_QUEUE_SIZE": "64", "GOGC": "200", "GOMEMLIMIT": "1GiB", "RLS_REDIS_PASSWORD": "pw"}), &bytes.Buffer{})
+		"OTEL_BSP_MAX_QUEUE_SIZE": "64", "GOGC": "200", "GOMEMLIMIT": "1GiB", "RLS_STORE": "redis", "RLS_REDIS_PASSWORD": "pw"}), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}

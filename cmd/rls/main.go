@@ -11,10 +11,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"sort"
 	"syscall"
 
+	"github.com/rls-project/rls/pkg/buildinfo"
 	"github.com/rls-project/rls/pkg/descriptors"
 )
 
@@ -40,7 +40,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	switch cmd {
 	case "version":
-		fmt.Fprintln(stdout, "rls", version())
+		fmt.Fprintln(stdout, "rls", buildinfo.String())
 		return nil
 	case "validate":
 		if len(args) == 1 && isHelp(args[0]) {
@@ -69,58 +69,39 @@ func isHelp(arg string) bool {
 	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
 }
 
-const validateUsage = `usage: rls validate [--merge-domains] DIR
+const validateUsage = `usage: rls validate [--merge-domains] [--allow-empty-config] DIR
 
 Loads every descriptor YAML file in DIR as rls serve would and prints each
-error as file:line: message; exits 1 when any file is invalid.
---merge-domains lets several files define one domain, as rls serve
---merge-domains does.
+error as file:line: message; exits 1 when any file is invalid, or when DIR
+has no domain (rls serve refuses to start on it). --merge-domains and
+--allow-empty-config mean what they mean to rls serve.
 `
 
-// validate loads a config directory and prints every error as
-// file:line: message. It fails when any file is invalid.
+// validate loads a config directory as serve would (loadRules) and prints
+// every error as file:line: message.
 func validate(args []string, out io.Writer) error {
-	opts := descriptors.LoadOptions{MergeDomainsName: "--merge-domains"}
-	if len(args) == 2 && (args[0] == "--merge-domains" || args[0] == "-merge-domains") {
-		opts.MergeDomains, args = true, args[1:]
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("rls validate", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&cfg.MergeDomains, "merge-domains", false, "")
+	fs.BoolVar(&cfg.AllowEmptyConfig, "allow-empty-config", false, "")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		return errors.New("usage: rls validate [--merge-domains] [--allow-empty-config] DIR (rls validate --help)")
 	}
-	if len(args) != 1 {
-		return errors.New("usage: rls validate [--merge-domains] DIR (rls validate --help)")
-	}
-	cfg, notes, err := descriptors.LoadWith(args[0], opts)
-	for _, n := range notes {
-		fmt.Fprintln(out, n)
-	}
+	cfg.ConfigDir = fs.Arg(0)
+	rules, err := loadRules(cfg, func(note string) { fmt.Fprintln(out, note) })
 	if err != nil {
 		var list descriptors.Errors
 		if errors.As(err, &list) {
 			for _, e := range list {
 				fmt.Fprintln(out, e.Error())
 			}
-			return fmt.Errorf("%s: %d error(s)", args[0], len(list))
+			return fmt.Errorf("%s: %d error(s)", cfg.ConfigDir, len(list))
 		}
 		return err
 	}
-	domains := cfg.Domains()
+	domains := rules.Domains()
 	sort.Strings(domains)
-	fmt.Fprintf(out, "%s: ok, %d domain(s) %v\n", args[0], len(domains), domains)
+	fmt.Fprintf(out, "%s: ok, %d domain(s) %v\n", cfg.ConfigDir, len(domains), domains)
 	return nil
-}
-
-// version reports the module version and VCS revision baked in by go build.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" {
-			v += " " + s.Value
-		}
-		if s.Key == "vcs.modified" && s.Value == "true" {
-			v += " (modified)"
-		}
-	}
-	return v + " " + bi.GoVersion
 }

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -30,7 +28,6 @@ func TestDefaultAlgorithmFiles(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(y), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, tc := range []struct {
 		args []string
 		want store.Algorithm
@@ -41,7 +38,7 @@ func TestDefaultAlgorithmFiles(t *testing.T) {
 		{[]string{"--default-algorithm", "token_bucket"}, store.TokenBucket},
 	} {
 		cfg := testConfig(t, append([]string{"--config-dir", dir}, tc.args...)...)
-		rules, err := loadRules(cfg, log)
+		rules, err := loadRules(cfg, func(string) {})
 		if err != nil {
 			t.Fatal(err)
 		}

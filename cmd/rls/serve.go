@@ -110,11 +110,13 @@ type app struct {
 	configReady  atomic.Bool
 	xdsConnected prometheus.Gauge
 
-	grpcLis   net.Listener
+	grpcLis   *connguard.Listener
 	conns     *connguard.Metrics // open, refused and closed connections per port
+	maxConns  int                // --max-conns, fitted to the file-descriptor limit
 	grpcSrv   *grpc.Server
 	healthSrv *health.Server
-	httpSrvs  []*http.Server // the HTTP and debug servers started
+	health    *telemetry.Health // the services' health, from the config and the store
+	httpSrvs  []*http.Server    // the HTTP and debug servers started
 
 	// probe follows the store's readiness; shuttingDown is set once
 	// shutdown begins. /healthcheck reports both.
@@ -136,9 +138,10 @@ func (a *app) build() error {
 	rules := &descriptors.Config{} // none until the xDS server sends one
 	if !a.cfg.fromXDS() {
 		var err error
-		if rules, err = loadRules(a.cfg, a.log); err != nil {
+		if rules, err = loadRules(a.cfg, func(n string) { a.log.Info(n) }); err != nil {
 			return err
 		}
+		a.log.Info("config loaded", "domains", rules.Domains(), "hash", rules.Hash())
 		a.configReady.Store(true)
 	} else if a.cfg.AllowEmptyConfig {
 		// Serve at once, with no rule (every descriptor OK) until the xDS
@@ -185,13 +188,13 @@ func (a *app) logStart() {
 	}
 }
 
-// loadRules loads the descriptor config, logging its notes. A config
-// without any domain is refused unless --allow-empty-config: it would limit
-// nothing.
-func loadRules(cfg *Config, log *slog.Logger) (*descriptors.Config, error) {
+// loadRules loads --config-dir, telling note its notes, for serve, --dry-run
+// and validate alike. A config without any domain is refused unless
+// --allow-empty-config: it would limit nothing.
+func loadRules(cfg *Config, note func(string)) (*descriptors.Config, error) {
 	rules, notes, err := descriptors.LoadWith(cfg.ConfigDir, loadOptions(cfg))
 	for _, n := range notes {
-		log.Info(n)
+		note(n)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w", err)
@@ -200,7 +203,6 @@ func loadRules(cfg *Config, log *slog.Logger) (*descriptors.Config, error) {
 		return nil, fmt.Errorf("load config: %s has no domain (no .yaml or .yml file with a domain), so rls would limit nothing; "+
 			"add the config, or pass %s to start without one", cfg.ConfigDir, flagRef("allow-empty-config"))
 	}
-	log.Info("config loaded", "domains", rules.Domains(), "hash", rules.Hash())
 	return rules, nil
 }
 
@@ -210,13 +212,18 @@ func (a *app) buildStore() error {
 	if err != nil {
 		return err
 	}
+	a.rawStore = raw // closed by closeStore from here on
+	a.st = telemetry.NewMeteredStore(raw, a.reg)
 	if rs, ok := raw.(*redisstore.Store); ok {
 		telemetry.RegisterBreakers(a.reg, rs)
 		telemetry.RegisterScriptMode(a.reg, rs)
+		// A wrong password is a mistake to fix, not an outage to serve through.
+		if err := telemetry.RefusedCredentials(ready, a.cfg.RedisTimeout); err != nil {
+			return fmt.Errorf("redis refused rls's credentials; set the right password in %s (or the %s's), "+
+				"and the ACL user's permissions: %w", redisPasswordEnv, flagRef("redis-url"), err)
+		}
 	}
-	a.rawStore = raw
-	a.st = telemetry.NewMeteredStore(raw, a.reg)
-	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: ready, OnChange: a.setStoreHealth, Log: a.log})
+	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: a.st.Ready(ready), OnChange: func(s telemetry.StoreState) { a.health.SetStore(s) }, Log: a.log})
 	return nil
 }
 
@@ -270,6 +277,11 @@ func (a *app) closeStore() {
 // buildGRPC listens on --grpc-addr and makes the gRPC server, with TLS
 // when --grpc-tls-cert is set. Services are registered on it later.
 func (a *app) buildGRPC() error {
+	var err error
+	addrs := []string{a.cfg.GRPCAddr, a.cfg.HTTPAddr, a.cfg.DebugAddr}
+	if a.maxConns, err = connguard.Fit(flagRef("max-conns"), a.cfg.MaxConns, addrs, a.log); err != nil {
+		return err // caps fitted to the file-descriptor limit, so that idle connections can make room
+	}
 	lis, err := net.Listen("tcp", a.cfg.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
@@ -281,10 +293,11 @@ func (a *app) buildGRPC() error {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log})
+	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
 	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
 		Port: "grpc-addr", Metrics: a.conns, Log: a.log})
-	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds))}, grpcOptions(a.cfg, a.svcMetrics, a.log)...)
+	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.StatsHandler(a.grpcLis.StatsHandler())},
+		grpcOptions(a.cfg, a.svcMetrics, a.log)...)
 	if a.cfg.fromXDS() {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
 	}
@@ -395,25 +408,16 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 // Readiness: serving from start-up to SIGTERM (with --config-source xds,
 // from the first valid config). A store outage does not make rls unready
 // (it decides in fallback); it shows as degraded on /healthcheck and as
-// NOT_SERVING of the gRPC health service "rls.store".
+// NOT_SERVING of the gRPC health service "rls.store". A refusal of rls's
+// credentials does (telemetry.Health).
 func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.healthSrv = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpcSrv, a.healthSrv)
 	reflection.Register(a.grpcSrv)
-	a.healthSrv.SetServingStatus(storeHealthName, healthpb.HealthCheckResponse_NOT_SERVING)
-	a.setRLSServing(a.configReady.Load())
-}
-
-// setStoreHealth is told each change of the store's readiness: the gRPC
-// health service "rls.store" follows it.
-func (a *app) setStoreHealth(ok bool) {
-	s := healthpb.HealthCheckResponse_NOT_SERVING
-	if ok {
-		s = healthpb.HealthCheckResponse_SERVING
-	}
-	a.healthSrv.SetServingStatus(storeHealthName, s)
-	a.log.Info("store health", "serving", ok)
+	// The store's health follows it; rls's, the config and the store's credentials.
+	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, "", rlsServiceName, upstreamHealthName)
+	a.health.SetReady(a.configReady.Load())
 }
 
 // start serves gRPC, then the HTTP and debug ports, then starts the
@@ -466,8 +470,9 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 	if err != nil {
 		return fmt.Errorf("--%s: %w", name, err)
 	}
-	lis = connguard.Limit(lis, connguard.LimitOptions{Port: name, Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log})
+	capped := connguard.Limit(lis, connguard.LimitOptions{Port: name, Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
 	srv := &http.Server{
+		ConnState:         capped.ConnState, // which connections are busy: the idle make room at the cap
 		Handler:           h,
 		ReadHeaderTimeout: handshakeTimeout,
 		ReadTimeout:       httpReadTimeout,
@@ -481,11 +486,11 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 	}
 	a.httpSrvs = append(a.httpSrvs, srv)
 	a.servers.Go(func() {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.errc <- fmt.Errorf("%s: %w", name, err)
 		}
 	})
-	a.log.Info("http listening", "flag", name, "addr", lis.Addr().String())
+	a.log.Info("http listening", "flag", name, "addr", capped.Addr().String())
 	return nil
 }
 
@@ -514,6 +519,8 @@ func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
 	case !a.configReady.Load():
 		http.Error(w, "NOT_SERVING: no config yet, waiting for the first valid config from the xDS server", http.StatusServiceUnavailable)
+	case a.health.Auth():
+		http.Error(w, "NOT_SERVING: the store refuses rls's credentials (wrong password or ACL); calls are answered Unavailable", http.StatusServiceUnavailable)
 	case !a.probe.OK() || a.lim.Degraded(degradedWindow):
 		io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")
 	default:

@@ -63,7 +63,24 @@ func (c *Config) Validate() error {
 		c.validateEnv(),
 		c.validateXDS(),
 		c.validateRedis(),
+		c.validateRedisUnused(),
 	)
+}
+
+// validateRedisUnused refuses a Redis setting given with the memory store,
+// which counts per process: a fleet would admit its limits once per replica.
+func (c *Config) validateRedisUnused() error {
+	var errs []error
+	for _, name := range []string{"redis-url", "redis-timeout", "redis-tls-ca", "redis-tls-cert", "redis-tls-key", redisPasswordEnv} {
+		if ref := flagRef(name); c.Store == "memory" && c.given[name] {
+			if name == redisPasswordEnv {
+				ref = name
+			}
+			errs = append(errs, fmt.Errorf("%s is set but %s is memory, which reads no Redis setting and counts per process: "+
+				"set %s redis (or redis-cluster, redis-sentinel) to share the counts in Redis, or remove %s", ref, flagRef("store"), flagRef("store"), ref))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // validateConfigDir checks --config-dir, which --config-source xds does
@@ -101,6 +118,7 @@ func (c *Config) validateBounds() error {
 		{"max-conns", c.MaxConns < 0, "is negative"},
 		{"redis-timeout", c.RedisTimeout <= 0, "must be positive"},
 		{"idle-timeout", c.IdleTimeout <= 0, "must be positive"},
+		{"first-call-timeout", c.FirstCallTimeout <= 0, "must be positive"},
 		{"min-fleet-size", c.MinFleetSize < 1, "must be at least 1"},
 		{"local-max-bytes", c.LocalMaxBytes < 1<<20, "must be at least 1 MiB (1048576)"},
 		{"memory-max-bytes", c.MemoryMaxBytes < 1<<20, "must be at least 1 MiB (1048576)"},

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/rls-project/rls/pkg/buildinfo"
 )
 
 // upstreamFixtures are envoyproxy/ratelimit's config files, copied for
@@ -117,5 +119,17 @@ descriptors:
 		if !strings.Contains(out, want) {
 			t.Errorf("rls validate does not say %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestVersion: rls version prints the release's ldflags.
+func TestVersion(t *testing.T) {
+	old := [3]string{buildinfo.Version, buildinfo.Commit, buildinfo.Date}
+	t.Cleanup(func() { buildinfo.Version, buildinfo.Commit, buildinfo.Date = old[0], old[1], old[2] })
+	buildinfo.Version, buildinfo.Commit, buildinfo.Date = "v1.2.3", "0123abc", "2026-12-02T15:00:00Z"
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"version"}, func(string) string { return "" }, &out, &errOut)
+	if err != nil || !strings.HasPrefix(out.String(), "rls v1.2.3 commit 0123abc built 2026-12-02T15:00:00Z go") {
+		t.Errorf("rls version = %q, %v", out.String(), err)
 	}
 }

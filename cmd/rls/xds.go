@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/rls-project/rls/pkg/buildinfo"
+
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -34,7 +35,7 @@ func (a *app) buildXDS() error {
 		Server:       cfg.XDSServer,
 		NodeID:       cfg.XDSNodeID,
 		NodeMetadata: meta,
-		Version:      version(),
+		Version:      buildinfo.String(),
 		MaxRecvBytes: cfg.XDSMaxRecvBytes,
 		Update:       a.applyXDS,
 		Rejected:     func(string, error) { a.cfgMetrics.Report(reload.Failure) },
@@ -91,22 +92,10 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 	a.cfgMetrics.Report(reload.Success)
 	a.log.Info("xds: config applied", "version", version, "domains", cfg.Domains(), "hash", cfg.Hash())
 	if !a.configReady.Swap(true) {
-		a.setRLSServing(true)
+		a.health.SetReady(true)
 		a.log.Info("first valid config from the xDS server: serving", "version", version)
 	}
 	return nil
-}
-
-// setRLSServing sets the health of the rate limit service (under its own
-// name, upstream's and the server's "").
-func (a *app) setRLSServing(ok bool) {
-	s := healthpb.HealthCheckResponse_NOT_SERVING
-	if ok {
-		s = healthpb.HealthCheckResponse_SERVING
-	}
-	for _, name := range []string{"", rlsServiceName, upstreamHealthName} {
-		a.healthSrv.SetServingStatus(name, s)
-	}
 }
 
 // errNoConfig answers rate limit calls before the first config: an outage,

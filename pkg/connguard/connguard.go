@@ -1,5 +1,6 @@
 // Package connguard bounds what the peers of a server can make it hold:
-// Limit caps the connections open at once on any net.Listener, and
+// Limit caps the connections open at once on any net.Listener (closing
+// idle ones to make room for new ones), and
 // RefusedStreams closes the gRPC connections that keep opening streams
 // beyond the server's concurrent-stream limit. Both count what they do in
 // one Metrics, by port, and log it at most once per logthrottle.Every.
@@ -28,11 +29,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"port"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_connections_refused_total",
-			Help: "Connections accepted and closed at once because the port already had as many open as its cap.",
+			Help: "Connections accepted and closed at once because the port already had as many open as its cap, each with a call in flight.",
 		}, []string{"port"}),
 		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_connections_closed_total",
-			Help: "Connections rls closed for what their peer did; reason refused_streams: a gRPC connection that kept opening streams beyond its concurrent-stream limit.",
+			Help: "Connections rls closed for what their peer did; reason refused_streams: a gRPC connection that kept opening streams beyond its concurrent-stream limit; idle_evicted: the longest-idle connection, closed to accept a new one at the port's cap; no_call: one that made no call within --first-call-timeout of opening.",
 		}, []string{"port", "reason"}),
 	}
 	reg.MustRegister(m.open, m.refused, m.closed)

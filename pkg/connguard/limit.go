@@ -1,16 +1,23 @@
 package connguard
 
 import (
+	"context"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/stats"
 
 	"github.com/rls-project/rls/pkg/logthrottle"
 )
+
+// DefaultFirstCall is LimitOptions.FirstCall's default: a client (Envoy,
+// a probe, a scrape) makes its first call as soon as it has connected.
+const DefaultFirstCall = 10 * time.Second
 
 // LimitOptions configures Limit.
 type LimitOptions struct {
@@ -20,86 +27,293 @@ type LimitOptions struct {
 	// Max is the most connections open at once; 0 is no cap (connections
 	// are still counted).
 	Max int
+	// FirstCall is how long a connection may stay open without making a
+	// call (or an HTTP request) before it is closed; <= 0 is
+	// DefaultFirstCall.
+	FirstCall time.Duration
 	// Metrics counts the connections; required.
 	Metrics *Metrics
-	// Log receives the throttled warning of refused connections [discard].
+	// Log receives the throttled warnings of refused and evicted
+	// connections [discard].
 	Log *slog.Logger
-	// Now is the clock of the warning's throttle [time.Now].
+	// Now is the clock of the idle times and of the warnings' throttles
+	// [time.Now].
 	Now func() time.Time
 }
 
-// Limit returns l with at most o.Max connections open at once. Beyond the
-// cap a new connection is accepted and closed at once, not left waiting in
-// the kernel's backlog: its client (an Envoy) sees the failure at once and
-// can use another replica or its failure_mode_deny policy, instead of a
-// TCP connection that connected but never answers until its request times
-// out. Closing a connection Accept returned frees its slot, once however
-// often it is closed. The listener is safe for concurrent use, as l is.
-func Limit(l net.Listener, o LimitOptions) net.Listener {
-	log := o.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	return &capListener{Listener: l, port: o.Port, max: int64(o.Max), log: log,
-		open: o.Metrics.open.WithLabelValues(o.Port), refused: o.Metrics.refused.WithLabelValues(o.Port),
-		warned: logthrottle.New(logthrottle.Every, o.Now)}
-}
-
-type capListener struct {
+// Listener is a net.Listener with at most Max connections open at once.
+//
+// When a new connection finds the cap reached, the listener makes room:
+// it closes the connection idle the longest (no call in flight; one that
+// never made a call before any other), counted as
+// rls_connections_closed_total{reason="idle_evicted"}, as nginx closes
+// idle keep-alive connections. Only when every connection has a call in
+// flight is the new one refused: accepted and closed at once, not left in
+// the kernel's backlog, so its client (an Envoy) sees the failure at once
+// and can use another replica or its failure_mode_deny policy. Peers
+// that connect and never call cannot shut new clients out, and each is
+// closed FirstCall after it connected anyway (reason="no_call").
+//
+// The listener learns which connections are busy from the servers: an
+// http.Server's ConnState hook (ConnState) and a gRPC server's stats
+// handler (StatsHandler; on TCP, where each connection's peer address is
+// its own). A connection neither reports is always idle.
+// Closing a connection Accept returned frees its slot, once however often
+// it is closed. The listener is safe for concurrent use, as l is.
+type Listener struct {
 	net.Listener
-	port    string
-	max     int64
-	n       atomic.Int64
-	open    prometheus.Gauge
-	refused prometheus.Counter
-	log     *slog.Logger
-	warned  *logthrottle.Throttle
+	port      string
+	max       int64
+	firstCall time.Duration
+	now       func() time.Time
+	n         atomic.Int64
+	open      prometheus.Gauge
+	refused   prometheus.Counter
+	evicted   prometheus.Counter
+	noCall    prometheus.Counter
+	log       *slog.Logger
+	warned    *logthrottle.Throttle
+	warnedEv  *logthrottle.Throttle
+
+	mu       sync.Mutex
+	conns    map[*trackedConn]struct{}
+	byRemote map[string]*trackedConn // for the gRPC stats handler
 }
 
-// Accept returns the next connection within the cap; connections beyond it
-// are closed here and never reach the server.
-func (l *capListener) Accept() (net.Conn, error) {
+// Limit returns l with at most o.Max connections open at once (see
+// Listener).
+func Limit(l net.Listener, o LimitOptions) *Listener {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.FirstCall <= 0 {
+		o.FirstCall = DefaultFirstCall
+	}
+	return &Listener{Listener: l, port: o.Port, max: int64(o.Max), firstCall: o.FirstCall, now: o.Now, log: o.Log,
+		open: o.Metrics.open.WithLabelValues(o.Port), refused: o.Metrics.refused.WithLabelValues(o.Port),
+		evicted: o.Metrics.closed.WithLabelValues(o.Port, ReasonIdleEvicted),
+		noCall:  o.Metrics.closed.WithLabelValues(o.Port, ReasonNoCall),
+		warned:  logthrottle.New(logthrottle.Every, o.Now), warnedEv: logthrottle.New(logthrottle.Every, o.Now),
+		conns: map[*trackedConn]struct{}{}, byRemote: map[string]*trackedConn{}}
+}
+
+// Reasons of rls_connections_closed_total besides refused_streams.
+const (
+	ReasonIdleEvicted = "idle_evicted" // closed to make room at the cap
+	ReasonNoCall      = "no_call"      // made no call within FirstCall
+)
+
+// Accept returns the next connection within the cap, making room by
+// closing an idle one when the cap is reached; connections beyond it when
+// every one is busy are closed here and never reach the server.
+func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		if n := l.n.Add(1); l.max > 0 && n > l.max {
+		if n := l.n.Add(1); l.max > 0 && n > l.max && !l.evictIdle() {
 			l.n.Add(-1)
 			c.Close()
 			l.refused.Inc()
 			if held, ok := l.warned.Allow(); ok {
-				l.log.Warn("connection limit reached; closing new connections", "port", l.port, "max_conns", l.max,
-					"refused", held+1, "note", "logged at most every "+l.warned.Interval().String())
+				l.log.Warn("connection limit reached with a call in flight on every connection; closing new connections",
+					"port", l.port, "max_conns", l.max, "refused", held+1, "note", "logged at most every "+l.warned.Interval().String())
 			}
 			continue
 		}
 		l.open.Inc()
-		return &cappedConn{Conn: c, l: l}, nil
+		return l.track(c), nil
 	}
 }
 
-func (l *capListener) release() {
+// track registers a new connection and arms its first-call timer.
+func (l *Listener) track(c net.Conn) *trackedConn {
+	t := &trackedConn{Conn: c, l: l, opened: l.now().UnixNano()}
+	t.last.Store(t.opened)
+	l.mu.Lock()
+	l.conns[t] = struct{}{}
+	if ra := c.RemoteAddr(); ra != nil && ra.Network() == "tcp" { // unique per connection (a unix socket's peers are not)
+		l.byRemote[ra.String()] = t
+	} else {
+		// Its calls cannot be told apart from another's: count it busy for
+		// good, never evicted nor closed for making no call.
+		t.called.Store(true)
+		t.active.Store(1)
+	}
+	l.mu.Unlock()
+	t.timer.Store(time.AfterFunc(l.firstCall, func() {
+		if !t.called.Load() && t.claim() {
+			l.noCall.Inc()
+			t.Close()
+		}
+	}))
+	return t
+}
+
+// evictIdle closes the connection idle the longest, if one has no call in
+// flight, and reports whether it did. Connections that never made a call
+// go first, the oldest first; then the one whose last call ended the
+// longest ago. The evicted connection's slot is free on return.
+func (l *Listener) evictIdle() bool {
+	for range 3 { // a call may begin on the chosen one: choose again
+		victim := l.idlest()
+		if victim == nil {
+			return false
+		}
+		if victim.claim() {
+			victim.Close()
+			l.evicted.Inc()
+			if held, ok := l.warnedEv.Allow(); ok {
+				l.log.Warn("connection limit reached; closed the longest-idle connection to accept a new one",
+					"port", l.port, "max_conns", l.max, "peer", victim.RemoteAddr().String(), "evicted", held+1,
+					"note", "logged at most every "+l.warnedEv.Interval().String())
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// idlest returns the connection without a call in flight that eviction
+// takes first, or nil when every connection is busy.
+func (l *Listener) idlest() *trackedConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var best *trackedConn
+	for c := range l.conns {
+		if c.active.Load() != 0 {
+			continue
+		}
+		if best == nil || c.idleBefore(best) {
+			best = c
+		}
+	}
+	return best
+}
+
+// ConnState is an http.Server's ConnState hook: a connection is busy from
+// StateActive (a request being read or answered) to StateIdle.
+func (l *Listener) ConnState(c net.Conn, s http.ConnState) {
+	t, ok := c.(*trackedConn)
+	if !ok {
+		return
+	}
+	switch s {
+	case http.StateActive:
+		t.begin()
+	case http.StateIdle:
+		t.end()
+	}
+}
+
+// StatsHandler returns a gRPC stats handler (grpc.StatsHandler) telling
+// the listener which connections have a call in flight.
+func (l *Listener) StatsHandler() stats.Handler { return &callTracker{l: l} }
+
+type connKey struct{}
+
+// callTracker is the gRPC stats handler of a Listener.
+type callTracker struct{ l *Listener }
+
+func (h *callTracker) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
+	if info.RemoteAddr == nil {
+		return ctx
+	}
+	h.l.mu.Lock()
+	t := h.l.byRemote[info.RemoteAddr.String()]
+	h.l.mu.Unlock()
+	if t == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, connKey{}, t)
+}
+
+func (h *callTracker) HandleConn(context.Context, stats.ConnStats) {}
+
+func (h *callTracker) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+func (h *callTracker) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	t, _ := ctx.Value(connKey{}).(*trackedConn)
+	if t == nil {
+		return
+	}
+	switch s.(type) {
+	case *stats.Begin:
+		t.begin()
+	case *stats.End:
+		t.end()
+	}
+}
+
+func (l *Listener) release(t *trackedConn) {
+	l.mu.Lock()
+	delete(l.conns, t)
+	if ra := t.RemoteAddr(); ra != nil && l.byRemote[ra.String()] == t {
+		delete(l.byRemote, ra.String())
+	}
+	l.mu.Unlock()
 	l.n.Add(-1)
 	l.open.Dec()
 }
 
-// cappedConn frees its slot when closed, once.
-type cappedConn struct {
+// closing is the active count of a connection claimed for closing: far
+// below zero, so calls that begin on it meanwhile leave it negative.
+const closing = -1 << 30
+
+// trackedConn is a connection of a Listener: its calls in flight, when
+// the last one ended, whether it ever made one. It frees its slot when
+// closed, once.
+type trackedConn struct {
 	net.Conn
-	l    *capListener
-	once sync.Once
+	l      *Listener
+	opened int64        // Unix ns
+	last   atomic.Int64 // Unix ns the last call ended (opened before any)
+	active atomic.Int32 // calls in flight; closing once claimed
+	called atomic.Bool
+	timer  atomic.Pointer[time.Timer] // the first-call timer
+	once   sync.Once
 }
 
-func (c *cappedConn) Close() error {
+func (c *trackedConn) begin() {
+	c.called.Store(true)
+	c.active.Add(1)
+}
+
+func (c *trackedConn) end() {
+	c.last.Store(c.l.now().UnixNano())
+	c.active.Add(-1)
+}
+
+// claim marks an idle connection for closing, unless a call is in flight.
+func (c *trackedConn) claim() bool { return c.active.CompareAndSwap(0, closing) }
+
+// idleBefore reports whether eviction takes c before o.
+func (c *trackedConn) idleBefore(o *trackedConn) bool {
+	cc, oc := c.called.Load(), o.called.Load()
+	if cc != oc {
+		return !cc // one that never called goes first
+	}
+	return c.last.Load() < o.last.Load()
+}
+
+func (c *trackedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.l.release)
+	c.once.Do(func() {
+		if t := c.timer.Load(); t != nil {
+			t.Stop()
+		}
+		c.l.release(c)
+	})
 	return err
 }
 
 // CloseWrite half-closes like *net.TCPConn does, which net/http uses to
 // flush an error response before closing.
-func (c *cappedConn) CloseWrite() error {
+func (c *trackedConn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}

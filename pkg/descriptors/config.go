@@ -102,6 +102,16 @@ func (c *Config) MatchOverride(domain string, entries []*rlcommon.RateLimitDescr
 	return r
 }
 
+// HasDomain reports whether the config defines domain. A nil Config
+// defines none.
+func (c *Config) HasDomain(domain string) bool {
+	if c == nil {
+		return false
+	}
+	_, ok := c.domains[domain]
+	return ok
+}
+
 // Domains returns the configured domain names, sorted. The caller may modify
 // the returned slice.
 func (c *Config) Domains() []string {

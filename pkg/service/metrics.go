@@ -57,6 +57,7 @@ type Metrics struct {
 	panics              prometheus.Counter
 	invalid             prometheus.Counter
 	maxDetailed         int
+	unknown             *unknownDomains // requests for domains no config defines
 
 	mu     sync.Mutex                   // serialises statsFor
 	byKey  map[seriesKey]*ruleStats     // the series of the config last set
@@ -66,7 +67,8 @@ type Metrics struct {
 
 // NewMetrics registers the service's series on reg. maxDetailed caps the
 // distinct descriptor values counted per detailed_metric rule; later values
-// are counted under value="_other".
+// are counted under value="_other". It caps the distinct unknown domains
+// counted the same way (domain="_other").
 func NewMetrics(reg prometheus.Registerer, maxDetailed int) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewDesc("rls_decisions_total",
@@ -89,9 +91,19 @@ func NewMetrics(reg prometheus.Registerer, maxDetailed int) *Metrics {
 			Help: "Requests rejected as invalid (InvalidArgument): malformed, or beyond the request bounds.",
 		}),
 		maxDetailed: maxDetailed,
+		unknown:     newUnknownDomains(maxDetailed, nil),
 	}
-	reg.MustRegister(decisionCollector{m}, m.latency, m.panics, m.invalid)
+	reg.MustRegister(decisionCollector{m}, m.latency, m.panics, m.invalid, m.unknown)
 	return m
+}
+
+// unknownDomains returns the counter of unknown domains: m's, or (m nil)
+// one of its own, unregistered, which still throttles the warnings.
+func (m *Metrics) unknownDomains() *unknownDomains {
+	if m == nil {
+		return newUnknownDomains(100, nil)
+	}
+	return m.unknown
 }
 
 // Panic counts a recovered panic.

@@ -43,6 +43,7 @@ type Service struct {
 	opts    Options
 	nearPPM uint64    // NearLimitRatio in millionths
 	pool    sync.Pool // *resolution
+	unknown *unknownDomains
 }
 
 // DefaultNearLimitRatio is Options.NearLimitRatio's default, as
@@ -179,7 +180,7 @@ func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
 		opts.NearLimitRatio = DefaultNearLimitRatio
 	}
-	s := &Service{lim: lim, opts: opts, nearPPM: uint64(math.Round(opts.NearLimitRatio * 1e6))}
+	s := &Service{lim: lim, opts: opts, nearPPM: uint64(math.Round(opts.NearLimitRatio * 1e6)), unknown: opts.Metrics.unknownDomains()}
 	s.SetConfig(cfg)
 	s.pool.New = func() any { return new(resolution) }
 	return s
@@ -208,6 +209,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	defer s.pool.Put(res)
 	if err := s.resolve(snap.cfg, req, res); err != nil {
 		return nil, s.endSpan(span, req, nil, nil, s.toStatus(err))
+	}
+	if !snap.cfg.HasDomain(req.Domain) {
+		s.unknown.record(req.Domain, s.opts.Log)
 	}
 	if len(res.items) > 0 {
 		if err := s.lim.Decide(ctx, res.items); err != nil {
@@ -238,6 +242,11 @@ func (s *Service) toStatus(err error) error {
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, store.ErrUnavailable):
 		s.opts.Log.Warn("store unavailable", "err", err)
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, store.ErrAuth):
+		// Not logged per call: the store's readiness probe logs it,
+		// throttled, and turns health NOT_SERVING. Unavailable, so
+		// Envoy's failure_mode_deny decides, as for any rls it cannot use.
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, store.ErrProtocol):
 		s.opts.Log.Error("store protocol error: the store answered something rls cannot use (a bug, not an outage)", "err", err)

@@ -244,3 +244,10 @@ var ErrCircuitOpen = fmt.Errorf("%w: circuit open", ErrUnavailable)
 // does not wrap ErrUnavailable, callers do not fall back on it, and circuit
 // breakers do not count it as a failure.
 var ErrProtocol = errors.New("store protocol error")
+
+// ErrAuth marks the backend's refusal of rls's credentials or permissions
+// (Redis's NOAUTH, WRONGPASS, NOPERM): a misconfiguration, which no retry
+// mends. It does not wrap ErrUnavailable, so callers do not fall back on
+// it: a fleet deciding from local shares for as long as a password is
+// wrong would admit up to its size times each limit, silently.
+var ErrAuth = errors.New("store refused rls's credentials")

@@ -28,6 +28,13 @@ import (
 //     reply of the wrong shape or type. It is a bug or corrupt data, not an
 //     outage: the error wraps store.ErrProtocol, not ErrUnavailable, and
 //     the breaker counts the round trip as a success.
+//   - An authentication or authorization error: NOAUTH, WRONGPASS, NOPERM
+//     (and AUTH sent to a server without a password), named in
+//     authReplies. The node answered, but not to rls: a wrong password or
+//     ACL, which waiting does not mend. The error wraps store.ErrAuth, not
+//     ErrUnavailable, so no caller falls back on it (a fleet on its local
+//     shares would admit N times each limit, with nothing to show for the
+//     mistake); the breaker counts the round trip as a success.
 //   - The caller's own cancellation: returned as it is; the breaker hears
 //     nothing (breaker.Unknown).
 //
@@ -43,6 +50,7 @@ const (
 	errCanceled         // the caller cancelled
 	errOutage           // the node could not answer: store.ErrUnavailable
 	errProtocol         // the node's answer is unusable: store.ErrProtocol
+	errAuth             // the node refused rls's credentials: store.ErrAuth
 )
 
 // outageReplies are the first words of the Redis error replies that mean
@@ -60,9 +68,14 @@ var outageReplies = map[string]bool{
 	"MISCONF":     true, // writes stopped: snapshots fail
 	"NOREPLICAS":  true, // min-replicas-to-write not met
 	"NOSCRIPT":    true, // the script cache vanished again at once
-	"NOAUTH":      true, // credentials refused: no answer rls can get
-	"WRONGPASS":   true,
-	"NOPERM":      true,
+}
+
+// authReplies are the first words of the Redis error replies that refuse
+// rls's credentials or permissions.
+var authReplies = map[string]bool{
+	"NOAUTH":    true, // a password is required and none was sent
+	"WRONGPASS": true, // wrong user or password
+	"NOPERM":    true, // the ACL user may not run a command or touch a key
 }
 
 // classify returns the kind of err, an error of a Redis call made under ctx.
@@ -74,6 +87,8 @@ func classify(ctx context.Context, err error) errKind {
 		return errCanceled
 	case errors.Is(err, store.ErrProtocol):
 		return errProtocol
+	case errors.Is(err, store.ErrAuth):
+		return errAuth
 	case errors.Is(err, store.ErrUnavailable):
 		return errOutage
 	}
@@ -85,9 +100,16 @@ func classify(ctx context.Context, err error) errKind {
 	if strings.HasPrefix(msg, "ERR max number of clients reached") {
 		return errOutage
 	}
+	// A password sent to a server that has none is as wrong as a wrong one.
+	if strings.HasPrefix(msg, "ERR AUTH") || strings.HasPrefix(msg, "ERR Client sent AUTH") {
+		return errAuth
+	}
 	word, _, _ := strings.Cut(msg, " ")
-	if outageReplies[word] {
+	switch {
+	case outageReplies[word]:
 		return errOutage
+	case authReplies[word]:
+		return errAuth
 	}
 	return errProtocol
 }
@@ -99,7 +121,7 @@ func outcome(ctx context.Context, err error) breaker.Outcome {
 		return breaker.Success // the node answered: the slot is elsewhere
 	}
 	switch classify(ctx, err) {
-	case errNone, errProtocol:
+	case errNone, errProtocol, errAuth:
 		return breaker.Success
 	case errCanceled:
 		return breaker.Unknown
@@ -158,6 +180,11 @@ func (s *Store) fail(ctx context.Context, op string, b budget, err error) error 
 			return fmt.Errorf("redis %s: %w", op, err)
 		}
 		return fmt.Errorf("redis %s: %w: %w", op, store.ErrProtocol, err)
+	case errAuth:
+		if errors.Is(err, store.ErrAuth) {
+			return fmt.Errorf("redis %s: %w", op, err)
+		}
+		return fmt.Errorf("redis %s: %w (check the password, RLS_REDIS_PASSWORD or the URL's, and the ACL user's permissions): %w", op, store.ErrAuth, err)
 	}
 	if errors.Is(err, store.ErrUnavailable) { // circuit open: says why
 		return fmt.Errorf("redis %s: %w", op, err)

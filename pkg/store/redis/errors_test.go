@@ -52,12 +52,17 @@ func TestClassify(t *testing.T) {
 		{replyErr("OOM command not allowed when used memory > 'maxmemory'. script: f_x"), live, errOutage, breaker.Failure},
 		{replyErr("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), live, errOutage, breaker.Failure},
 		{replyErr("NOREPLICAS Not enough good replicas to write."), live, errOutage, breaker.Failure},
-		{replyErr("NOAUTH Authentication required."), live, errOutage, breaker.Failure},
 		{replyErr("ERR max number of clients reached"), live, errOutage, breaker.Failure},
 		// Redirects are outages when they reach a caller, but the node
 		// answered.
 		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), live, errOutage, breaker.Success},
 		{replyErr("MOVED 3999 127.0.0.1:6381"), live, errOutage, breaker.Success},
+		// The node refused rls's credentials: answered, but not to rls.
+		{replyErr("NOAUTH Authentication required."), live, errAuth, breaker.Success},
+		{replyErr("WRONGPASS invalid username-password pair or user is disabled."), live, errAuth, breaker.Success},
+		{replyErr("NOPERM User rls has no permissions to run the 'evalsha' command"), live, errAuth, breaker.Success},
+		{replyErr("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?"), live, errAuth, breaker.Success},
+		{fmt.Errorf("redis ping: %w: WRONGPASS", store.ErrAuth), live, errAuth, breaker.Success},
 		// The node answered with something rls cannot use.
 		{replyErr("WRONGTYPE Operation against a key holding the wrong kind of value script: f_x, on @user_script:77."), live, errProtocol, breaker.Success},
 		{replyErr("ERR user_script:1: Script attempted to access nonexistent global variable 'x' script: f_x"), live, errProtocol, breaker.Success},
@@ -85,6 +90,10 @@ func TestClassify(t *testing.T) {
 		case errProtocol:
 			if !errors.Is(err, store.ErrProtocol) || errors.Is(err, store.ErrUnavailable) {
 				t.Errorf("fail(%v) = %v; want ErrProtocol and not ErrUnavailable", tc.err, err)
+			}
+		case errAuth:
+			if !errors.Is(err, store.ErrAuth) || errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrProtocol) {
+				t.Errorf("fail(%v) = %v; want ErrAuth alone", tc.err, err)
 			}
 		case errCanceled:
 			if !errors.Is(err, context.Canceled) || errors.Is(err, store.ErrUnavailable) {

@@ -93,3 +93,12 @@ cluster: redis-cluster, sentinel: redis-sentinel). */}}
 {{- printf "%s-redis" (include "rls.fullname" .) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The scrape job of this release's targets, which the alert rules select: the Service's name (the
+job the Prometheus Operator gives a ServiceMonitor's targets without jobLabel), or
+prometheusRule.job.
+*/}}
+{{- define "rls.job" -}}
+{{- default (include "rls.fullname" .) .Values.prometheusRule.job }}
+{{- end }}

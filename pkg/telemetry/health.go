@@ -1,0 +1,71 @@
+package telemetry
+
+import (
+	"log/slog"
+	"sync"
+
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// Health sets rls's gRPC health services from what it knows: the rate
+// limit service's names are SERVING while a config is in force (SetReady)
+// and the store does not refuse rls's credentials; the store's name
+// follows the store's readiness probe (SetStore). It is safe for
+// concurrent use.
+type Health struct {
+	srv   *health.Server
+	store string   // the store's health service name
+	names []string // the rate limit service's
+	log   *slog.Logger
+
+	mu           sync.Mutex
+	ready, auth  bool
+	storeServing bool
+}
+
+// NewHealth returns the Health of srv, every service NOT_SERVING.
+func NewHealth(srv *health.Server, log *slog.Logger, store string, names ...string) *Health {
+	h := &Health{srv: srv, store: store, names: names, log: log}
+	h.apply()
+	return h
+}
+
+// SetReady sets whether a config is in force.
+func (h *Health) SetReady(ok bool) {
+	h.mu.Lock()
+	h.ready = ok
+	h.mu.Unlock()
+	h.apply()
+}
+
+// SetStore is told each change of the store's state (StoreProbeOptions.OnChange).
+func (h *Health) SetStore(s StoreState) {
+	h.mu.Lock()
+	h.storeServing, h.auth = s.OK, s.Auth()
+	h.mu.Unlock()
+	h.apply()
+	h.log.Info("store health", "serving", s.OK, "reason", s.Reason)
+}
+
+// Auth reports whether the store refuses rls's credentials.
+func (h *Health) Auth() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.auth
+}
+
+func (h *Health) apply() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	status := func(ok bool) healthpb.HealthCheckResponse_ServingStatus {
+		if ok {
+			return healthpb.HealthCheckResponse_SERVING
+		}
+		return healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	h.srv.SetServingStatus(h.store, status(h.storeServing))
+	for _, name := range h.names {
+		h.srv.SetServingStatus(name, status(h.ready && !h.auth))
+	}
+}
