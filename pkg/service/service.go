@@ -394,21 +394,6 @@ func detailOf(d *rlcommon.RateLimitDescriptor, r *descriptors.Rule) func() strin
 	return func() string { return printable(r.MetricLabel(d.Entries)) }
 }
 
-// entriesText renders d's entries as key=value pairs joined by '|', bytes
-// that are not UTF-8 written \xNN (for traces with descriptor values).
-func entriesText(d *rlcommon.RateLimitDescriptor) string {
-	var b strings.Builder
-	for i, e := range d.Entries {
-		if i > 0 {
-			b.WriteByte('|')
-		}
-		writePrintable(&b, e.Key)
-		b.WriteByte('=')
-		writePrintable(&b, e.Value)
-	}
-	return b.String()
-}
-
 // printable returns s with every byte that is not part of valid UTF-8
 // written \xNN (as %q would, without quoting anything else): for request
 // strings shown in logs, metrics and the admin API, which must be UTF-8.
