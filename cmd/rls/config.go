@@ -44,6 +44,7 @@ type Config struct {
 	OverLimitCache                bool
 	LocalMaxBytes, MemoryMaxBytes int64
 	ResponseHeaders               bool
+	AllowNegativeHits             bool
 
 	GRPCTLSCert, GRPCTLSKey, GRPCTLSClientCA string
 	RedisTLSCA, RedisTLSCert, RedisTLSKey    string
@@ -131,6 +132,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes of the local tables (over-limit cache, fail-open buckets)")
 	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters; the oldest are evicted beyond it")
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-* headers, and Retry-After to OVER_LIMIT answers")
+	fs.BoolVar(&c.AllowNegativeHits, "allow-negative-hits", true, "decide refunds (is_negative_hits); false answers them InvalidArgument")
 
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate (chain) for TLS on the gRPC port, with --grpc-tls-key")
 	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert")
@@ -165,7 +167,7 @@ var helpGroups = []helpGroup{
 	{"Redis", []string{"redis-url", "redis-timeout"},
 		[][2]string{{redisPasswordEnv, "Redis password, overriding the URL's (never a flag: ps shows flags)"}}},
 	{"Limits", []string{"on-store-error", "fleet-size", "min-fleet-size", "over-limit-cache", "local-max-bytes",
-		"memory-max-bytes", "response-headers"}, nil},
+		"memory-max-bytes", "response-headers", "allow-negative-hits"}, nil},
 	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
 	{"xDS", []string{"config-source", "xds-server", "xds-node-id", "xds-tls-ca", "xds-tls-cert", "xds-tls-key"}, nil},
 	{"Tracing", []string{"trace-descriptor-values"}, [][2]string{

@@ -360,6 +360,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		Metrics:          a.svcMetrics,
 		Log:              a.log,
 		Tracing:          a.tracing.Service(),
+		RefuseRefunds:    !cfg.AllowNegativeHits,
 	})
 	if cfg.Admin {
 		adminv1.RegisterAdminServiceServer(a.grpcSrv, service.NewAdmin(a.svc, a.st, a.lim))

@@ -1,6 +1,10 @@
 package service
 
 import (
+	"errors"
+	"fmt"
+	"strings"
+
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -39,6 +43,11 @@ func (r *resolution) item(i int) *limiter.Item {
 func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, res *resolution) error {
 	if err := validateRequest(req, &s.opts.Limits); err != nil {
 		return badRequest{err}
+	}
+	if s.opts.RefuseRefunds {
+		if err := refuseRefunds(req); err != nil {
+			return badRequest{err}
+		}
 	}
 	res.matched, res.rules = res.matched[:0], res.rules[:0]
 	for _, d := range req.Descriptors {
@@ -80,6 +89,26 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		c.Shadow = c.Shadow || s.opts.ShadowMode
 		res.slot = append(res.slot, len(res.items))
 		res.items = append(res.items, limiter.Item{Check: c, FailClosed: s.failClosed(r), Quota: s.quotaMode(r)})
+	}
+	return nil
+}
+
+// ErrRefundsOff is the error of a refund (is_negative_hits) refused by
+// Options.RefuseRefunds.
+var ErrRefundsOff = errors.New("refunds (is_negative_hits) are not allowed by this server")
+
+// refuseRefunds returns ErrRefundsOff, naming the first descriptor of req
+// that asks for a refund by its index and entry keys, or nil.
+func refuseRefunds(req *rlsv3.RateLimitRequest) error {
+	for i, d := range req.Descriptors {
+		if !d.IsNegativeHits {
+			continue
+		}
+		keys := make([]string, len(d.Entries))
+		for j, e := range d.Entries {
+			keys[j] = printable(e.Key)
+		}
+		return fmt.Errorf("descriptors[%d] (%s): %w", i, strings.Join(keys, ", "), ErrRefundsOff)
 	}
 	return nil
 }

@@ -106,6 +106,11 @@ type Options struct {
 	Log *slog.Logger
 	// Tracing makes a span of every ShouldRateLimit call; nil makes none.
 	Tracing *Tracing
+	// RefuseRefunds answers InvalidArgument to a request with a descriptor
+	// that asks for a refund (is_negative_hits), naming the descriptor. By
+	// default refunds are decided: any client may then give any key back
+	// up to its whole limit.
+	RefuseRefunds bool
 }
 
 // Limits bound one request. A request beyond any of them is InvalidArgument
@@ -214,6 +219,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	resp := s.respond(snap, req, res)
+	snap.stats.refunds(req.Domain, res)
 	if m := s.opts.Metrics; m != nil {
 		m.latency.Observe(time.Since(start).Seconds())
 	}
