@@ -78,8 +78,14 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 			hits = d.HitsAddend.Value
 		}
 		// A split rule counts this request on one of its sub-keys, in
-		// turn (README, "Hot keys: split").
-		sub := r.NextSub(req.Domain, d.Entries)
+		// turn (README, "Hot keys: split"); a refund goes back to the
+		// sub-key the last charge went to.
+		var sub int
+		if d.IsNegativeHits {
+			sub = r.RefundSub(req.Domain, d.Entries)
+		} else {
+			sub = r.NextSub(req.Domain, d.Entries)
+		}
 		res.key = descriptors.AppendSubKey(res.key[:0], req.Domain, d.Entries, r, sub)
 		c := ruleCheck(r, string(res.key), sub)
 		c.Hits, c.Refund = hits, d.IsNegativeHits
