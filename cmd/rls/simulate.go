@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -81,7 +82,7 @@ without entries counts against --rule's descriptor.
 `
 
 // runSimulate is rls simulate.
-func runSimulate(args []string, stdout io.Writer) error {
+func runSimulate(ctx context.Context, args []string, stdout io.Writer) error {
 	var f simulateFlags
 	fs := newSimulateFlagSet(&f)
 	fs.Usage = func() {}
@@ -101,7 +102,7 @@ func runSimulate(args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("simulate: unexpected argument %q (rls simulate --help)", fs.Arg(0))
 	}
-	return f.run(stdout)
+	return f.run(ctx, stdout)
 }
 
 // setup is what the flags resolve to: the limit, the candidates and how a
@@ -220,7 +221,7 @@ func parseRuleFlag(s string) (string, []*rlcommon.RateLimitDescriptor_Entry, err
 	return domain, es, nil
 }
 
-func (f *simulateFlags) run(stdout io.Writer) error {
+func (f *simulateFlags) run(ctx context.Context, stdout io.Writer) error {
 	su, err := f.setup()
 	if err != nil {
 		return fmt.Errorf("simulate: %w", err)
@@ -231,7 +232,7 @@ func (f *simulateFlags) run(stdout io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("simulate: --trace: %w", err)
 		}
-		tr, err := simulate.ReadCSV(file, f.trace, su.key)
+		tr, err := simulate.ReadCSVContext(ctx, file, f.trace, su.key)
 		file.Close()
 		if err != nil {
 			return fmt.Errorf("simulate: --trace %w", err)
@@ -256,13 +257,9 @@ func (f *simulateFlags) run(stdout io.Writer) error {
 	if len(traces) == 0 {
 		return errors.New("simulate: no trace: give --trace FILE.csv or --gen SPEC (rls simulate --help)")
 	}
-	var reps []*simulate.Report
-	for _, tr := range traces {
-		rep, err := simulate.Run(tr, su.limit, su.cands)
-		if err != nil {
-			return fmt.Errorf("simulate: %s: %w", tr.Name, err)
-		}
-		reps = append(reps, rep)
+	reps, stopped := simulate.RunAll(ctx, traces, su.limit, su.cands) // on SIGINT or SIGTERM, what it has
+	if reps == nil {
+		return fmt.Errorf("simulate: %w", stopped)
 	}
 	if f.jsonOut != "-" {
 		for i, rep := range reps {
@@ -300,7 +297,7 @@ func (f *simulateFlags) run(stdout io.Writer) error {
 			}
 		}
 	}
-	return nil
+	return stopped
 }
 
 // writeOut writes to the file name, or to stdout when name is "-" and
