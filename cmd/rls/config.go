@@ -21,16 +21,15 @@ import (
 // flag hold fixed values (see defaultConfig): upstream envoyproxy/ratelimit
 // variables may set some of them one day; tests shorten others.
 type Config struct {
-	ConfigDir                     string
-	AllowEmptyConfig              bool
-	Store                         string // memory, redis, redis-cluster or redis-sentinel
-	GRPCAddr, HTTPAddr, DebugAddr string
-	Admin                         bool
-	MaxConns                      int
-	IdleTimeout                   time.Duration
-	LogLevel, LogFormat           string
-	ShutdownDrain                 time.Duration
-	DryRun                        bool // check the flags, environment and config, then exit (dryrun.go)
+	ConfigDir                                string
+	AllowEmptyConfig                         bool
+	Store                                    string // memory, redis, redis-cluster or redis-sentinel
+	GRPCAddr, HTTPAddr, DebugAddr, AdminAddr string
+	MaxConns                                 int
+	IdleTimeout                              time.Duration
+	LogLevel, LogFormat                      string
+	ShutdownDrain                            time.Duration
+	DryRun                                   bool // check the flags, environment and config, then exit (dryrun.go)
 
 	RedisURL      string
 	RedisPassword string // RLS_REDIS_PASSWORD only: never on a command line
@@ -114,7 +113,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC address: RateLimitService, health, reflection")
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":8080", "HTTP address: /healthcheck, /metrics; empty disables it")
 	fs.StringVar(&c.DebugAddr, "debug-addr", "127.0.0.1:6070", "debug address: /debug/pprof, /rlconfig; empty disables it")
-	fs.BoolVar(&c.Admin, "admin", false, "serve rls.admin.v1.AdminService (Explain, ResetCounters) on the gRPC port")
+	fs.StringVar(&c.AdminAddr, "admin-addr", "127.0.0.1:8082", "admin gRPC address: rls.admin.v1.AdminService; empty disables it")
 	fs.IntVar(&c.MaxConns, "max-conns", 1000, "most connections open at once on each port; 0 is no cap")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 5*time.Minute, "close a connection without a call or request for this long")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error (any case)")
@@ -161,7 +160,7 @@ type helpGroup struct {
 
 // helpGroups lists every serve flag once (TestHelpGroupsEveryFlag).
 var helpGroups = []helpGroup{
-	{"Core", []string{"config-dir", "allow-empty-config", "store", "grpc-addr", "http-addr", "debug-addr", "admin",
+	{"Core", []string{"config-dir", "allow-empty-config", "store", "grpc-addr", "http-addr", "debug-addr", "admin-addr",
 		"max-conns", "idle-timeout", "log-level", "log-format", "shutdown-drain", "dry-run"},
 		[][2]string{{"GOGC, GOMEMLIMIT", "the Go runtime's; with neither set, rls tunes GOGC itself"}}},
 	{"Redis", []string{"redis-url", "redis-timeout"},

@@ -144,9 +144,9 @@ func TestCLIHelpAndErrors(t *testing.T) {
 		t.Errorf("--redis-timeout abc printed %d bytes besides the error", errOut.Len()+out.Len())
 	}
 	for env, want := range map[string]string{
-		"RLS_ADMIN":         "want true or false",
-		"RLS_REDIS_TIMEOUT": "want a duration",
-		"RLS_MAX_CONNS":     "want a whole number",
+		"RLS_ALLOW_NEGATIVE_HITS": "want true or false",
+		"RLS_REDIS_TIMEOUT":       "want a duration",
+		"RLS_MAX_CONNS":           "want a whole number",
 	} {
 		getenv := func(k string) string {
 			if k == env {
@@ -258,4 +258,29 @@ func TestHelpGroupsEveryFlag(t *testing.T) {
 	for name := range seen {
 		t.Errorf("help group lists --%s, which does not exist", name)
 	}
+}
+
+// TestAdminAddr: the admin API is on a loopback port of its own by
+// default, off when --admin-addr is empty, and a bad address is an error
+// naming the flag and its twin.
+func TestAdminAddr(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	cfg, err := parseConfig([]string{"--config-dir", "../../config"}, noEnv, io.Discard)
+	if err != nil || cfg.AdminAddr != "127.0.0.1:8082" {
+		t.Fatalf("default: %q %v, want 127.0.0.1:8082", adminAddrOf(cfg), err)
+	}
+	if cfg, err := parseConfig([]string{"--config-dir", "../../config", "--admin-addr", ""}, noEnv, io.Discard); err != nil || cfg.AdminAddr != "" {
+		t.Errorf("--admin-addr '': %v", err)
+	}
+	_, err = parseConfig([]string{"--config-dir", "../../config"}, func(k string) string { return map[string]string{"RLS_ADMIN_ADDR": "8082"}[k] }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `--admin-addr (RLS_ADMIN_ADDR) "8082" is invalid: want host:port`) {
+		t.Errorf("RLS_ADMIN_ADDR=8082: %v", err)
+	}
+}
+
+func adminAddrOf(c *Config) string {
+	if c == nil {
+		return "<no config>"
+	}
+	return c.AdminAddr
 }
