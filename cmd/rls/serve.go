@@ -288,10 +288,9 @@ func (a *app) buildGRPC() error {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
 	}
 	a.grpcSrv = grpc.NewServer(opts...)
-	if a.admin, err = service.ListenAdmin(a.cfg.AdminAddr, opts...); err != nil { // nil when off
-		return fmt.Errorf("--admin-addr: %w", err)
-	}
-	return nil
+	adminConns := connguard.LimitOptions{Port: "admin-addr", Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log}
+	a.admin, err = service.ListenAdmin(a.cfg.AdminAddr, adminConns, opts...) // nil when off; errors name --admin-addr
+	return err
 }
 
 // grpcOptions are the gRPC server's options besides TLS.

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/rls-project/rls/pkg/connguard"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
@@ -23,20 +24,22 @@ type AdminServer struct {
 	lis net.Listener
 }
 
-// ListenAdmin listens on addr (TCP) and makes the admin API's server with
+// ListenAdmin listens on addr (TCP), with at most conns.Max connections
+// open at once (connguard.Limit), and makes the admin API's server with
 // opts (the gRPC port's TLS, interceptors). It serves nothing until
-// Register and Serve. An empty addr is the admin API off: nil, nil.
-func ListenAdmin(addr string, opts ...grpc.ServerOption) (*AdminServer, error) {
+// Register and Serve. An empty addr is the admin API off: nil, nil. An
+// error names the listener as --conns.Port (the flag that set addr).
+func ListenAdmin(addr string, conns connguard.LimitOptions, opts ...grpc.ServerOption) (*AdminServer, error) {
 	if addr == "" {
 		return nil, nil
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--%s: %w", conns.Port, err)
 	}
 	srv := grpc.NewServer(opts...)
 	reflection.Register(srv)
-	return &AdminServer{srv: srv, lis: lis}, nil
+	return &AdminServer{srv: srv, lis: connguard.Limit(lis, conns)}, nil
 }
 
 // Register serves a's API on s.

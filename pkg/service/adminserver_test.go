@@ -2,12 +2,15 @@ package service
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/rls-project/rls/pkg/connguard"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
@@ -15,7 +18,10 @@ import (
 // whose methods do nothing); otherwise the API answers on its own
 // listener, and Stop ends Serve with nil.
 func TestAdminServer(t *testing.T) {
-	off, err := ListenAdmin("")
+	guard := func() connguard.LimitOptions {
+		return connguard.LimitOptions{Port: "admin-addr", Max: 1, Metrics: connguard.NewMetrics(prometheus.NewRegistry())}
+	}
+	off, err := ListenAdmin("", guard())
 	if off != nil || err != nil {
 		t.Fatalf("ListenAdmin(\"\"): %v %v, want nil, nil", off, err)
 	}
@@ -24,12 +30,12 @@ func TestAdminServer(t *testing.T) {
 	if off.Serve() != nil || off.Addr() != nil {
 		t.Error("a nil AdminServer serves or has an address")
 	}
-	if _, err := ListenAdmin("256.0.0.1:1"); err == nil {
-		t.Error("ListenAdmin on an invalid address: no error")
+	if _, err := ListenAdmin("256.0.0.1:1", guard()); err == nil || !strings.HasPrefix(err.Error(), "--admin-addr: ") {
+		t.Errorf("ListenAdmin on an invalid address: %v, want an error naming --admin-addr", err)
 	}
 
 	a, _ := newTestAdmin(t, Options{})
-	s, err := ListenAdmin("127.0.0.1:0")
+	s, err := ListenAdmin("127.0.0.1:0", guard())
 	if err != nil {
 		t.Fatal(err)
 	}
