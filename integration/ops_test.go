@@ -19,7 +19,11 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/integration/redistest"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
@@ -267,8 +271,9 @@ func TestHotReloadUnderTraffic(t *testing.T) {
 }
 
 // TestAdminExplainAndReset: Explain shows the rule, key and count without
-// consuming; ResetCounters frees a blocked key; on both stores. The Explain
-// call also runs through grpcurl, as the README shows it.
+// consuming; ResetCounters frees a blocked key; on both stores. The admin
+// API is on --admin-addr only, not on the gRPC port. The Explain call also
+// runs through grpcurl, as the README shows it.
 func TestAdminExplainAndReset(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -283,7 +288,8 @@ func TestAdminExplainAndReset(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			p := startRLS(t, "../config", append(tc.flags(t), "--admin")...)
+			adminAddr := freeAddr(t)
+			p := startRLS(t, "../config", append(tc.flags(t), "--admin-addr", adminAddr)...)
 			c := p.client()
 			for range 3 {
 				should(t, c, "example", desc("api_key", "demo"))
@@ -291,11 +297,19 @@ func TestAdminExplainAndReset(t *testing.T) {
 			if r := should(t, c, "example", desc("api_key", "demo")); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 				t.Fatalf("demo key not blocked: %v", r)
 			}
-			admin := adminv1.NewAdminServiceClient(p.conn)
 			req := &adminv1.ExplainRequest{Domain: "example", Descriptors: []*adminv1.Descriptor{
 				{Entries: []*adminv1.Entry{{Key: "api_key", Value: "demo"}}},
 				{Entries: []*adminv1.Entry{{Key: "nothing", Value: "x"}}},
 			}}
+			if _, err := adminv1.NewAdminServiceClient(p.conn).Explain(context.Background(), req); status.Code(err) != codes.Unimplemented {
+				t.Fatalf("Explain on the gRPC port: %v, want Unimplemented (the admin API is on --admin-addr only)", err)
+			}
+			conn, err := grpc.NewClient(adminAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close() })
+			admin := adminv1.NewAdminServiceClient(conn)
 			for range 2 { // explaining twice consumes nothing
 				ex, err := admin.Explain(context.Background(), req)
 				if err != nil {
@@ -313,7 +327,7 @@ func TestAdminExplainAndReset(t *testing.T) {
 				}
 			}
 			out := runGrpcurl(t, "-plaintext", "-d", `{"domain":"example","descriptors":[{"entries":[{"key":"api_key","value":"demo"}]}]}`,
-				p.GRPCAddr, "rls.admin.v1.AdminService/Explain")
+				adminAddr, "rls.admin.v1.AdminService/Explain")
 			for _, want := range []string{`"name": "demo"`, `"key": "rl:{example|api_key=demo}:s60"`, `"overLimit": true`} {
 				if !strings.Contains(out, want) {
 					t.Errorf("grpcurl Explain lacks %s:\n%s", want, out)

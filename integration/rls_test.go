@@ -165,7 +165,7 @@ func startRLSBinEnv(t testing.TB, bin string, env []string, configDir string, ar
 	addrs := freeAddrs(t, 2)
 	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &syncBuffer{}, done: make(chan struct{})}
 	all := append([]string{"serve", "--config-dir", configDir, "--grpc-addr", p.GRPCAddr,
-		"--http-addr", p.HTTPAddr, "--debug-addr", ""}, args...)
+		"--http-addr", p.HTTPAddr, "--debug-addr", "", "--admin-addr", ""}, args...)
 	p.cmd = exec.Command(bin, all...)
 	p.cmd.SysProcAttr = redistest.ChildAttr()
 	p.cmd.Env = append(cleanEnv(), env...)

@@ -494,7 +494,7 @@ func tlRun(t *testing.T, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, rlsBin, append([]string{"serve", "--config-dir", "../config",
-		"--grpc-addr", "127.0.0.1:0", "--http-addr", "", "--debug-addr", ""}, args...)...)
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "", "--debug-addr", "", "--admin-addr", ""}, args...)...)
 	cmd.Env = cleanEnv()
 	out, err := cmd.CombinedOutput()
 	return string(out), err

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -373,5 +374,67 @@ func TestTracingStuckCollector(t *testing.T) {
 	}
 	if !strings.Contains(p.Log.String(), "trace spans not all exported at shutdown") {
 		t.Error("no log line for the spans not exported at shutdown")
+	}
+}
+
+const (
+	bigTraceCalls    = 2500
+	bigTraceRSSLimit = 200 << 20 // VmHWM after bigTraceCalls requests of 1 MiB, traced, collector unreachable
+)
+
+// TestTracingBigRequestsUnreachableCollector: with tracing on (descriptor
+// values included), every call sampled by the client's traceparent even at
+// sampler ratio 0, and a collector nobody listens on, 2,500 requests of
+// 1 MiB each (64 descriptors of 4 entries of 4 KB values, within the
+// request bounds and gRPC's message cap) keep rls's peak RSS under 200 MB: a queued span holds
+// copies of a few hundred bytes, not its request, and the queue is bounded
+// in bytes.
+func TestTracingBigRequestsUnreachableCollector(t *testing.T) {
+	dir := writeConfig(t, map[string]string{"trace.yaml": traceConfig})
+	p := startRLSBinEnv(t, rlsFastBin, []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://" + freeAddr(t),
+		"OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=0"}, dir, "--trace-descriptor-values")
+	p.waitServing(t, 20*time.Second)
+	value := strings.Repeat("v", 4060) // the request just under gRPC's 1 MiB message cap
+	req := &rlsv3.RateLimitRequest{Domain: "trace"}
+	for i := range 64 {
+		req.Descriptors = append(req.Descriptors, desc("a", value, "b", value, "c", value, "d"+strconv.Itoa(i), value))
+	}
+	if n := proto.Size(req); n < 1<<20-8<<10 || n > 1<<20 {
+		t.Fatalf("request of %d bytes, want just under 1 MiB", n)
+	}
+	before := vmHWM(t, p.cmd.Process.Pid)
+	const workers = 4
+	var wg sync.WaitGroup
+	var failed, calls atomic.Int64
+	start := time.Now()
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < bigTraceCalls; i += workers {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				ctx = metadata.AppendToOutgoingContext(ctx, "traceparent", fmt.Sprintf("00-%032x-00f067aa0ba902b7-01", i+1))
+				resp, err := p.client().ShouldRateLimit(ctx, req)
+				cancel()
+				calls.Add(1)
+				if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					if failed.Add(1) == 1 {
+						t.Errorf("call %d: %v %v", i, resp.GetOverallCode(), err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	peak := vmHWM(t, p.cmd.Process.Pid)
+	var dropped float64
+	if m := regexp.MustCompile(`(?m)^rls_trace_spans_dropped_total\{reason="queue_full"\} (\S+)$`).FindStringSubmatch(scrapeAddr(t, p.HTTPAddr)); m != nil {
+		dropped, _ = strconv.ParseFloat(m[1], 64)
+	}
+	t.Logf("%d traced calls of %d bytes in %v, collector unreachable: VmHWM %s before, %s after; %d failed; %.0f spans dropped (queue full)",
+		calls.Load(), proto.Size(req), time.Since(start).Round(time.Millisecond), mib(before), mib(peak), failed.Load(), dropped)
+	if calls.Load() != bigTraceCalls || failed.Load() != 0 {
+		t.Errorf("%d calls, %d failed; want %d, none failed", calls.Load(), failed.Load(), bigTraceCalls)
+	}
+	if peak > bigTraceRSSLimit {
+		t.Errorf("peak RSS %s, over %s", mib(peak), mib(bigTraceRSSLimit))
 	}
 }

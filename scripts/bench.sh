@@ -185,7 +185,7 @@ start_redis_cluster() {
 start_rls() {
   read -r GRPC HTTP <<<"$(free_ports 2)"
   bin/rls serve --config-dir "$WORK/config" --grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" \
-    --debug-addr '' --log-level warn "$@" > "$WORK/rls-$GRPC.log" 2>&1 &
+    --debug-addr '' --admin-addr '' --log-level warn "$@" > "$WORK/rls-$GRPC.log" 2>&1 &
   RLS=$!; PIDS+=($RLS); wait_server "$RLS" "$GRPC" "$WORK/rls-$GRPC.log"
 }
 # start_peer REDIS_PORT: envoyproxy/ratelimit on the single Redis, its local

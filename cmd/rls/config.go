@@ -26,7 +26,7 @@ type Config struct {
 	AllowEmptyConfig              bool
 	Store                         string // memory, redis, redis-cluster or redis-sentinel
 	GRPCAddr, HTTPAddr, DebugAddr string
-	Admin                         bool
+	AdminAddr                     string
 	MaxConns                      int
 	IdleTimeout, FirstCallTimeout time.Duration
 	LogLevel, LogFormat           string
@@ -47,6 +47,7 @@ type Config struct {
 	Reserve                       bool
 	LocalMaxBytes, MemoryMaxBytes int64
 	ResponseHeaders               bool
+	AllowNegativeHits             bool
 
 	GRPCTLSCert, GRPCTLSKey, GRPCTLSClientCA string
 	RedisTLSCA, RedisTLSCert, RedisTLSKey    string
@@ -118,7 +119,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC address: RateLimitService, health, reflection")
 	fs.StringVar(&c.HTTPAddr, "http-addr", ":8080", "HTTP address: /healthcheck, /metrics; empty disables it")
 	fs.StringVar(&c.DebugAddr, "debug-addr", "127.0.0.1:6070", "debug address: /debug/pprof, /rlconfig; empty disables it")
-	fs.BoolVar(&c.Admin, "admin", false, "serve rls.admin.v1.AdminService (Explain, ResetCounters) on the gRPC port")
+	fs.StringVar(&c.AdminAddr, "admin-addr", "", "admin API address (e.g. 127.0.0.1:8082); empty (the default): off")
 	fs.IntVar(&c.MaxConns, "max-conns", 1000, "most connections open at once on each port; 0 is no cap")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", 5*time.Minute, "close a connection without a call or request for this long")
 	fs.DurationVar(&c.FirstCallTimeout, "first-call-timeout", connguard.DefaultFirstCall, "close a connection that makes no call or request this long after opening")
@@ -139,6 +140,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultOverLimitCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes of the local tables (over-limit cache, fail-open buckets)")
 	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters; the oldest are evicted beyond it")
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-* headers, and Retry-After to OVER_LIMIT answers")
+	fs.BoolVar(&c.AllowNegativeHits, "allow-negative-hits", true, "decide refunds (is_negative_hits); false answers them InvalidArgument")
 
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate (chain) for TLS on the gRPC port, with --grpc-tls-key")
 	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert")
@@ -167,13 +169,13 @@ type helpGroup struct {
 
 // helpGroups lists every serve flag once (TestHelpGroupsEveryFlag).
 var helpGroups = []helpGroup{
-	{"Core", []string{"config-dir", "allow-empty-config", "store", "grpc-addr", "http-addr", "debug-addr", "admin",
+	{"Core", []string{"config-dir", "allow-empty-config", "store", "grpc-addr", "http-addr", "debug-addr", "admin-addr",
 		"max-conns", "idle-timeout", "first-call-timeout", "log-level", "log-format", "shutdown-drain", "dry-run"},
 		[][2]string{{"GOGC, GOMEMLIMIT", "the Go runtime's; with neither set, rls tunes GOGC itself"}}},
 	{"Redis", []string{"redis-url", "redis-timeout"},
 		[][2]string{{redisPasswordEnv, "Redis password, overriding the URL's (never a flag: ps shows flags)"}}},
 	{"Limits", []string{"on-store-error", "default-algorithm", "fleet-size", "min-fleet-size", "over-limit-cache", "reserve", "local-max-bytes",
-		"memory-max-bytes", "response-headers"}, nil},
+		"memory-max-bytes", "response-headers", "allow-negative-hits"}, nil},
 	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
 	{"xDS", []string{"config-source", "xds-server", "xds-node-id", "xds-tls-ca", "xds-tls-cert", "xds-tls-key"}, nil},
 	{"Tracing", []string{"trace-descriptor-values"}, [][2]string{

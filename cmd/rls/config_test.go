@@ -89,6 +89,9 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 	for _, m := range regexp.MustCompile("(?m)^\\| `--([a-z-]+)` \\|([^|]*)\\|").FindAllStringSubmatch(serve, -1) {
 		rows[m[1]] = strings.Trim(strings.TrimSpace(m[2]), "`")
 	}
+	for _, m := range regexp.MustCompile("(?m)^- `--([a-z-]+)` is replaced by `--").FindAllStringSubmatch(serve, -1) {
+		delete(rows, m[1])
+	}
 	fs := newFlagSet(defaultConfig(), &bytes.Buffer{})
 	fs.VisitAll(func(f *flag.Flag) {
 		def, ok := rows[f.Name]
@@ -133,9 +136,9 @@ func TestCLIHelpAndErrors(t *testing.T) {
 		t.Errorf("--redis-timeout abc printed %d bytes besides the error", errOut.Len()+out.Len())
 	}
 	for env, want := range map[string]string{
-		"RLS_ADMIN":         "want true or false",
-		"RLS_REDIS_TIMEOUT": "want a duration",
-		"RLS_MAX_CONNS":     "want a whole number",
+		"RLS_ALLOW_NEGATIVE_HITS": "want true or false",
+		"RLS_REDIS_TIMEOUT":       "want a duration",
+		"RLS_MAX_CONNS":           "want a whole number",
 	} {
 		getenv := func(k string) string {
 			if k == env {
@@ -247,4 +250,33 @@ func TestHelpGroupsEveryFlag(t *testing.T) {
 	for name := range seen {
 		t.Errorf("help group lists --%s, which does not exist", name)
 	}
+}
+
+// TestAdminAddr: the admin API is off by default (no port a second rls on
+// the host would clash on, nothing that can reset counters unasked), on a
+// port of its own when --admin-addr names one, and a bad address is an
+// error naming the flag and its twin.
+func TestAdminAddr(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	cfg, err := parseConfig([]string{"--config-dir", "../../config"}, noEnv, io.Discard)
+	if err != nil || cfg.AdminAddr != "" {
+		t.Fatalf("default: %q %v, want off", adminAddrOf(cfg), err)
+	}
+	if cfg, err := parseConfig([]string{"--config-dir", "../../config", "--admin-addr", "127.0.0.1:8082"}, noEnv, io.Discard); err != nil || cfg.AdminAddr != "127.0.0.1:8082" {
+		t.Errorf("--admin-addr 127.0.0.1:8082: %v", err)
+	}
+	if cfg, err := parseConfig([]string{"--config-dir", "../../config", "--admin-addr", ""}, noEnv, io.Discard); err != nil || cfg.AdminAddr != "" {
+		t.Errorf("--admin-addr '': %v", err)
+	}
+	_, err = parseConfig([]string{"--config-dir", "../../config"}, func(k string) string { return map[string]string{"RLS_ADMIN_ADDR": "8082"}[k] }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `--admin-addr (RLS_ADMIN_ADDR) "8082" is invalid: want host:port`) {
+		t.Errorf("RLS_ADMIN_ADDR=8082: %v", err)
+	}
+}
+
+func adminAddrOf(c *Config) string {
+	if c == nil {
+		return "<no config>"
+	}
+	return c.AdminAddr
 }

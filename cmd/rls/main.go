@@ -49,7 +49,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return validate(args, stdout)
 	case "simulate":
-		return runSimulate(args, stdout)
+		return runSimulate(ctx, args, stdout)
 	case "help":
 		args = []string{"--help"}
 		stderr = stdout // asked for: not an error

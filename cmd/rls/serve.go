@@ -36,7 +36,6 @@ import (
 	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 	"github.com/rls-project/rls/pkg/xds"
-	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
 // rlsServiceName is the gRPC service whose health Envoy and Kubernetes check.
@@ -114,6 +113,7 @@ type app struct {
 	conns     *connguard.Metrics // open, refused and closed connections per port
 	maxConns  int                // --max-conns, fitted to the file-descriptor limit
 	grpcSrv   *grpc.Server
+	admin     *service.AdminServer // --admin-addr; nil when off
 	healthSrv *health.Server
 	health    *telemetry.Health // the services' health, from the config and the store
 	httpSrvs  []*http.Server    // the HTTP and debug servers started
@@ -302,7 +302,9 @@ func (a *app) buildGRPC() error {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
 	}
 	a.grpcSrv = grpc.NewServer(opts...)
-	return nil
+	adminConns := connguard.LimitOptions{Port: "admin-addr", Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log}
+	a.admin, err = service.ListenAdmin(a.cfg.AdminAddr, adminConns, opts...) // nil when off; errors name --admin-addr
+	return err
 }
 
 // grpcOptions are the gRPC server's options besides TLS.
@@ -346,7 +348,7 @@ func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.Serve
 }
 
 // buildDecisions makes what decides: the fleet-size source, the limiter on
-// the store, the RateLimitService, and the admin API when --admin is on.
+// the store, the RateLimitService, and the admin API when --admin-addr is set.
 func (a *app) buildDecisions(rules *descriptors.Config) {
 	cfg := a.cfg
 	a.fleet = newFleet(cfg, a.rawStore, a.log)
@@ -376,11 +378,9 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		Metrics:          a.svcMetrics,
 		Log:              a.log,
 		Tracing:          a.tracing.Service(),
+		RefuseRefunds:    !cfg.AllowNegativeHits,
 	})
-	if cfg.Admin {
-		adminv1.RegisterAdminServiceServer(a.grpcSrv, service.NewAdmin(a.svc, a.st, a.lim))
-		a.log.Warn("admin API on: rls.admin.v1.AdminService can read and reset counters", "addr", cfg.GRPCAddr)
-	}
+	a.admin.Register(service.NewAdmin(a.svc, a.st, a.lim))
 }
 
 // buildReloader makes the config directory's watcher: every valid new
@@ -430,13 +430,17 @@ func (a *app) start(ctx context.Context) error {
 	learnCtx, cancel := context.WithTimeout(ctx, a.cfg.RedisTimeout)
 	a.fleet.Learn(learnCtx)
 	cancel()
-	a.errc = make(chan error, 3) // one per server
+	a.errc = make(chan error, 4) // one per server
 	a.servers.Go(func() {
 		if err := a.grpcSrv.Serve(a.grpcLis); err != nil {
 			a.errc <- fmt.Errorf("grpc server: %w", err)
 		}
 	})
 	a.log.Info("grpc listening", "addr", a.grpcLis.Addr().String())
+	if a.admin != nil { // a port of its own: whoever reaches the admin API can reset counters
+		a.servers.Go(func() { a.errc <- a.admin.Serve() }) // nil only after Stop, once wait has returned
+		a.log.Info("admin API listening: rls.admin.v1.AdminService reads and resets counters", "addr", a.admin.Addr().String())
+	}
 	if err := a.startHTTP("http-addr", a.cfg.HTTPAddr, a.httpHandler()); err != nil {
 		a.stopServers()
 		return err
@@ -497,6 +501,7 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 // stopServers closes every server at once, when start fails.
 func (a *app) stopServers() {
 	a.grpcSrv.Stop()
+	a.admin.Stop(0)
 	for _, h := range a.httpSrvs {
 		h.Close()
 	}
@@ -612,6 +617,7 @@ func (a *app) stopGRPC() {
 	})
 	a.grpcSrv.GracefulStop()
 	t.Stop()
+	a.admin.Stop(a.cfg.ShutdownTimeout)
 	a.log.Info("grpc stopped")
 }
 

@@ -19,7 +19,7 @@ import (
 func testConfig(t *testing.T, args ...string) *Config {
 	t.Helper()
 	all := append([]string{"--config-dir", "../../config", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--debug-addr", "127.0.0.1:0"}, args...)
+		"--debug-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}, args...)
 	cfg, err := parseConfig(all, func(k string) string { return map[string]string{"GOGC": "100"}[k] }, io.Discard)
 	if err != nil {
 		t.Fatal(err)

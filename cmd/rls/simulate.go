@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -80,7 +81,7 @@ without entries counts against --rule's descriptor.
 `
 
 // runSimulate is rls simulate.
-func runSimulate(args []string, stdout io.Writer) error {
+func runSimulate(ctx context.Context, args []string, stdout io.Writer) error {
 	var f simulateFlags
 	fs := newSimulateFlagSet(&f)
 	fs.Usage = func() {}
@@ -100,7 +101,7 @@ func runSimulate(args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("simulate: unexpected argument %q (rls simulate --help)", fs.Arg(0))
 	}
-	return f.run(stdout)
+	return f.run(ctx, stdout)
 }
 
 // setup resolves the flags that say what to simulate (simulate.NewSetup),
@@ -169,18 +170,18 @@ func parseRuleFlag(s string) (string, []*rlcommon.RateLimitDescriptor_Entry, err
 	return domain, es, nil
 }
 
-func (f *simulateFlags) run(stdout io.Writer) error {
+func (f *simulateFlags) run(ctx context.Context, stdout io.Writer) error {
 	su, err := f.setup()
 	if err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
-	traces, err := f.traces(su)
+	traces, err := f.traces(ctx, su)
 	if err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
-	reps, err := su.RunAll(traces)
-	if err != nil {
-		return fmt.Errorf("simulate: %w", err)
+	reps, stopped := simulate.RunAll(ctx, traces, su.Limit, su.Candidates) // on SIGINT or SIGTERM, what it has
+	if reps == nil {
+		return fmt.Errorf("simulate: %w", stopped)
 	}
 	if f.jsonOut != "-" {
 		if err := writeTables(stdout, reps); err != nil {
@@ -192,18 +193,21 @@ func (f *simulateFlags) run(stdout io.Writer) error {
 			return fmt.Errorf("simulate: --json: %w", err)
 		}
 	}
-	return f.writeSVGs(stdout, reps)
+	if err := f.writeSVGs(stdout, reps); err != nil {
+		return err
+	}
+	return stopped
 }
 
 // traces reads --trace and generates the --gen traces.
-func (f *simulateFlags) traces(su *simulate.Setup) ([]simulate.Trace, error) {
+func (f *simulateFlags) traces(ctx context.Context, su *simulate.Setup) ([]simulate.Trace, error) {
 	var traces []simulate.Trace
 	if f.trace != "" {
 		file, err := os.Open(f.trace)
 		if err != nil {
 			return nil, fmt.Errorf("--trace: %w", err)
 		}
-		tr, err := simulate.ReadCSV(file, f.trace, su.Key)
+		tr, err := simulate.ReadCSVContext(ctx, file, f.trace, su.Key)
 		file.Close()
 		if err != nil {
 			return nil, fmt.Errorf("--trace %w", err)

@@ -53,6 +53,7 @@ func (c *Config) Validate() error {
 		validAddr("grpc-addr", c.GRPCAddr, false),
 		validAddr("http-addr", c.HTTPAddr, true),
 		validAddr("debug-addr", c.DebugAddr, true),
+		validAddr("admin-addr", c.AdminAddr, true),
 		oneOf("store", c.Store, stores...),
 		oneOf("log-level", c.LogLevel, "debug", "info", "warn", "error"),
 		oneOf("log-format", c.LogFormat, "text", "json"),

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"gopkg.in/yaml.v3"
 )
@@ -112,8 +113,18 @@ func (p *parser) metadata(f field) *structpb.Struct {
 	if s == nil || len(s.Fields) == 0 {
 		return nil
 	}
+	if n := proto.Size(s); n > MaxMetadataBytes {
+		p.errorf(f.key, "metadata", "%d bytes (encoded, as the response's dynamic metadata carries it), over the limit of %d per descriptor", n, MaxMetadataBytes)
+		return nil
+	}
 	return s
 }
+
+// MaxMetadataBytes bounds one descriptor's metadata, encoded: a response
+// carries the metadata of every passing descriptor of its request
+// (--response-metadata), so without a bound a few bytes of request could
+// fetch megabytes of response.
+const MaxMetadataBytes = 4096
 
 // maxMetaDepth bounds the nesting of metadata values.
 const maxMetaDepth = 32

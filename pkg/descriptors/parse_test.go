@@ -87,6 +87,7 @@ func TestLoadInvalid(t *testing.T) {
 		{dir: "descriptors_not_a_list", line: 3, field: "descriptors", msg: "must be a list"},
 		{dir: "bad_bool", line: 4, field: "shadow_mode", msg: "true or false"},
 		{dir: "share_threshold_without_wildcard", line: 5, field: "share_threshold", msg: "wildcard"},
+		{dir: "metadata_too_large", line: 5, field: "metadata", msg: "5015 bytes (encoded, as the response's dynamic metadata carries it), over the limit of 4096 per descriptor"},
 	}
 	seen := map[string]bool{}
 	for _, tt := range tests {

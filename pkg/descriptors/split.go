@@ -89,6 +89,24 @@ func (r *Rule) NextSub(domain string, entries []*rlcommon.RateLimitDescriptor_En
 	return int((c.Add(1) - 1) % uint32(n))
 }
 
+// RefundSub returns the sub-key a refund (is_negative_hits) for entries of
+// domain goes back to: the one the key's last charge in this process went
+// to, NextSub's last answer for its stripe, whose counter it steps back so
+// that the next charge goes there again. A charge and its refund thus
+// cancel out on one sub-key and leave the rotation as it was; a refund
+// counted on the next sub-key instead would lift that one above its share
+// and leave the charged one spent. It is 0 without split, and safe for
+// concurrent use (with charges and refunds interleaved, each refund takes
+// the latest charge not yet refunded).
+func (r *Rule) RefundSub(domain string, entries []*rlcommon.RateLimitDescriptor_Entry) int {
+	n := r.Splits()
+	if n <= 1 || r.rr == nil {
+		return 0
+	}
+	c := &r.rr.next[stripe(domain, entries)]
+	return int(c.Add(^uint32(0)) % uint32(n)) // minus one
+}
+
 // stripe returns the round-robin counter of a request's key: FNV-1a of
 // the domain and the entries, modulo splitStripes. It is deterministic, so
 // which keys share a counter does not change from run to run.

@@ -283,3 +283,23 @@ func TestSaltReachesEveryRange(t *testing.T) {
 		}
 	}
 }
+
+// TestRefundSub: a refund answers the sub-key of the last charge and steps
+// the rotation back, so charges after it go on as if neither had been
+// made; two refunds in a row take back the last two charges.
+func TestRefundSub(t *testing.T) {
+	r := &Rule{Unit: UnitSecond, RequestsPerUnit: 1000, Split: 3, rr: new(splitRR)}
+	es := entries("api_key", "hot")
+	var seq []int
+	seq = append(seq, r.NextSub("d", es), r.NextSub("d", es)) // 0 1
+	seq = append(seq, r.RefundSub("d", es))                   // 1
+	seq = append(seq, r.NextSub("d", es), r.NextSub("d", es)) // 1 2
+	seq = append(seq, r.RefundSub("d", es), r.RefundSub("d", es), r.NextSub("d", es))
+	if fmt.Sprint(seq) != "[0 1 1 1 2 2 1 1]" {
+		t.Errorf("charges and refunds got sub-keys %v, want [0 1 1 1 2 2 1 1]", seq)
+	}
+	plain := &Rule{Unit: UnitSecond, RequestsPerUnit: 1000}
+	if got := plain.RefundSub("d", es); got != 0 {
+		t.Errorf("without split: sub-key %d, want 0", got)
+	}
+}

@@ -43,8 +43,8 @@ const (
 // Metrics are the service's Prometheus series. They are made once in main
 // on its registry, for one Service.
 //
-// The decision series (rls_decisions_total, rls_detailed_decisions_total)
-// follow the config: SetConfig resolves each rule's counters once, so the
+// The decision series (rls_decisions_total, rls_detailed_decisions_total,
+// rls_refunded_hits_total) follow the config: SetConfig resolves each rule's counters once, so the
 // decision path looks nothing up by name; a rule that a new config keeps
 // (same domain, same rule label) keeps its counts, and its detailed values
 // and their cap; the series of rules and domains that left the config are
@@ -53,6 +53,7 @@ const (
 // made, and a rule has at most three (ok, near_limit and one kind of over).
 type Metrics struct {
 	decisions, detailed *prometheus.Desc
+	refunded            *prometheus.Desc
 	latency             prometheus.Histogram
 	panics              prometheus.Counter
 	invalid             prometheus.Counter
@@ -77,6 +78,9 @@ func NewMetrics(reg prometheus.Registerer, maxDetailed int) *Metrics {
 		detailed: prometheus.NewDesc("rls_detailed_decisions_total",
 			"Decisions of detailed_metric rules by descriptor value (capped per rule; the rest under value=\"_other\").",
 			[]string{"domain", "rule", "value", "outcome"}, nil),
+		refunded: prometheus.NewDesc("rls_refunded_hits_total",
+			"Hits given back by requests with is_negative_hits, by domain and rule (as rls_decisions_total).",
+			[]string{"domain", "rule"}, nil),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "rls_decision_duration_seconds",
 			Help:    "Time to answer one ShouldRateLimit call, from request to response.",
@@ -123,13 +127,15 @@ func (m *Metrics) Invalid() {
 // seriesKey is the labels of a rule's series but the outcome.
 type seriesKey struct{ domain, rule string }
 
-// ruleStats counts the decisions of one seriesKey, by outcome.
+// ruleStats counts the decisions of one seriesKey, by outcome, and the
+// hits refunded.
 type ruleStats struct {
 	seriesKey
-	out    [numOutcomes]atomic.Uint64
-	detail atomic.Pointer[detailSet] // nil unless a rule of these labels is detailed
-	domLP  *dto.LabelPair            // shared by the domain's ruleStats; set once
-	ruleLP dto.LabelPair             // set once
+	out      [numOutcomes]atomic.Uint64
+	refunded atomic.Uint64
+	detail   atomic.Pointer[detailSet] // nil unless a rule of these labels is detailed
+	domLP    *dto.LabelPair            // shared by the domain's ruleStats; set once
+	ruleLP   dto.LabelPair             // set once
 }
 
 // detailSet counts a detailed rule's decisions by value: the first max
@@ -291,6 +297,30 @@ func (st *stats) record(domain string, r *descriptors.Rule, o Outcome, entries f
 	if st == nil {
 		return
 	}
+	ref := st.ref(domain, r)
+	ref.rs.out[o].Add(1)
+	if ref.detailed {
+		if d := ref.rs.detail.Load(); d != nil {
+			d.count(entries(), o, st.m.maxDetailed)
+		}
+	}
+}
+
+// refunds counts the hits that res's refunding descriptors (is_negative_hits)
+// gave back, on their rules' series.
+func (st *stats) refunds(domain string, res *resolution) {
+	if st == nil {
+		return
+	}
+	for i, r := range res.rules {
+		if it := res.item(i); it != nil && it.Check.Refund && it.Check.Hits > 0 {
+			st.ref(domain, r).rs.refunded.Add(it.Check.Hits)
+		}
+	}
+}
+
+// ref returns the series of rule r (nil: no rule) of domain.
+func (st *stats) ref(domain string, r *descriptors.Rule) ruleRef {
 	var ref ruleRef
 	switch {
 	case r == nil:
@@ -303,12 +333,7 @@ func (st *stats) record(domain string, r *descriptors.Rule, o Outcome, entries f
 	if ref.rs == nil {
 		ref.rs = st.unknown
 	}
-	ref.rs.out[o].Add(1)
-	if ref.detailed {
-		if d := ref.rs.detail.Load(); d != nil {
-			d.count(entries(), o, st.m.maxDetailed)
-		}
-	}
+	return ref
 }
 
 // decisionCollector exports the decision series of the config in force.
@@ -319,6 +344,7 @@ type decisionCollector struct{ m *Metrics }
 func (c decisionCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.m.decisions
 	ch <- c.m.detailed
+	ch <- c.m.refunded
 }
 
 func (c decisionCollector) Collect(ch chan<- prometheus.Metric) {
@@ -354,6 +380,11 @@ func (c decisionCollector) collectDomain(ch chan<- prometheus.Metric, block []*r
 			if n := rs.out[o].Load(); n > 0 {
 				ch <- counter{c.m.decisions, []*dto.LabelPair{rs.domLP, outcomeLPs[o], &rs.ruleLP}, n}
 			}
+		}
+	}
+	for _, rs := range block {
+		if n := rs.refunded.Load(); n > 0 {
+			ch <- counter{c.m.refunded, []*dto.LabelPair{rs.domLP, &rs.ruleLP}, n}
 		}
 	}
 	for o := range numOutcomes {

@@ -1,6 +1,10 @@
 package service
 
 import (
+	"errors"
+	"fmt"
+	"strings"
+
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -40,6 +44,11 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 	if err := validateRequest(req, &s.opts.Limits); err != nil {
 		return badRequest{err}
 	}
+	if s.opts.RefuseRefunds {
+		if err := refuseRefunds(req); err != nil {
+			return badRequest{err}
+		}
+	}
 	res.matched, res.rules = res.matched[:0], res.rules[:0]
 	for _, d := range req.Descriptors {
 		var r *descriptors.Rule
@@ -69,8 +78,14 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 			hits = d.HitsAddend.Value
 		}
 		// A split rule counts this request on one of its sub-keys, in
-		// turn (docs/redis.md, "Hot keys: split").
-		sub := r.NextSub(req.Domain, d.Entries)
+		// turn (docs/redis.md, "Hot keys: split"); a refund goes back to the
+		// sub-key the last charge went to.
+		var sub int
+		if d.IsNegativeHits {
+			sub = r.RefundSub(req.Domain, d.Entries)
+		} else {
+			sub = r.NextSub(req.Domain, d.Entries)
+		}
 		res.key = descriptors.AppendSubKey(res.key[:0], req.Domain, d.Entries, r, sub)
 		c := ruleCheck(r, string(res.key), sub)
 		c.Hits, c.Refund = hits, d.IsNegativeHits
@@ -80,6 +95,26 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		c.Shadow = c.Shadow || s.opts.ShadowMode
 		res.index = append(res.index, len(res.items))
 		res.items = append(res.items, limiter.Item{Check: c, FailClosed: s.failClosed(r), Quota: s.quotaMode(r), NoReserve: r.NoReserve})
+	}
+	return nil
+}
+
+// ErrRefundsOff is the error of a refund (is_negative_hits) refused by
+// Options.RefuseRefunds.
+var ErrRefundsOff = errors.New("refunds (is_negative_hits) are not allowed by this server")
+
+// refuseRefunds returns ErrRefundsOff, naming the first descriptor of req
+// that asks for a refund by its index and entry keys, or nil.
+func refuseRefunds(req *rlsv3.RateLimitRequest) error {
+	for i, d := range req.Descriptors {
+		if !d.IsNegativeHits {
+			continue
+		}
+		keys := make([]string, len(d.Entries))
+		for j, e := range d.Entries {
+			keys[j] = printable(e.Key)
+		}
+		return fmt.Errorf("descriptors[%d] (%s): %w", i, strings.Join(keys, ", "), ErrRefundsOff)
 	}
 	return nil
 }

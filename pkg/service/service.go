@@ -108,6 +108,11 @@ type Options struct {
 	Log *slog.Logger
 	// Tracing makes a span of every ShouldRateLimit call; nil makes none.
 	Tracing *Tracing
+	// RefuseRefunds answers InvalidArgument to a request with a descriptor
+	// that asks for a refund (is_negative_hits), naming the descriptor. By
+	// default refunds are decided: any client may then give any key back
+	// up to its whole limit.
+	RefuseRefunds bool
 }
 
 // Limits bound one request. A request beyond any of them is InvalidArgument
@@ -219,6 +224,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	resp := s.respond(snap, req, res)
+	snap.stats.refunds(req.Domain, res)
 	if m := s.opts.Metrics; m != nil {
 		m.latency.Observe(time.Since(start).Seconds())
 	}
@@ -439,21 +445,6 @@ func (s *Service) nearLimit(remaining uint64, limit uint32) bool {
 // is called only for detailed_metric and value_to_metric rules.
 func detailOf(d *rlcommon.RateLimitDescriptor, r *descriptors.Rule) func() string {
 	return func() string { return printable(r.MetricLabel(d.Entries)) }
-}
-
-// entriesText renders d's entries as key=value pairs joined by '|', bytes
-// that are not UTF-8 written \xNN (for traces with descriptor values).
-func entriesText(d *rlcommon.RateLimitDescriptor) string {
-	var b strings.Builder
-	for i, e := range d.Entries {
-		if i > 0 {
-			b.WriteByte('|')
-		}
-		writePrintable(&b, e.Key)
-		b.WriteByte('=')
-		writePrintable(&b, e.Value)
-	}
-	return b.String()
 }
 
 // printable returns s with every byte that is not part of valid UTF-8

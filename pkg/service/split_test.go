@@ -243,3 +243,37 @@ func TestSplitAdmin(t *testing.T) {
 		t.Errorf("after reset: %d of 12 OK, want 10", ok)
 	}
 }
+
+// TestSplitRefundToChargedSubKey: a refund after a charge goes back to the
+// sub-key that charge counted on, and the next charge goes there again, so
+// charge-and-refund pairs leave every sub-key as it was; without that, the
+// refund would land on the next sub-key in rotation, lifting it above its
+// share and leaving the charged one spent.
+func TestSplitRefundToChargedSubKey(t *testing.T) {
+	rec := &recordingStore{}
+	clk := &clock{t: time.Unix(1_751_540_400, 0)}
+	rec.Store = memory.New(memory.Options{Now: clk.now})
+	s, _, _ := newSplitService(t, rec, limiter.Options{DisableOverLimitCache: true})
+	sub := func(c store.Check) string { _, after, _ := strings.Cut(c.Key, "|"); return after }
+	for i := range 9 {
+		call(t, s, 1, d("hot", "k"))
+		call(t, s, 0, refund(1, "hot", "k"))
+		charge, back := rec.checks[2*i], rec.checks[2*i+1]
+		if !back.Refund || back.Key != charge.Key {
+			t.Fatalf("pair %d: charge on %s, refund (%v) on %s; want the same sub-key", i, sub(charge), back.Refund, sub(back))
+		}
+		if want := fmt.Sprintf("|%d/3.", 0); !strings.Contains(charge.Key, want) {
+			t.Errorf("pair %d: charge on %s, want sub-key 0 every time (each refund steps the rotation back)", i, sub(charge))
+		}
+	}
+	// Every sub-key has its whole share left: 10 requests pass, then none.
+	ok := 0
+	for range 12 {
+		if call(t, s, 1, d("hot", "k")).OverallCode == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	if ok != 10 {
+		t.Errorf("%d of 12 OK after 9 charge-and-refund pairs, want the whole limit of 10", ok)
+	}
+}

@@ -2,7 +2,10 @@ package service
 
 import (
 	"context"
+	"strings"
+	"unicode/utf8"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
@@ -60,15 +63,15 @@ func (t *Tracing) start(ctx context.Context) (context.Context, trace.Span) {
 // call failed.
 func (s *Service) endSpan(span trace.Span, req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.RateLimitResponse, err error) error {
 	if span != nil {
-		s.opts.Tracing.end(span, &s.opts.Limits, req, res, resp, err)
+		s.opts.Tracing.end(span, req, res, resp, err)
 	}
 	return err
 }
 
-func (t *Tracing) end(span trace.Span, lim *Limits, req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.RateLimitResponse, err error) {
+func (t *Tracing) end(span trace.Span, req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.RateLimitResponse, err error) {
 	if span.IsRecording() { // sampled
 		code := status.Code(err)
-		span.SetAttributes(t.attributes(lim, req, res, resp, code)...)
+		span.SetAttributes(t.attributes(req, res, resp, code)...)
 		if serverError(code) {
 			span.SetStatus(otelcodes.Error, code.String())
 		}
@@ -77,14 +80,10 @@ func (t *Tracing) end(span trace.Span, lim *Limits, req *rlsv3.RateLimitRequest,
 }
 
 // attributes describe a call that ended with code.
-func (t *Tracing) attributes(lim *Limits, req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.RateLimitResponse, code codes.Code) []attribute.KeyValue {
-	domain := req.Domain
-	if len(domain) > lim.ValueBytes { // an invalid request: keep the span small
-		domain = domain[:lim.ValueBytes]
-	}
+func (t *Tracing) attributes(req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.RateLimitResponse, code codes.Code) []attribute.KeyValue {
 	kv := make([]attribute.KeyValue, 0, 12)
 	kv = append(kv,
-		attribute.String("rls.domain", printable(domain)),
+		attribute.String("rls.domain", spanString(req.Domain)),
 		attribute.Int("rls.descriptors", len(req.Descriptors)),
 		attribute.Int64("rls.hits_addend", int64(req.HitsAddend)),
 		attribute.String("rls.store", t.Store),
@@ -99,7 +98,7 @@ func (t *Tracing) attributes(lim *Limits, req *rlsv3.RateLimitRequest, res *reso
 	if t.DescriptorValues {
 		entries := make([]string, n)
 		for i, d := range req.Descriptors {
-			entries[i] = entriesText(d)
+			entries[i] = spanString(spanEntries(d))
 		}
 		kv = append(kv, attribute.StringSlice("rls.descriptor.entries", entries))
 	}
@@ -127,6 +126,60 @@ func (t *Tracing) attributes(lim *Limits, req *rlsv3.RateLimitRequest, res *reso
 		attribute.StringSlice("rls.descriptor.outcomes", outcomes),
 		attribute.StringSlice("rls.descriptor.sources", sources),
 		attribute.Bool("rls.fallback", fallback))
+}
+
+// SpanStringBytes is the most bytes of one string a span records of a
+// request (rls.domain, each of rls.descriptor.entries); longer ones are
+// cut, at a UTF-8 boundary.
+const SpanStringBytes = 256
+
+// spanString is s as a span records it: printable, at most
+// SpanStringBytes, and a copy. A request's strings share the memory of
+// the whole request (DecodeRequest), up to megabytes, so a span that kept
+// a substring of one would keep the request alive for as long as the span
+// waits for export.
+func spanString(s string) string {
+	if len(s) > 4*SpanStringBytes { // printable writes a byte as at most 4
+		s = s[:4*SpanStringBytes]
+	}
+	s = printable(s)
+	if len(s) > SpanStringBytes {
+		cut := SpanStringBytes
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	return strings.Clone(s)
+}
+
+// spanEntries renders d's entries as key=value pairs joined by '|', bytes
+// that are not UTF-8 written \xNN, until the text is long enough for
+// spanString to cut: a descriptor of megabytes costs no more than one of a
+// few hundred bytes.
+func spanEntries(d *rlcommon.RateLimitDescriptor) string {
+	var b strings.Builder
+	for i, e := range d.Entries {
+		if b.Len() > SpanStringBytes {
+			break
+		}
+		if i > 0 {
+			b.WriteByte('|')
+		}
+		writePrintable(&b, cut(e.Key, SpanStringBytes+1))
+		b.WriteByte('=')
+		writePrintable(&b, cut(e.Value, SpanStringBytes+1))
+	}
+	return b.String()
+}
+
+// cut is s's first n bytes at most (a UTF-8 sequence may be split: the
+// caller writes it printable).
+func cut(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 // traceRule names a rule in spans as in metrics (a request's limit

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+	"unsafe"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
@@ -256,4 +259,62 @@ func BenchmarkHandlerTracing(b *testing.B) {
 		defer tp.Shutdown(context.Background())
 		benchHandler(b, &Tracing{Tracer: tp.Tracer("bench"), Store: "memory"})
 	})
+}
+
+// TestTracingSpansCopyBounded: a span's strings are copies of the
+// request's, at most SpanStringBytes each, so a queued span never keeps
+// the decoded request's buffer alive: a valid request's short domain and
+// long values, and an invalid request's long domain, cut at a UTF-8
+// boundary.
+func TestTracingSpansCopyBounded(t *testing.T) {
+	s, rec := tracedService(t, nil, true, sdktrace.AlwaysSample())
+	seen := 0
+	long := strings.Repeat("é", 2000) // 4,000 bytes: valid, cut mid-run
+	for _, tc := range []struct {
+		name    string
+		req     *rlsv3.RateLimitRequest
+		code    codes.Code
+		entries bool
+	}{
+		{"valid, long values", &rlsv3.RateLimitRequest{Domain: "test",
+			Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", long), d("free", strings.Repeat("v", 4000))}}, codes.OK, true},
+		{"invalid, long domain", &rlsv3.RateLimitRequest{Domain: strings.Repeat("dé", 3000),
+			Descriptors: []*rlcommon.RateLimitDescriptor{d("api_key", "a")}}, codes.InvalidArgument, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wire, err := proto.Marshal(tc.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := &rlsv3.RateLimitRequest{}
+			if err := DecodeRequest(wire, req); err != nil {
+				t.Fatal(err)
+			}
+			lo := uintptr(unsafe.Pointer(unsafe.StringData(req.Domain))) // the one string every field is a substring of
+			if _, err := s.ShouldRateLimit(context.Background(), req); status.Code(err) != tc.code {
+				t.Fatalf("got %v, want %v", err, tc.code)
+			}
+			sp := lastSpan(t, rec, &seen)
+			var strs []string
+			for _, kv := range sp.Attributes() {
+				switch kv.Value.Type() {
+				case attribute.STRING:
+					strs = append(strs, kv.Value.AsString())
+				case attribute.STRINGSLICE:
+					strs = append(strs, kv.Value.AsStringSlice()...)
+				}
+			}
+			if _, ok := attrs(sp)["rls.descriptor.entries"]; ok != tc.entries {
+				t.Errorf("rls.descriptor.entries present %v, want %v", ok, tc.entries)
+			}
+			for _, v := range strs {
+				if len(v) > SpanStringBytes || !utf8.ValidString(v) {
+					t.Errorf("attribute of %d bytes (valid UTF-8 %v), want at most %d, valid", len(v), utf8.ValidString(v), SpanStringBytes)
+				}
+				if p := uintptr(unsafe.Pointer(unsafe.StringData(v))); len(v) > 0 && p >= lo-uintptr(len(wire)) && p < lo+uintptr(len(wire)) {
+					t.Errorf("attribute %.20q shares the request's memory", v)
+				}
+			}
+		})
+	}
 }

@@ -197,6 +197,10 @@ const chartPoints = 600
 
 // Run replays tr through each candidate and the exact log.
 func Run(tr Trace, l Limit, cands []Candidate) (*Report, error) {
+	return run(context.Background(), tr, l, cands)
+}
+
+func run(ctx context.Context, tr Trace, l Limit, cands []Candidate) (*Report, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
@@ -223,7 +227,7 @@ func Run(tr Trace, l Limit, cands []Candidate) (*Report, error) {
 	rep.Exact = result(tr, l, exact, origin, rep.ChartKey)
 	rep.Exact.Name, rep.Exact.Algorithm = "exact sliding log", "exact_sliding_log"
 	for _, c := range cands {
-		allowed, err := Decide(tr, l, c)
+		allowed, err := decide(ctx, tr, l, c)
 		if err != nil {
 			return nil, err
 		}
@@ -272,8 +276,12 @@ func share(n, of int) float64 {
 // Decide replays tr through candidate c on a memory store whose clock
 // reads each event's time, and returns its decision on each event.
 func Decide(tr Trace, l Limit, c Candidate) ([]bool, error) {
+	return decide(context.Background(), tr, l, c)
+}
+
+func decide(ctx context.Context, tr Trace, l Limit, c Candidate) ([]bool, error) {
 	allowed := make([]bool, len(tr.Events))
-	err := replay(tr, l, c, func(i int, ok bool) (force, refund bool) {
+	err := replay(ctx, tr, l, c, func(i int, ok bool) (force, refund bool) {
 		allowed[i] = ok
 		return false, false
 	})
@@ -292,7 +300,7 @@ func Follow(tr Trace, l Limit, c Candidate, ok []bool) ([]int, error) {
 		return nil, fmt.Errorf("%d verdicts for %d events", len(ok), len(tr.Events))
 	}
 	var diff []int
-	err := replay(tr, l, c, func(i int, allowed bool) (force, refund bool) {
+	err := replay(context.Background(), tr, l, c, func(i int, allowed bool) (force, refund bool) {
 		if allowed == ok[i] {
 			return false, false
 		}
@@ -305,16 +313,18 @@ func Follow(tr Trace, l Limit, c Candidate, ok []bool) ([]int, error) {
 // replay decides tr's events in order through c on a fresh memory store
 // and calls each with the decision; each may ask for the event's hits to
 // be forced in or refunded right after, at the same time.
-func replay(tr Trace, l Limit, c Candidate, each func(i int, allowed bool) (force, refund bool)) error {
+func replay(ctx context.Context, tr Trace, l Limit, c Candidate, each func(i int, allowed bool) (force, refund bool)) error {
 	var now int64
 	m := memory.New(memory.Options{
 		Now:      func() time.Time { return time.UnixMicro(now) },
 		MaxKeys:  1 << 30,
 		MaxBytes: 1 << 50,
 	})
-	ctx := context.Background()
 	checks, res := make([]store.Check, 1), make([]store.Result, 1)
 	for i, e := range tr.Events {
+		if i%checkEvery == 0 && ctx.Err() != nil {
+			return fmt.Errorf("%s: %w", c.Name(l), ctx.Err())
+		}
 		now = e.At
 		checks[0] = c.check(l, e.Key, e.Hits)
 		if err := m.Decide(ctx, checks, res); err != nil {

@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -50,8 +51,15 @@ type KeyFunc func(entries []string) (key string, ok bool)
 // lines starting with '#' are ignored, and so is a first line whose first
 // field is "timestamp" (a header). Fields are trimmed of spaces. Rows need
 // not be in time order. Errors name the file and line: name:line: what.
+// A trace of more than MaxKeys distinct keys is a *KeyCapError at the row
+// that crossed it.
 func ReadCSV(r io.Reader, name string, key KeyFunc) (Trace, error) {
+	return readCSV(context.Background(), r, name, key, MaxKeys)
+}
+
+func readCSV(ctx context.Context, r io.Reader, name string, key KeyFunc, maxKeys int) (Trace, error) {
 	tr := Trace{Name: name}
+	keys := keySet{seen: map[string]string{}, max: maxKeys} // and a look at ctx every few thousand events
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	line := 0
@@ -77,7 +85,10 @@ func ReadCSV(r io.Reader, name string, key KeyFunc) (Trace, error) {
 			tr.Skipped++
 			continue
 		}
-		ev.Key, ev.Line = k, line
+		ev.Line = line
+		if ev.Key, err = keys.add(ctx, k, name, line); err != nil {
+			return Trace{}, err
+		}
 		tr.Events = append(tr.Events, ev)
 	}
 	if err := sc.Err(); err != nil {

@@ -50,7 +50,10 @@ type TracingOptions struct {
 // every ShouldRateLimit call (made by pkg/service) and of its Redis store
 // call. Spans wait in a bounded queue; those beyond it, and those the
 // collector refuses, are counted in rls_trace_spans_dropped_total, and
-// ending a span never blocks. A nil *Tracing is tracing off: its methods
+// ending a span never blocks. The queue is bounded in bytes as well
+// (DefaultQueueBytes), and the spans' attributes are copies, bounded in
+// size, of what the request held (service.Tracing): a queued span never
+// keeps a request's memory alive. A nil *Tracing is tracing off: its methods
 // do nothing.
 type Tracing struct {
 	tp      *sdktrace.TracerProvider
@@ -77,7 +80,7 @@ func NewTracing(o TracingOptions) (*Tracing, error) {
 
 	t := &Tracing{store: o.Store, mode: o.RedisMode, dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rls_trace_spans_dropped_total",
-		Help: "Trace spans not exported, by reason: queue_full (the export queue, OTEL_BSP_MAX_QUEUE_SIZE, was full), export_failed (the collector did not take them).",
+		Help: "Trace spans not exported, by reason: queue_full (the export queue, OTEL_BSP_MAX_QUEUE_SIZE spans or 16 MiB, was full), export_failed (the collector did not take them).",
 	}, []string{"reason"})}
 	o.Registerer.MustRegister(t.dropped)
 	exp, err := newExporter(o.OTLP)
@@ -90,7 +93,7 @@ func NewTracing(o TracingOptions) (*Tracing, error) {
 	}
 	t.tp = sdktrace.NewTracerProvider( // the sampler: OTEL_TRACES_SAMPLER, else parentbased_always_on
 		sdktrace.WithResource(res),
-		sdktrace.WithSpanProcessor(newBoundedProcessor(exp, o.OTLP.QueueSize, t.dropped)))
+		sdktrace.WithSpanProcessor(newBoundedProcessor(exp, o.OTLP.QueueSize, DefaultQueueBytes, t.dropped)))
 	t.svc = &service.Tracing{Tracer: t.tp.Tracer(TracerName), Store: o.Store, DescriptorValues: o.DescriptorValues}
 	o.Log.Info("tracing on", "otlp_endpoint", o.OTLP.Endpoint, "from", o.OTLP.EndpointVar, "protocol", o.OTLP.Protocol,
 		"descriptor_values", o.DescriptorValues)
@@ -186,50 +189,109 @@ func (t *tracedStore) Decide(ctx context.Context, checks []store.Check, results 
 	return err
 }
 
+// DefaultQueueBytes is the most bytes of spans waiting for export
+// (queued, batched or being exported), besides the most spans
+// (OTEL_BSP_MAX_QUEUE_SIZE): 2,048 spans of the largest kind rls makes,
+// with descriptor values, would hold over 100 MB without it.
+const DefaultQueueBytes = 16 << 20
+
+// spanOverhead is what one ended span costs besides its strings: the SDK's
+// span struct, its slices and the exporter's copy, about.
+const spanOverhead = 512
+
+// spanBytes estimates the memory an ended span holds: its name, attribute
+// keys and values, events and links. It is a function of the span alone,
+// so the count in at OnEnd is the count out at export.
+func spanBytes(s sdktrace.ReadOnlySpan) int64 {
+	n := int64(spanOverhead + len(s.Name()))
+	n += attrBytes(s.Attributes())
+	for _, e := range s.Events() {
+		n += int64(spanOverhead/4+len(e.Name)) + attrBytes(e.Attributes)
+	}
+	for _, l := range s.Links() {
+		n += spanOverhead/4 + attrBytes(l.Attributes)
+	}
+	return n
+}
+
+func attrBytes(kvs []attribute.KeyValue) int64 {
+	var n int64
+	for _, kv := range kvs {
+		n += int64(len(kv.Key)) + 16
+		switch kv.Value.Type() {
+		case attribute.STRING:
+			n += int64(len(kv.Value.AsString()))
+		case attribute.STRINGSLICE:
+			for _, v := range kv.Value.AsStringSlice() {
+				n += int64(len(v)) + 16
+			}
+		case attribute.BOOLSLICE:
+			n += int64(len(kv.Value.AsBoolSlice()))
+		case attribute.INT64SLICE:
+			n += 8 * int64(len(kv.Value.AsInt64Slice()))
+		case attribute.FLOAT64SLICE:
+			n += 8 * int64(len(kv.Value.AsFloat64Slice()))
+		}
+	}
+	return n
+}
+
 // newBoundedProcessor is a batch span processor on exp whose queue of max
-// spans is never full: spans beyond it are dropped and counted at once.
-func newBoundedProcessor(exp sdktrace.SpanExporter, max int, dropped *prometheus.CounterVec, opts ...sdktrace.BatchSpanProcessorOption) *boundedProcessor {
-	inside := &atomic.Int64{}
-	bsp := sdktrace.NewBatchSpanProcessor(&countingExporter{SpanExporter: exp, inside: inside, failed: dropped.WithLabelValues("export_failed")},
+// spans and maxBytes bytes (spanBytes) is never full: spans beyond either
+// are dropped and counted at once.
+func newBoundedProcessor(exp sdktrace.SpanExporter, max int, maxBytes int64, dropped *prometheus.CounterVec, opts ...sdktrace.BatchSpanProcessorOption) *boundedProcessor {
+	inside, bytes := &atomic.Int64{}, &atomic.Int64{}
+	bsp := sdktrace.NewBatchSpanProcessor(&countingExporter{SpanExporter: exp, inside: inside, bytes: bytes, failed: dropped.WithLabelValues("export_failed")},
 		append([]sdktrace.BatchSpanProcessorOption{sdktrace.WithMaxQueueSize(max)}, opts...)...)
-	return &boundedProcessor{SpanProcessor: bsp, inside: inside, max: int64(max), dropped: dropped.WithLabelValues("queue_full")}
+	return &boundedProcessor{SpanProcessor: bsp, inside: inside, bytes: bytes, max: int64(max), maxBytes: maxBytes,
+		dropped: dropped.WithLabelValues("queue_full")}
 }
 
 // boundedProcessor hands sampled spans to the batch span processor while
-// fewer than max of them are in it (queued, batched or being exported; the
-// exporter counts them out), and counts the rest as dropped. The batch
-// processor's queue, of max spans, is then never full: it never drops a
-// span uncounted, and never blocks the decision that ended one.
+// fewer than max of them, and fewer than maxBytes of their bytes, are in
+// it (queued, batched or being exported; the exporter counts them out),
+// and counts the rest as dropped. The batch processor's queue, of max
+// spans, is then never full: it never drops a span uncounted, never
+// blocks the decision that ended one, and never holds more than maxBytes
+// however large the spans are.
 type boundedProcessor struct {
 	sdktrace.SpanProcessor
-	inside  *atomic.Int64
-	max     int64
-	dropped prometheus.Counter
+	inside, bytes *atomic.Int64
+	max, maxBytes int64
+	dropped       prometheus.Counter
 }
 
 func (p *boundedProcessor) OnEnd(s sdktrace.ReadOnlySpan) {
 	if !s.SpanContext().IsSampled() {
 		return
 	}
-	if p.inside.Add(1) > p.max {
+	size := spanBytes(s)
+	n, b := p.inside.Add(1), p.bytes.Add(size)
+	if n > p.max || b > p.maxBytes {
 		p.inside.Add(-1)
+		p.bytes.Add(-size)
 		p.dropped.Inc()
 		return
 	}
 	p.SpanProcessor.OnEnd(s)
 }
 
-// countingExporter counts the spans it was handed out of the batch
-// processor, and those the collector did not take.
+// countingExporter counts the spans (and their bytes) it was handed out of
+// the batch processor, and those the collector did not take.
 type countingExporter struct {
 	sdktrace.SpanExporter
-	inside *atomic.Int64
-	failed prometheus.Counter
+	inside, bytes *atomic.Int64
+	failed        prometheus.Counter
 }
 
 func (e *countingExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
 	err := e.SpanExporter.ExportSpans(ctx, spans)
+	var size int64
+	for _, s := range spans {
+		size += spanBytes(s)
+	}
 	e.inside.Add(-int64(len(spans)))
+	e.bytes.Add(-size)
 	if err != nil {
 		e.failed.Add(float64(len(spans)))
 	}

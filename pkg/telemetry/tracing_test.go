@@ -11,8 +11,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/testkit"
@@ -137,7 +139,7 @@ func TestBoundedProcessorCountsDrops(t *testing.T) {
 	exp := &blockingExporter{release: make(chan struct{})}
 	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "d"}, []string{"reason"})
 	const queue = 3
-	p := newBoundedProcessor(exp, queue, dropped, sdktrace.WithMaxExportBatchSize(queue), sdktrace.WithBatchTimeout(time.Millisecond))
+	p := newBoundedProcessor(exp, queue, 1<<30, dropped, sdktrace.WithMaxExportBatchSize(queue), sdktrace.WithBatchTimeout(time.Millisecond))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(p))
 	tr := tp.Tracer("t")
 	ended := make(chan struct{})
@@ -179,7 +181,7 @@ func TestCountingExporterCountsFailures(t *testing.T) {
 	failed := prometheus.NewCounter(prometheus.CounterOpts{Name: "f"})
 	inside := &atomic.Int64{}
 	inside.Store(2)
-	e := &countingExporter{SpanExporter: failingExporter{}, inside: inside, failed: failed}
+	e := &countingExporter{SpanExporter: failingExporter{}, inside: inside, bytes: &atomic.Int64{}, failed: failed}
 	spans := tracetest.SpanStubs{{Name: "a"}, {Name: "b"}}.Snapshots()
 	if err := e.ExportSpans(context.Background(), spans); err == nil {
 		t.Fatal("want the exporter's error")
@@ -212,5 +214,33 @@ func TestExportErrorsThrottled(t *testing.T) {
 	h.Handle(errors.New("export failed: connection refused"))
 	if !strings.Contains(buf.String(), "not_logged_since=49") {
 		t.Errorf("the next line does not count the 49 not logged:\n%s", buf.String())
+	}
+}
+
+// TestBoundedProcessorBoundsBytes: with the exporter stuck, spans are taken
+// while their bytes fit the byte bound, far below the span bound, and the
+// rest are dropped and counted; exported spans give their bytes back.
+func TestBoundedProcessorBoundsBytes(t *testing.T) {
+	exp := &blockingExporter{release: make(chan struct{})}
+	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "d"}, []string{"reason"})
+	big := strings.Repeat("x", 10_000)
+	const maxBytes = 35_000 // three spans of big, not four
+	p := newBoundedProcessor(exp, 1000, maxBytes, dropped, sdktrace.WithMaxExportBatchSize(1000), sdktrace.WithBatchTimeout(time.Millisecond))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(p))
+	tr := tp.Tracer("t")
+	for range 10 {
+		_, s := tr.Start(context.Background(), "s", trace.WithAttributes(attribute.String("a", big)))
+		s.End()
+	}
+	if got := testutil.ToFloat64(dropped.WithLabelValues("queue_full")); got != 7 {
+		t.Errorf("dropped %v, want 7 (3 spans of %d bytes fit %d)", got, len(big), maxBytes)
+	}
+	if b := p.bytes.Load(); b > maxBytes || b < 3*int64(len(big)) {
+		t.Errorf("%d bytes inside, want 3 spans' worth, at most %d", b, maxBytes)
+	}
+	close(exp.release)
+	testkit.WaitFor(t, "queued spans exported", 5*time.Second, func() bool { return exp.exported.Load() == 3 && p.bytes.Load() == 0 && p.inside.Load() == 0 })
+	if err := tp.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

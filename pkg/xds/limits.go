@@ -6,6 +6,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/rls-project/rls/pkg/descriptors"
 )
 
 // Limits bound one response, all its resources together. They are checked
@@ -35,6 +37,9 @@ type Limits struct {
 	// MaxBytes bounds the resources' bytes on the wire
 	// [Options.MaxRecvBytes, else 4 MiB].
 	MaxBytes int
+	// MaxMetadataBytes bounds one descriptor's metadata on the wire
+	// [descriptors.MaxMetadataBytes, the bound of a file's].
+	MaxMetadataBytes int
 }
 
 // The Limits' defaults.
@@ -60,6 +65,7 @@ func (l Limits) withDefaults(maxRecv int) Limits {
 	def(&l.MaxValues, DefaultMaxValues)
 	def(&l.MaxStringBytes, DefaultMaxStringBytes)
 	def(&l.MaxBytes, maxRecv)
+	def(&l.MaxMetadataBytes, descriptors.MaxMetadataBytes)
 	return l
 }
 
@@ -69,7 +75,7 @@ func (l Limits) withDefaults(maxRecv int) Limits {
 // than 64 levels".
 type LimitError struct {
 	Resource string // SpecName of the resource, "" for the response as a whole
-	Limit    string // depth, descriptors, values, string bytes or bytes
+	Limit    string // depth, descriptors, values, string bytes, bytes or metadata bytes
 	Max      int
 	What     string // what went over, in words
 }
@@ -126,6 +132,15 @@ func (b *budget) value() error {
 		return b.over("values", b.lim.MaxValues, "more than %d replaces entries and metadata values in one response", b.lim.MaxValues)
 	}
 	return nil
+}
+
+// metadata walks a descriptor's metadata, a Struct, refusing it at once
+// when its bytes are over the bound.
+func (b *budget) metadata(m []byte) error {
+	if len(m) > b.lim.MaxMetadataBytes {
+		return b.over("metadata bytes", b.lim.MaxMetadataBytes, "a descriptor's metadata of %d bytes, more than %d", len(m), b.lim.MaxMetadataBytes)
+	}
+	return b.metaStruct(m, 1)
 }
 
 // checkResources walks the resources of one response against l. Their
@@ -249,7 +264,7 @@ func (b *budget) descriptor(m []byte, depth, prefix int) error {
 		case it.bytesField(fDescRateLimit):
 			err = b.policy(it.v)
 		case it.bytesField(fDescMetadata):
-			err = b.metaStruct(it.v, 1)
+			err = b.metadata(it.v)
 		}
 		if err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -89,6 +90,15 @@ func TestLimits(t *testing.T) {
 	strs := &rlsconf.RateLimitConfig{Name: "s", Domain: "s", Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "k", Value: "v",
 		RateLimit:   &rlsconf.RateLimitPolicy{Name: "p"},
 		Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "c"}}}}}
+	withNote := func(v string) *rlsconf.RateLimitConfig {
+		meta, err := structpb.NewStruct(map[string]any{"note": v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &rlsconf.RateLimitConfig{Name: "n", Domain: "n", Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "k", Metadata: meta}}}
+	}
+	note := strings.Repeat("y", 100)
+	metaSize := proto.Size(withNote(note).Descriptors[0].Metadata)
 	sized := anys(t, flat("b", 3))
 	size := len(sized[0].GetValue()) + len(sized[0].GetTypeUrl())
 
@@ -117,6 +127,8 @@ func TestLimits(t *testing.T) {
 			"", ""},
 		{"string bytes over", Limits{MaxStringBytes: 13}, nil, []*rlsconf.RateLimitConfig{strs},
 			"string bytes", "xds:s: over the xDS string bytes limit: more than 13 bytes of strings (paths of descriptors included) in one response"},
+		{"metadata bytes", Limits{MaxMetadataBytes: metaSize}, []*rlsconf.RateLimitConfig{withNote(note)}, []*rlsconf.RateLimitConfig{withNote(note + "x")},
+			"metadata bytes", fmt.Sprintf("xds:n: over the xDS metadata bytes limit: a descriptor's metadata of %d bytes, more than %d", metaSize+1, metaSize)},
 		{"bytes", Limits{MaxBytes: size}, []*rlsconf.RateLimitConfig{flat("b", 3)}, nil, "", ""},
 		{"bytes over", Limits{MaxBytes: size - 1}, nil, []*rlsconf.RateLimitConfig{flat("b", 3)},
 			"bytes", fmt.Sprintf("over the xDS bytes limit: resources of %d bytes in one response, more than %d", size, size-1)},
@@ -143,7 +155,7 @@ func TestLimits(t *testing.T) {
 // TestLimitsDefaults: the limits a Client uses when none are set.
 func TestLimitsDefaults(t *testing.T) {
 	got := Limits{}.withDefaults(0)
-	want := Limits{MaxDepth: 64, MaxDescriptors: 100_000, MaxValues: 100_000, MaxStringBytes: 32 << 20, MaxBytes: 4 << 20}
+	want := Limits{MaxDepth: 64, MaxDescriptors: 100_000, MaxValues: 100_000, MaxStringBytes: 32 << 20, MaxBytes: 4 << 20, MaxMetadataBytes: 4096}
 	if got != want {
 		t.Errorf("defaults %+v, want %+v", got, want)
 	}

@@ -102,3 +102,27 @@ prometheusRule.job.
 {{- define "rls.job" -}}
 {{- default (include "rls.fullname" .) .Values.prometheusRule.job }}
 {{- end }}
+
+{{/*
+GOMEMLIMIT for the container: goMemLimitPercent of resources.limits.memory,
+in bytes, so the Go runtime collects harder before the kernel's OOM killer
+acts. Empty (no variable) without a memory limit, with goMemLimitPercent 0,
+or when extraEnv sets GOMEMLIMIT itself.
+*/}}
+{{- define "rls.goMemLimit" -}}
+{{- $q := toString (dig "limits" "memory" "" (.Values.resources | default dict)) -}}
+{{- $own := false -}}
+{{- range .Values.extraEnv }}{{ if eq (toString .name) "GOMEMLIMIT" }}{{ $own = true }}{{ end }}{{ end -}}
+{{- $pct := int (.Values.goMemLimitPercent | default 0) -}}
+{{- if and $q (gt $pct 0) (not $own) -}}
+{{- $num := $q -}}
+{{- $unit := 1 -}}
+{{- range $suffix, $m := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
+{{- if hasSuffix $suffix $q }}{{ $num = trimSuffix $suffix $q }}{{ $unit = $m }}{{ end -}}
+{{- end -}}
+{{- if not (regexMatch "^[0-9]+$" $num) -}}
+{{- fail (printf "resources.limits.memory %q: goMemLimitPercent needs a whole number of bytes with an optional unit (Ki, Mi, Gi, Ti, k, M, G, T); set goMemLimitPercent: 0, or GOMEMLIMIT in extraEnv" $q) -}}
+{{- end -}}
+{{- div (mul (int64 $num) (int64 $unit) $pct) 100 -}}
+{{- end -}}
+{{- end }}

@@ -28,7 +28,7 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // AdminService lets an operator see why rls decides as it does and unlock a
-// client. It is served on the gRPC port only when rls runs with --admin.
+// client. It is served on its own listener, --admin-addr (loopback by default).
 type AdminServiceClient interface {
 	// Explain shows, per descriptor, the rule that matches it (its place in
 	// the YAML), the store key, the algorithm and limit, and the counter's
@@ -72,7 +72,7 @@ func (c *adminServiceClient) ResetCounters(ctx context.Context, in *ResetCounter
 // for forward compatibility.
 //
 // AdminService lets an operator see why rls decides as it does and unlock a
-// client. It is served on the gRPC port only when rls runs with --admin.
+// client. It is served on its own listener, --admin-addr (loopback by default).
 type AdminServiceServer interface {
 	// Explain shows, per descriptor, the rule that matches it (its place in
 	// the YAML), the store key, the algorithm and limit, and the counter's

@@ -1,0 +1,65 @@
+package service
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rls-project/rls/pkg/connguard"
+	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
+)
+
+// TestAdminServer: an empty address is the admin API off (a nil server
+// whose methods do nothing); otherwise the API answers on its own
+// listener, and Stop ends Serve with nil.
+func TestAdminServer(t *testing.T) {
+	guard := func() connguard.LimitOptions {
+		return connguard.LimitOptions{Port: "admin-addr", Max: 1, Metrics: connguard.NewMetrics(prometheus.NewRegistry())}
+	}
+	off, err := ListenAdmin("", guard())
+	if off != nil || err != nil {
+		t.Fatalf("ListenAdmin(\"\"): %v %v, want nil, nil", off, err)
+	}
+	off.Register(nil)
+	off.Stop(time.Second)
+	if off.Serve() != nil || off.Addr() != nil {
+		t.Error("a nil AdminServer serves or has an address")
+	}
+	if _, err := ListenAdmin("256.0.0.1:1", guard()); err == nil || !strings.HasPrefix(err.Error(), "--admin-addr: ") {
+		t.Errorf("ListenAdmin on an invalid address: %v, want an error naming --admin-addr", err)
+	}
+
+	a, _ := newTestAdmin(t, Options{})
+	s, err := ListenAdmin("127.0.0.1:0", guard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Register(a)
+	done := make(chan error, 1)
+	go func() { done <- s.Serve() }()
+	conn, err := grpc.NewClient(s.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ex, err := adminv1.NewAdminServiceClient(conn).Explain(ctx, &adminv1.ExplainRequest{Domain: "test", Descriptors: []*adminv1.Descriptor{adminDesc("api_key", "a")}})
+	if err != nil || len(ex.GetExplanations()) != 1 || !ex.Explanations[0].Matched {
+		t.Fatalf("Explain on the admin server: %v %v", ex, err)
+	}
+	s.Stop(time.Second)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve after Stop: %v, want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve still running 5 s after Stop")
+	}
+}
