@@ -290,6 +290,7 @@ type scratch struct {
 	results []store.Result
 	wb      []flight
 	resv    []riding
+	held    []riding // checks whose key had a live slice before the call (j: the check)
 }
 
 // Positions of the checks that ride along with a batch.
@@ -339,6 +340,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 		return err
 	}
 	unknown := l.collect(items, sc, err, nowNs)
+	l.reportHeld(items, sc)
 	if vetoes(items, func(i int) bool { return !items[i].Result.Allowed }) {
 		l.undoUnknown.Add(uint64(unknown))
 		l.undo(ctx, items)

@@ -133,13 +133,21 @@ func reservable(it *Item) bool {
 	return !it.NoReserve && !it.Quota && c.Consuming() && !c.Shadow && c.Limit > 0
 }
 
-// takeAll decides items from their keys' live slices when every item has
-// one that covers it, and reports whether it did. Nothing is taken otherwise.
-func (r *reservations) takeAll(items []Item, now int64) bool {
+// allReservable reports whether a slice could decide every item.
+func allReservable(items []Item) bool {
 	for i := range items {
 		if !reservable(&items[i]) || items[i].Source != FromStore {
 			return false
 		}
+	}
+	return true
+}
+
+// takeAll decides items from their keys' live slices when every item has
+// one that covers it, and reports whether it did. Nothing is taken otherwise.
+func (r *reservations) takeAll(items []Item, now int64) bool {
+	if !allReservable(items) {
+		return false
 	}
 	defer r.lock(items)()
 	if !r.covers(items, now) {
@@ -227,6 +235,7 @@ func (s *slice) count(hits uint64, now int64) {
 type plan struct {
 	ret, want uint64
 	retRule   store.Check
+	held      uint64 // hits of a live slice of the key: this replica's, beyond what the store has left
 }
 
 // prepare records c's demand and says what its store call should carry for
@@ -238,25 +247,17 @@ func (r *reservations) prepare(c *store.Check, remaining uint64, at int64, known
 	sh := r.shard(c.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	s := sh.m[c.Key]
-	var p plan
-	if s != nil && !s.sameRule(c) {
-		// The key's rule changed: its slice was counted under the old one.
-		p.ret, p.retRule = r.end(s, now), s.rule
-		s = nil
-		delete(sh.m, c.Key)
-	}
+	s, p := r.entry(sh, c, now)
 	if s == nil {
-		if len(sh.m) >= maxReserveKeys/reserveShards && !sh.evict(now) {
-			return p
-		}
-		s = &slice{rule: ruleOf(c), intervalStart: now}
-		sh.m[c.Key] = s
+		return p
 	}
 	s.count(c.Hits, now)
 	s.lastUse = now
 	if s.left > 0 && !s.live(now) && p.ret == 0 {
 		p.ret, p.retRule = r.end(s, now), s.rule
+	}
+	if s.live(now) {
+		p.held = s.left
 	}
 	if s.pending || s.live(now) || !known {
 		return p
@@ -288,6 +289,28 @@ func (s *slice) size(hits, remaining uint64, fleet int) uint64 {
 		return 0
 	}
 	return want
+}
+
+// entry returns c's key's slice, made for c's rule (nil when the table is
+// full), and the refund of a slice counted under the key's former rule.
+// sh.mu is held.
+func (r *reservations) entry(sh *reserveShard, c *store.Check, now int64) (*slice, plan) {
+	s := sh.m[c.Key]
+	var p plan
+	if s != nil && !s.sameRule(c) {
+		// The key's rule changed: its slice was counted under the old one.
+		p.ret, p.retRule = r.end(s, now), s.rule
+		s = nil
+		delete(sh.m, c.Key)
+	}
+	if s == nil {
+		if len(sh.m) >= maxReserveKeys/reserveShards && !sh.evict(now) {
+			return nil, p
+		}
+		s = &slice{rule: ruleOf(c), intervalStart: now}
+		sh.m[c.Key] = s
+	}
+	return s, p
 }
 
 // end takes s's unused hits for a refund when they may still go back (the
@@ -394,19 +417,29 @@ func (l *Limiter) fromReservations(items []Item, vetoed bool, now int64) bool {
 // attachReservations adds to the store call the reservation checks of the
 // request's hot keys: a refund of an ended slice's unused hits, and a shadow
 // check of a new slice's hits after the request's own checks. A request a
-// cached denial vetoed only checks, and carries none.
+// cached denial vetoed only checks, and carries none; nor does one that a
+// slice could never decide (a quota, shadow, refund or reserve: false
+// descriptor in it), since a slice is for requests like the one that takes it.
 func (l *Limiter) attachReservations(items []Item, sc *scratch, vetoed bool, now int64) {
 	if l.res == nil || vetoed {
 		return
 	}
+	all := allReservable(items)
 	fleet := l.opts.FleetSize()
 	n := len(sc.checks)
+	sc.held = sc.held[:0]
 	for j := 0; j < n; j++ {
 		i := sc.idx[j]
 		if i < 0 || !reservable(&items[i]) || items[i].Source != FromStore {
 			continue
 		}
 		c := &items[i].Check
+		if !all {
+			if held := l.res.held(c, now); held > 0 {
+				sc.held = append(sc.held, riding{j: j, hits: held})
+			}
+			continue
+		}
 		k, known := l.lookup(c)
 		p := l.res.prepare(c, k.remaining, k.at, known && k.deniedHits == 0, fleet, now)
 		if p.ret > 0 {
@@ -415,6 +448,9 @@ func (l *Limiter) attachReservations(items []Item, sc *scratch, vetoed bool, now
 			sc.resv = append(sc.resv, riding{j: len(sc.checks), hits: p.ret})
 			sc.idx = append(sc.idx, rideReturn)
 			sc.checks = append(sc.checks, rc)
+		}
+		if p.held > 0 {
+			sc.held = append(sc.held, riding{j: j, hits: p.held})
 		}
 		if p.want > 0 {
 			rc := ruleOf(c)
@@ -459,4 +495,45 @@ func (l *Limiter) ReleaseReservations(ctx context.Context) error {
 		l.res.settleReturn(checks[i].Hits, (err == nil || errors.Is(err, store.ErrUnavailable)) && !results[i].Undecided)
 	}
 	return err
+}
+
+// reportHeld adds to the results the store decided the hits of this
+// replica's live slices of their keys, which the store counts as consumed
+// but this replica can still admit: a request that goes to the store while
+// its key has a slice (another of its descriptors has none) reports what is
+// left to it. It also tells each slice what the store now has left.
+func (l *Limiter) reportHeld(items []Item, sc *scratch) {
+	if l.res == nil {
+		return
+	}
+	for _, h := range sc.held {
+		it := &items[sc.idx[h.j]]
+		if it.Source != FromStore || sc.results[h.j].Undecided {
+			continue
+		}
+		l.res.observe(&sc.checks[h.j], sc.results[h.j].Remaining)
+		it.Result.Remaining += h.hits
+	}
+}
+
+// held returns the unused hits of c's key's live slice under c's rule.
+func (r *reservations) held(c *store.Check, now int64) uint64 {
+	sh := r.shard(c.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if s := sh.m[c.Key]; s != nil && s.sameRule(c) && s.live(now) {
+		return s.left
+	}
+	return 0
+}
+
+// observe records what the store said is left for c's key, beyond the
+// key's slice.
+func (r *reservations) observe(c *store.Check, remaining uint64) {
+	sh := r.shard(c.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if s := sh.m[c.Key]; s != nil && s.sameRule(c) {
+		s.storeLeft = remaining
+	}
 }

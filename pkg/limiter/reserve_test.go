@@ -237,3 +237,33 @@ func TestReserveSliceOutlivesAnOutage(t *testing.T) {
 		t.Fatalf("after the slice ended, store down: from %v, want fail_open", src[0])
 	}
 }
+
+// A request that goes to the store while its key has a live slice (here:
+// another of its descriptors has none) reports what is left to this
+// replica: the store's budget plus the slice's unused hits.
+func TestReserveRemainingWithALiveSlice(t *testing.T) {
+	ls, _, clk := reserveSetup(t, 1)
+	c := chk("rl:{d|k=rem}:m1", 1_000_000, time.Minute)
+	admitted := uint64(0)
+	for ls[0].Counters().ReservedGranted == 0 {
+		decide(t, ls[0], false, c)
+		admitted++
+		clk.add(100 * time.Microsecond)
+	}
+	other := chk("rl:{d|k=other}:m1", 1_000_000, time.Minute)
+	for range 3 {
+		r, src := decideItems(t, ls[0], []Item{{Check: c}, {Check: other, NoReserve: true}})
+		admitted++
+		if src[0] != FromStore || !r[0].Allowed {
+			t.Fatalf("with a reserve: false descriptor beside it: %+v from %v", r[0], src[0])
+		}
+		if want := c.Limit - admitted; r[0].Remaining != want {
+			t.Fatalf("remaining %d, want %d: the limit less what was admitted", r[0].Remaining, want)
+		}
+	}
+	r, src := decide(t, ls[0], false, c)
+	admitted++
+	if src[0] != FromReserve || r[0].Remaining != c.Limit-admitted {
+		t.Fatalf("from the slice: %+v from %v, want remaining %d", r[0], src[0], c.Limit-admitted)
+	}
+}
