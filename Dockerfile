@@ -9,9 +9,14 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w" -o /out/rls ./cmd/rls
+# /bin/ratelimit is the upstream image's entrypoint: run under that name, rls
+# reads envoyproxy/ratelimit's environment (docs/MIGRATING.md). A directory
+# copy keeps the link a link.
+RUN mkdir -p /out/bin && ln -s /usr/local/bin/rls /out/bin/ratelimit
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/rls /usr/local/bin/rls
+COPY --from=build /out/bin/ /bin/
 COPY config/ /config/
 USER nonroot:nonroot
 EXPOSE 8080 8081

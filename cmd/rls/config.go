@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store/memory"
@@ -59,8 +61,13 @@ type Config struct {
 	TraceDescriptorValues bool
 	OTLP                  telemetry.OTLPEnv
 
-	// envoyproxy/ratelimit compatibility (docs/MIGRATING.md).
+	// envoyproxy/ratelimit compatibility (docs/MIGRATING.md). EnvCompat
+	// "upstream" reads its environment (pkg/compat); Compat holds what it read.
 	ShadowMode, ResponseMetadata, MergeDomains bool
+	EnvCompat, StatsdAddr, GRPCUDS, KeyPrefix  string
+	DetailedMetricMax                          int
+	GRPCTLSClientSAN                           string
+	Compat                                     compat.Settings
 	// No flag: quota_mode on the descriptors says what QuotaMode does.
 	QuotaMode                                 bool
 	NearLimitRatio                            float64
@@ -146,6 +153,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.ShadowMode, "shadow-mode", false, "answer OK to every request; statuses and metrics still show denials")
 	fs.BoolVar(&c.ResponseMetadata, "response-metadata", false, "return the request and its descriptors' metadata as dynamic_metadata")
 	fs.BoolVar(&c.MergeDomains, "merge-domains", false, "let several files of --config-dir define one domain")
+	fs.StringVar(&c.EnvCompat, "env-compat", "", "upstream: read envoyproxy/ratelimit's variables (default as ratelimit)")
 	return fs
 }
 
@@ -172,7 +180,7 @@ var helpGroups = []helpGroup{
 		{telemetry.EnvTracesEndpoint + ", " + telemetry.EnvEndpoint, "an http(s):// collector URL turns tracing on"},
 		{telemetry.EnvTracesProtocol + ", " + telemetry.EnvProtocol, "grpc (the default) or http/protobuf"},
 		{"OTEL_*", "the other OpenTelemetry variables, read by its SDK"}}},
-	{"Compatibility with envoyproxy/ratelimit", []string{"shadow-mode", "response-metadata", "merge-domains"}, nil},
+	{"Compatibility with envoyproxy/ratelimit", []string{"shadow-mode", "response-metadata", "merge-domains", "env-compat"}, nil},
 }
 
 const usageHead = `usage: rls [serve] [flags]
@@ -235,6 +243,10 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*Con
 func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	getenv, err := c.readCompat(set["env-compat"], getenv)
+	if err != nil {
+		return err
+	}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] {
@@ -250,6 +262,30 @@ func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 	c.OTLP = telemetry.ReadOTLPEnv(getenv)
 	c.GOGC, c.GOMEMLIMIT = getenv("GOGC"), getenv("GOMEMLIMIT")
 	return errors.Join(errs...)
+}
+
+// readCompat reads upstream's environment when --env-compat is upstream,
+// and returns a getenv where upstream's values stand in for unset RLS_*
+// (and OTEL_*) variables, so that flags and rls's own variables win.
+func (c *Config) readCompat(flagSet bool, getenv func(string) string) (func(string) string, error) {
+	if v := getenv(envName("env-compat")); !flagSet && v != "" {
+		c.EnvCompat = v
+	}
+	if c.EnvCompat == "" {
+		return getenv, nil
+	}
+	if c.EnvCompat != "upstream" {
+		return nil, fmt.Errorf("%s %q is invalid; choices are upstream or empty", flagRef("env-compat"), c.EnvCompat)
+	}
+	s, err := compat.FromEnv(getenv)
+	if err != nil {
+		return nil, fmt.Errorf("upstream environment (%s): %w", flagRef("env-compat"), err)
+	}
+	c.Compat, c.QuotaMode, c.NearLimitRatio = s, s.QuotaMode, s.NearLimitRatio
+	c.HeaderLimit, c.HeaderRemaining, c.HeaderReset = s.HeaderLimit, s.HeaderRemaining, s.HeaderReset
+	c.XDSNodeMetadata, c.XDSTLSServerName = s.XDSNodeMetadata, s.XDSTLSServerName
+	c.XDSMaxRecvBytes = cmp.Or(s.XDSMaxRecvBytes, c.XDSMaxRecvBytes)
+	return func(k string) string { return cmp.Or(getenv(k), s.Env[k]) }, nil
 }
 
 // valueError says what a flag's value must look like, where the flag

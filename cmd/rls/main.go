@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -11,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"sort"
 	"syscall"
@@ -20,7 +22,13 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	getenv := os.Getenv
+	if filepath.Base(os.Args[0]) == "ratelimit" { // the upstream image's entrypoint
+		getenv = func(k string) string {
+			return cmp.Or(os.Getenv(k), map[string]string{envName("env-compat"): "upstream"}[k])
+		}
+	}
+	err := run(ctx, os.Args[1:], getenv, os.Stdout, os.Stderr)
 	stop()
 	if errors.Is(err, flag.ErrHelp) { // help was asked for and printed
 		return

@@ -2,18 +2,13 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/limiter"
-	"github.com/rls-project/rls/pkg/logthrottle"
 	"github.com/rls-project/rls/pkg/store"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
 	"github.com/rls-project/rls/pkg/tlsconfig"
@@ -33,7 +28,7 @@ func (c *Config) redisOptions() redisstore.Options {
 }
 
 func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
-	redis.SetLogger(&redisLogger{log: log, th: logthrottle.New(logthrottle.Every, nil)})
+	redisstore.SetLogger(log)
 	opts := c.redisOptions()
 	skip := false
 	if u, err := url.Parse(c.RedisURL); err == nil && u.Query().Get("skip_verify") == "true" {
@@ -74,7 +69,7 @@ func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
 	if cfg.FleetSize > 0 || !ok {
 		return limiter.FixedFleet(cfg.FleetSize)
 	}
-	id := replicaID()
+	id := redisstore.ReplicaID()
 	return limiter.NewFleet(limiter.FleetOptions{
 		Beat:     func(ctx context.Context) (int, error) { return rs.Heartbeat(ctx, id, heartbeatTTL) },
 		Leave:    func(ctx context.Context) error { return rs.Leave(ctx, id) },
@@ -91,26 +86,3 @@ const (
 	heartbeatInterval = 2 * time.Second
 	heartbeatTTL      = 6 * time.Second
 )
-
-// replicaID names this process in the fleet: host name, PID and a random
-// suffix, so a restarted replica never counts twice for long.
-func replicaID() string {
-	host, _ := os.Hostname()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s/%d/%x", host, os.Getpid(), b)
-}
-
-// redisLogger routes go-redis's own messages (dial failures and the like,
-// one per attempt while Redis is down) to the log, throttled.
-type redisLogger struct {
-	log *slog.Logger
-	th  *logthrottle.Throttle
-}
-
-func (l *redisLogger) Printf(_ context.Context, format string, v ...any) {
-	if held, ok := l.th.Allow(); ok {
-		l.log.Warn("go-redis: "+fmt.Sprintf(format, v...), "not_logged_since", held,
-			"note", "go-redis messages logged at most every "+l.th.Interval().String())
-	}
-}

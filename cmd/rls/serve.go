@@ -178,6 +178,9 @@ func (a *app) logStart() {
 	if cfg.fromXDS() {
 		source = []any{"xds_server", cfg.XDSServer, "xds_node_id", cfg.XDSNodeID}
 	}
+	for _, w := range cfg.Compat.Warnings { // upstream's variables that change nothing
+		a.log.Warn(w)
+	}
 	if cfg.storeKind() == "memory" {
 		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", source...)
 	} else {

@@ -1,0 +1,152 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/rls-project/rls/integration/redistest"
+)
+
+// upstreamExampleConfig is envoyproxy/ratelimit's examples/ratelimit/config,
+// copied unchanged from its source tree.
+const upstreamExampleConfig = "testdata/upstream-example"
+
+// startAsRatelimit runs the rls binary under the name ratelimit, as the
+// upstream image's /bin/ratelimit, without arguments: everything comes from
+// env, upstream's variables. The config of upstream's example is put where
+// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config says (env's RUNTIME_ROOT is set
+// here). Ports are fresh loopback ones.
+func startAsRatelimit(t testing.TB, env map[string]string) *rlsProc {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin", "ratelimit")
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(rlsBin, bin); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "data")
+	cfgDir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.yaml", "example.yaml"} {
+		b, err := os.ReadFile(filepath.Join(upstreamExampleConfig, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(cfgDir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	addrs := freeAddrs(t, 3)
+	port := func(a string) string { return a[strings.LastIndexByte(a, ':')+1:] }
+	vars := map[string]string{
+		"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
+		"GRPC_HOST": "127.0.0.1", "GRPC_PORT": port(addrs[0]),
+		"HOST": "127.0.0.1", "PORT": port(addrs[1]),
+		"DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": port(addrs[2]),
+	}
+	for k, v := range env {
+		vars[k] = v
+	}
+	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin)
+	p.cmd.SysProcAttr = redistest.ChildAttr()
+	p.cmd.Env = cleanEnv()
+	for k, v := range vars {
+		p.cmd.Env = append(p.cmd.Env, k+"="+v)
+	}
+	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exitErr = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop(t)
+		if t.Failed() {
+			t.Logf("rls log (%s):\n%s", p.GRPCAddr, p.Log.String())
+		}
+	})
+	conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.conn = conn
+	t.Cleanup(func() { conn.Close() })
+	p.waitServing(t, 20*time.Second)
+	return p
+}
+
+// upstreamExampleEnv is the environment of upstream's example deployment
+// (its docker-compose-example.yml), statsd off, with redisAddr.
+func upstreamExampleEnv(redisAddr string) map[string]string {
+	return map[string]string{
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": redisAddr, "RUNTIME_WATCH_ROOT": "false",
+		"USE_STATSD": "false", "LOG_LEVEL": "debug",
+	}
+}
+
+// TestDropinUpstreamDeployment: the binary run as ratelimit with upstream's
+// example deployment's environment and its example config answers as
+// upstream does: limits, nested descriptors, a zero limit, shadow mode,
+// unlimited rules and an unknown domain; it counts in the Redis of
+// REDIS_URL, and warns once about the variable it has no use for.
+func TestDropinUpstreamDeployment(t *testing.T) {
+	srv := redistest.StartServer(t)
+	p := startAsRatelimit(t, upstreamExampleEnv(srv.Addr))
+	c := p.client()
+	code := func(domain string, kv ...string) rlsv3.RateLimitResponse_Code {
+		return should(t, c, domain, desc(kv...)).OverallCode
+	}
+	const ok, over = rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	// foo: 2 a minute.
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, over} {
+		if got := code("rl", "foo", "f1"); got != want {
+			t.Fatalf("foo call %d: %v, want %v", i+1, got, want)
+		}
+	}
+	// foo/bar: 3 a minute; foo/bar=banned: 0.
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, ok, over} {
+		if got := code("rl", "foo", "f2", "bar", "b"); got != want {
+			t.Fatalf("foo/bar call %d: %v, want %v", i+1, got, want)
+		}
+	}
+	if got := code("rl", "foo", "f3", "bar", "banned"); got != over {
+		t.Fatalf("foo/bar=banned: %v, want OVER_LIMIT", got)
+	}
+	// foo/baz=shady: 3 a minute in shadow mode: always OK.
+	for i := range 5 {
+		if got := code("rl", "foo", "f4", "baz", "shady"); got != ok {
+			t.Fatalf("shadow call %d: %v, want OK", i+1, got)
+		}
+	}
+	// Unlimited, an unknown domain, and mongo_cps's 500 a second.
+	for i := range 10 {
+		if code("rl", "qux", "q") != ok || code("rl", "foo", "f5", "bay", "y") != ok || code("nope", "a", "b") != ok {
+			t.Fatalf("unlimited or unknown call %d not OK", i+1)
+		}
+	}
+	r := should(t, c, "mongo_cps", desc("database", "users"))
+	if r.OverallCode != ok || r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 500 || r.Statuses[0].LimitRemaining != 499 {
+		t.Fatalf("mongo_cps: %v", r)
+	}
+	// The counters are in REDIS_URL's Redis.
+	if n, err := srv.Client().DBSize(t.Context()).Result(); err != nil || n == 0 {
+		t.Fatalf("Redis holds %d keys (%v), want the counters", n, err)
+	}
+	log := p.Log.String()
+	if strings.Count(log, "RUNTIME_WATCH_ROOT=false has no effect") != 1 || !strings.Contains(log, "level=INFO") {
+		// INFO lines show LOG_LEVEL=debug in force: upstream's default, WARN, hides them.
+		t.Errorf("want one WARN about RUNTIME_WATCH_ROOT, and INFO lines; log:\n%s", log)
+	}
+}
