@@ -1,9 +1,13 @@
 package integration
 
 import (
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -149,4 +153,82 @@ func TestDropinUpstreamDeployment(t *testing.T) {
 		// INFO lines show LOG_LEVEL=debug in force: upstream's default, WARN, hides them.
 		t.Errorf("want one WARN about RUNTIME_WATCH_ROOT, and INFO lines; log:\n%s", log)
 	}
+}
+
+// TestDropinStats: as ratelimit with upstream's statsd variables (and
+// USE_PROMETHEUS), the binary sends upstream's stat names to a UDP
+// listener playing statsd, with EXTRA_TAGS, and serves the mapped series
+// on PROMETHEUS_ADDR as upstream does.
+func TestDropinStats(t *testing.T) {
+	srv := redistest.StartServer(t)
+	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	promAddr := freeAddr(t)
+	env := upstreamExampleEnv(srv.Addr)
+	_, port, _ := net.SplitHostPort(udp.LocalAddr().String())
+	for k, v := range map[string]string{"USE_STATSD": "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port,
+		"STATS_FLUSH_INTERVAL": "200ms", "EXTRA_TAGS": "env:ci", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": promAddr} {
+		env[k] = v
+	}
+	p := startAsRatelimit(t, env)
+	c := p.client()
+	for range 3 { // foo: 2 a minute
+		should(t, c, "rl", desc("foo", "f"))
+	}
+	want := map[string]uint64{
+		"ratelimit.service.rate_limit.rl.foo.total_hits.__env=ci":   3,
+		"ratelimit.service.rate_limit.rl.foo.within_limit.__env=ci": 2,
+		"ratelimit.service.rate_limit.rl.foo.over_limit.__env=ci":   1,
+		"ratelimit.service.config_load_success.__env=ci":            1,
+		"ratelimit_server.ShouldRateLimit.total_requests.__env=ci":  3,
+	}
+	got := map[string]uint64{}
+	buf := make([]byte, 65536)
+	deadline := time.Now().Add(15 * time.Second)
+	for !statsReached(got, want) && time.Now().Before(deadline) {
+		_ = udp.SetReadDeadline(deadline)
+		n, _, err := udp.ReadFrom(buf)
+		if err != nil {
+			break
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(buf[:n])), "\n") {
+			name, rest, _ := strings.Cut(line, ":")
+			if v, ok := strings.CutSuffix(rest, "|c"); ok {
+				n, _ := strconv.ParseUint(v, 10, 64)
+				got[name] += n
+			}
+		}
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %d, want %d (all: %v)", k, got[k], v, got)
+		}
+	}
+	var body string
+	waitFor(t, "upstream's series on PROMETHEUS_ADDR", 10*time.Second, func() bool {
+		resp, err := http.Get("http://" + promAddr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return strings.Contains(body, `ratelimit_service_rate_limit_total_hits{domain="rl",env="ci",key1="foo"} 3`)
+	})
+	if !strings.Contains(body, "rls_decisions_total") {
+		t.Error("PROMETHEUS_ADDR's /metrics lacks rls's own series")
+	}
+}
+
+// statsReached reports whether every counter of want has reached its value.
+func statsReached(got, want map[string]uint64) bool {
+	for k, v := range want {
+		if got[k] < v {
+			return false
+		}
+	}
+	return true
 }

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"time"
 
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/limiter"
@@ -65,24 +63,8 @@ func redactURL(raw string) string {
 // newFleet returns the fleet-size source: --fleet-size when set, 1 on the
 // memory store, else heartbeats in Redis.
 func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
-	rs, ok := st.(*redisstore.Store)
-	if cfg.FleetSize > 0 || !ok {
-		return limiter.FixedFleet(cfg.FleetSize)
+	if rs, ok := st.(*redisstore.Store); ok && cfg.FleetSize == 0 {
+		return rs.Fleet(cfg.MinFleetSize, log)
 	}
-	id := redisstore.ReplicaID()
-	return limiter.NewFleet(limiter.FleetOptions{
-		Beat:     func(ctx context.Context) (int, error) { return rs.Heartbeat(ctx, id, heartbeatTTL) },
-		Leave:    func(ctx context.Context) error { return rs.Leave(ctx, id) },
-		Interval: heartbeatInterval,
-		Hold:     2 * heartbeatInterval, // every live replica beats within one interval
-		Min:      cfg.MinFleetSize,
-		Log:      log,
-	})
+	return limiter.FixedFleet(cfg.FleetSize)
 }
-
-// Heartbeats: each replica refreshes its own entry every heartbeatInterval;
-// an entry not refreshed for heartbeatTTL is no longer counted.
-const (
-	heartbeatInterval = 2 * time.Second
-	heartbeatTTL      = 6 * time.Second
-)

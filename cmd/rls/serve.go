@@ -35,6 +35,7 @@ import (
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
 	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/tlsconfig"
+	"github.com/rls-project/rls/pkg/upstreamstats"
 	"github.com/rls-project/rls/pkg/xds"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
@@ -96,7 +97,8 @@ type app struct {
 	rawStore store.Store             // as opened (the fleet's heartbeats need Redis itself)
 	st       *telemetry.MeteredStore // rawStore with metrics; closed last
 
-	tracing *telemetry.Tracing // nil when tracing is off
+	tracing  *telemetry.Tracing   // nil when tracing is off
+	upstream *upstreamstats.Stats // envoyproxy/ratelimit's stats; nil when off
 
 	fleet   *limiter.Fleet
 	lim     *limiter.Limiter
@@ -154,6 +156,9 @@ func (a *app) build() error {
 		return err
 	}
 	if err := a.buildTracing(); err != nil {
+		return err
+	}
+	if err := a.buildUpstreamStats(); err != nil {
 		return err
 	}
 	if err := a.buildGRPC(); err != nil {
@@ -277,7 +282,7 @@ func (a *app) buildGRPC() error {
 		return fmt.Errorf("--grpc-addr: %w", err)
 	}
 	a.conns = connguard.NewMetrics(a.reg)
-	a.svcMetrics = service.NewMetrics(a.reg, detailedMetricMax)
+	a.svcMetrics = service.NewMetrics(a.reg, a.cfg.DetailedMetricMax)
 	creds, err := grpcCreds(a.cfg, a.log)
 	if err != nil {
 		lis.Close()
@@ -286,7 +291,8 @@ func (a *app) buildGRPC() error {
 	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log})
 	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
 		Port: "grpc-addr", Metrics: a.conns, Log: a.log})
-	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds))}, grpcOptions(a.cfg, a.svcMetrics, a.log)...)
+	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.ChainUnaryInterceptor(a.upstream.Unary)},
+		grpcOptions(a.cfg, a.svcMetrics, a.log)...)
 	if a.cfg.fromXDS() {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
 	}
@@ -363,6 +369,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		Metrics:          a.svcMetrics,
 		Log:              a.log,
 		Tracing:          a.tracing.Service(),
+		Observer:         a.upstream.Observer(),
 	})
 	if cfg.Admin {
 		adminv1.RegisterAdminServiceServer(a.grpcSrv, service.NewAdmin(a.svc, a.st, a.lim))
@@ -384,7 +391,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.Set(c)
 		},
-		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.Report(r) },
+		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.Report(r); a.upstream.Loaded(string(r)) },
 		Log:    a.log,
 	})
 }
@@ -424,7 +431,7 @@ func (a *app) start(ctx context.Context) error {
 	learnCtx, cancel := context.WithTimeout(ctx, a.cfg.RedisTimeout)
 	a.fleet.Learn(learnCtx)
 	cancel()
-	a.errc = make(chan error, 3) // one per server
+	a.errc = make(chan error, 4) // one per server
 	a.servers.Go(func() {
 		if err := a.grpcSrv.Serve(a.grpcLis); err != nil {
 			a.errc <- fmt.Errorf("grpc server: %w", err)
@@ -439,10 +446,15 @@ func (a *app) start(ctx context.Context) error {
 		a.stopServers()
 		return err
 	}
+	if err := a.startUpstreamPrometheus(); err != nil {
+		a.stopServers()
+		return err
+	}
 	bgCtx, stopBg := context.WithCancel(ctx)
 	a.stopBg = stopBg
 	a.background.Go(func() { a.probe.Run(bgCtx) })
 	a.background.Go(func() { a.fleet.Run(bgCtx) })
+	a.background.Go(func() { <-a.upstream.Start(bgCtx) })
 	if a.xds != nil {
 		a.background.Go(func() { a.runXDS(bgCtx) })
 		return nil
@@ -638,10 +650,6 @@ const (
 	grpcMaxStreams   = 256
 	grpcMaxRecvBytes = 1 << 20
 )
-
-// detailedMetricMax is how many distinct descriptor values a
-// detailed_metric rule counts; the rest are counted as value="_other".
-const detailedMetricMax = 100
 
 // traceFlushTimeout bounds the export of the spans still queued at
 // shutdown.

@@ -61,6 +61,7 @@ func (c *Config) Validate() error {
 		c.validateEnv(),
 		c.validateXDS(),
 		c.validateRedis(),
+		c.validateDropin(),
 	)
 }
 
@@ -100,6 +101,7 @@ func (c *Config) validateBounds() error {
 		{"redis-timeout", c.RedisTimeout <= 0, "must be positive"},
 		{"idle-timeout", c.IdleTimeout <= 0, "must be positive"},
 		{"min-fleet-size", c.MinFleetSize < 1, "must be at least 1"},
+		{"detailed-metric-max", c.DetailedMetricMax < 1, "must be at least 1"},
 		{"local-max-bytes", c.LocalMaxBytes < 1<<20, "must be at least 1 MiB (1048576)"},
 		{"memory-max-bytes", c.MemoryMaxBytes < 1<<20, "must be at least 1 MiB (1048576)"},
 	} {

@@ -106,6 +106,20 @@ type Options struct {
 	Log *slog.Logger
 	// Tracing makes a span of every ShouldRateLimit call; nil makes none.
 	Tracing *Tracing
+	// Observer is told every config and decision (envoyproxy/ratelimit's
+	// stats, pkg/upstreamstats); nil tells nobody.
+	Observer Observer
+}
+
+// Observer receives the service's configs and decisions. Its methods run
+// on the decision path: they must not block.
+type Observer interface {
+	// SetConfig is told each config the service takes.
+	SetConfig(cfg *descriptors.Config)
+	// Decided is told each descriptor's decision: its rule (nil for none),
+	// outcome, and for a counted rule its limiter item and the whole
+	// rule's remaining budget (nil and 0 otherwise).
+	Decided(domain string, d *rlcommon.RateLimitDescriptor, r *descriptors.Rule, o Outcome, it *limiter.Item, remaining uint64)
 }
 
 // Limits bound one request. A request beyond any of them is InvalidArgument
@@ -187,6 +201,9 @@ func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
 // SetConfig replaces the descriptor config used by later calls.
 func (s *Service) SetConfig(cfg *descriptors.Config) {
 	s.snap.Store(&snapshot{cfg: cfg, stats: s.opts.Metrics.statsFor(cfg)})
+	if s.opts.Observer != nil {
+		s.opts.Observer.SetConfig(cfg)
+	}
 }
 
 // Config returns the descriptor config in force.
@@ -257,8 +274,9 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 	var body, quotaBody *descriptors.Rule // the first denying rule with a response body
 	regularOver, quotas, quotasOver := false, 0, 0
 	res.outcomes = res.outcomes[:0]
-	record := func(r *descriptors.Rule, o Outcome, d *rlcommon.RateLimitDescriptor) {
+	record := func(r *descriptors.Rule, o Outcome, d *rlcommon.RateLimitDescriptor, it *limiter.Item, remaining uint64) {
 		res.outcomes = append(res.outcomes, o)
+		s.observe(req.Domain, d, r, o, it, remaining)
 		if r == nil {
 			snap.stats.record(req.Domain, nil, o, nil)
 		} else {
@@ -272,11 +290,11 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		resp.Statuses[i] = st
 		switch {
 		case r == nil:
-			record(nil, OutcomeNoRule, d)
+			record(nil, OutcomeNoRule, d, nil, 0)
 			continue
 		case r.Unlimited:
 			st.LimitRemaining = math.MaxUint32
-			record(r, OutcomeUnlimited, d)
+			record(r, OutcomeUnlimited, d, nil, 0)
 			continue
 		}
 		it := res.item(i)
@@ -322,7 +340,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 				outcome = OutcomeShadowOverLimit
 			}
 		}
-		record(r, outcome, d)
+		record(r, outcome, d, it, remaining)
 	}
 	quotaDenied := quotas > 0 && quotasOver == quotas
 	if (regularOver || quotaDenied) && !s.opts.ShadowMode {
@@ -344,6 +362,13 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		resp.DynamicMetadata = responseMetadata(req, res, resp)
 	}
 	return resp
+}
+
+// observe tells the Observer, if any, a descriptor's decision.
+func (s *Service) observe(domain string, d *rlcommon.RateLimitDescriptor, r *descriptors.Rule, o Outcome, it *limiter.Item, remaining uint64) {
+	if s.opts.Observer != nil {
+		s.opts.Observer.Decided(domain, d, r, o, it, remaining)
+	}
 }
 
 // oneStatus holds a response to one descriptor, the usual request, in one

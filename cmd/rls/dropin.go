@@ -1,0 +1,44 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/rls-project/rls/pkg/upstreamstats"
+)
+
+// validateDropin checks the settings of envoyproxy/ratelimit compatibility.
+func (c *Config) validateDropin() error {
+	if _, err := upstreamstats.ParseTarget(c.StatsdAddr); c.StatsdAddr != "" && err != nil {
+		return fmt.Errorf("%s %q: %v", flagRef("statsd-addr"), c.StatsdAddr, err)
+	}
+	return nil
+}
+
+// buildUpstreamStats makes upstream's stats when --statsd-addr or
+// USE_PROMETHEUS asks for them; the initial config counts as a load.
+func (a *app) buildUpstreamStats() (err error) {
+	sc := upstreamstats.Config{StatsdAddr: a.cfg.StatsdAddr, MaxDetailed: a.cfg.DetailedMetricMax,
+		NearLimitRatio: a.cfg.NearLimitRatio, Log: a.log}
+	if a.cfg.Compat.UpstreamPrometheus {
+		sc.Prometheus = a.reg
+	}
+	a.upstream, err = upstreamstats.FromConfig(sc)
+	a.upstream.Loaded(map[bool]string{true: "success"}[a.configReady.Load() && !a.cfg.fromXDS()])
+	return err
+}
+
+// startUpstreamPrometheus serves /metrics on PROMETHEUS_ADDR at
+// PROMETHEUS_PATH too, where upstream's USE_PROMETHEUS serves it, so that
+// scrapes configured for upstream keep working.
+func (a *app) startUpstreamPrometheus() error {
+	c := a.cfg.Compat
+	if !c.UpstreamPrometheus || c.PrometheusAddr == a.cfg.HTTPAddr {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET "+c.PrometheusPath, promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	return a.startHTTP("PROMETHEUS_ADDR", c.PrometheusAddr, mux)
+}
