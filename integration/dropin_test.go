@@ -30,6 +30,13 @@ const upstreamExampleConfig = "testdata/upstream-example"
 // here). Ports are fresh loopback ones.
 func startAsRatelimit(t testing.TB, env map[string]string) *rlsProc {
 	t.Helper()
+	return startAsRatelimitConn(t, env, nil)
+}
+
+// startAsRatelimitConn is startAsRatelimit with the client connection dial
+// makes (nil: gRPC over TCP to GRPC_PORT).
+func startAsRatelimitConn(t testing.TB, env map[string]string, dial func() *grpc.ClientConn) *rlsProc {
+	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin", "ratelimit")
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
@@ -81,12 +88,16 @@ func startAsRatelimit(t testing.TB, env map[string]string) *rlsProc {
 			t.Logf("rls log (%s):\n%s", p.GRPCAddr, p.Log.String())
 		}
 	})
-	conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	if dial != nil {
+		p.conn = dial()
+	} else {
+		conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.conn = conn
+		t.Cleanup(func() { conn.Close() })
 	}
-	p.conn = conn
-	t.Cleanup(func() { conn.Close() })
 	p.waitServing(t, 20*time.Second)
 	return p
 }
@@ -231,4 +242,73 @@ func statsReached(got, want map[string]uint64) bool {
 		}
 	}
 	return true
+}
+
+// TestDropinUnixSockets: rls reaches Redis through redis-server's Unix
+// socket (unix:// in --redis-url, and REDIS_SOCKET_TYPE=unix as
+// ratelimit) and serves gRPC on a Unix socket (--grpc-uds, GRPC_UDS) with
+// the connection cap of TCP: one connection beyond --max-conns is closed
+// at once.
+func TestDropinUnixSockets(t *testing.T) {
+	dir, err := os.MkdirTemp("", "rls-uds-") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	redisSock, grpcSock := filepath.Join(dir, "redis.sock"), filepath.Join(dir, "rls.sock")
+	srv := redistest.StartServer(t, "--unixsocket", redisSock, "--unixsocketperm", "700")
+	udsConn := func(t *testing.T, path string) *grpc.ClientConn {
+		conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+
+	t.Run("flags", func(t *testing.T) {
+		p := startRLSNoWait(t, writeConfig(t, map[string]string{"rl.yaml": "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n"}),
+			"--store", "redis", "--redis-url", "unix://"+redisSock, "--grpc-uds", grpcSock, "--max-conns", "2")
+		p.conn = udsConn(t, grpcSock)
+		p.waitServing(t, 20*time.Second)
+		c := p.client()
+		for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+			if got := should(t, c, "rl", desc("k", "v")).OverallCode; got != want {
+				t.Fatalf("call %d: %v, want %v", i+1, got, want)
+			}
+		}
+		if n, err := srv.Client().DBSize(t.Context()).Result(); err != nil || n == 0 {
+			t.Fatalf("Redis holds %d keys (%v): rls did not count through the socket", n, err)
+		}
+		// The gRPC client holds one of the two connections; a second is
+		// kept, a third closed at once.
+		second, err := net.Dial("unix", grpcSock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer second.Close()
+		third, err := net.Dial("unix", grpcSock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer third.Close()
+		_ = third.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := third.Read(make([]byte, 1)); err != io.EOF {
+			t.Errorf("a connection beyond --max-conns: read %v, want EOF (closed at once)", err)
+		}
+		if _, err := net.Dial("tcp", p.GRPCAddr); err == nil {
+			t.Error("--grpc-addr is served too; --grpc-uds replaces it")
+		}
+	})
+
+	t.Run("as ratelimit", func(t *testing.T) {
+		env := map[string]string{"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": redisSock, "GRPC_UDS": grpcSock, "USE_STATSD": "false"}
+		p := startAsRatelimitConn(t, env, func() *grpc.ClientConn { return udsConn(t, grpcSock) })
+		c := p.client()
+		for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+			if got := should(t, c, "rl", desc("foo", "uds")).OverallCode; got != want {
+				t.Fatalf("call %d: %v, want %v", i+1, got, want)
+			}
+		}
+	})
 }

@@ -154,6 +154,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.ResponseMetadata, "response-metadata", false, "return the request and its descriptors' metadata as dynamic_metadata")
 	fs.BoolVar(&c.MergeDomains, "merge-domains", false, "let several files of --config-dir define one domain")
 	fs.StringVar(&c.EnvCompat, "env-compat", "", "upstream: read envoyproxy/ratelimit's variables (default as ratelimit)")
+	fs.StringVar(&c.GRPCUDS, "grpc-uds", "", "serve gRPC on this Unix socket path instead of --grpc-addr")
 	fs.StringVar(&c.StatsdAddr, "statsd-addr", "", "statsd for upstream's stats: host:port or udp://host:port?tags=...")
 	fs.IntVar(&c.DetailedMetricMax, "detailed-metric-max", 100, "most values a detailed_metric or value_to_metric rule counts by")
 	return fs
@@ -183,7 +184,7 @@ var helpGroups = []helpGroup{
 		{telemetry.EnvTracesProtocol + ", " + telemetry.EnvProtocol, "grpc (the default) or http/protobuf"},
 		{"OTEL_*", "the other OpenTelemetry variables, read by its SDK"}}},
 	{"Compatibility with envoyproxy/ratelimit", []string{"shadow-mode", "response-metadata", "merge-domains", "env-compat",
-		"statsd-addr", "detailed-metric-max"}, nil},
+		"statsd-addr", "detailed-metric-max", "grpc-uds"}, nil},
 }
 
 const usageHead = `usage: rls [serve] [flags]

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/http"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -41,4 +43,26 @@ func (a *app) startUpstreamPrometheus() error {
 	mux := http.NewServeMux()
 	mux.Handle("GET "+c.PrometheusPath, promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	return a.startHTTP("PROMETHEUS_ADDR", c.PrometheusAddr, mux)
+}
+
+// listenGRPC listens on --grpc-uds, a Unix socket, when it is set (as
+// upstream's GRPC_UDS, instead of --grpc-addr), else on --grpc-addr; it
+// returns the listener and the port's name for connguard. A socket left by
+// a process that died is replaced; any other file there is an error.
+func listenGRPC(cfg *Config) (net.Listener, string, error) {
+	if cfg.GRPCUDS == "" {
+		lis, err := net.Listen("tcp", cfg.GRPCAddr)
+		if err != nil {
+			return nil, "", fmt.Errorf("--grpc-addr: %w", err)
+		}
+		return lis, "grpc-addr", nil
+	}
+	if st, err := os.Lstat(cfg.GRPCUDS); err == nil && st.Mode()&os.ModeSocket != 0 {
+		_ = os.Remove(cfg.GRPCUDS)
+	}
+	lis, err := net.Listen("unix", cfg.GRPCUDS)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", flagRef("grpc-uds"), err)
+	}
+	return lis, "grpc-uds", nil
 }

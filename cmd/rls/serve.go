@@ -277,9 +277,9 @@ func (a *app) closeStore() {
 // buildGRPC listens on --grpc-addr and makes the gRPC server, with TLS
 // when --grpc-tls-cert is set. Services are registered on it later.
 func (a *app) buildGRPC() error {
-	lis, err := net.Listen("tcp", a.cfg.GRPCAddr)
+	lis, port, err := listenGRPC(a.cfg)
 	if err != nil {
-		return fmt.Errorf("--grpc-addr: %w", err)
+		return err
 	}
 	a.conns = connguard.NewMetrics(a.reg)
 	a.svcMetrics = service.NewMetrics(a.reg, a.cfg.DetailedMetricMax)
@@ -288,9 +288,9 @@ func (a *app) buildGRPC() error {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log})
+	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: port, Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log})
 	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
-		Port: "grpc-addr", Metrics: a.conns, Log: a.log})
+		Port: port, Metrics: a.conns, Log: a.log})
 	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.ChainUnaryInterceptor(a.upstream.Unary)},
 		grpcOptions(a.cfg, a.svcMetrics, a.log)...)
 	if a.cfg.fromXDS() {
