@@ -34,8 +34,8 @@ func startAsRatelimit(t testing.TB, env map[string]string) *rlsProc {
 }
 
 // startAsRatelimitConn is startAsRatelimit with the client connection dial
-// makes (nil: gRPC over TCP to GRPC_PORT).
-func startAsRatelimitConn(t testing.TB, env map[string]string, dial func() *grpc.ClientConn) *rlsProc {
+// makes to GRPC_PORT's address (nil: gRPC over TCP, plaintext).
+func startAsRatelimitConn(t testing.TB, env map[string]string, dial func(addr string) *grpc.ClientConn) *rlsProc {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin", "ratelimit")
@@ -89,7 +89,7 @@ func startAsRatelimitConn(t testing.TB, env map[string]string, dial func() *grpc
 		}
 	})
 	if dial != nil {
-		p.conn = dial()
+		p.conn = dial(p.GRPCAddr)
 	} else {
 		conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
@@ -303,7 +303,7 @@ func TestDropinUnixSockets(t *testing.T) {
 
 	t.Run("as ratelimit", func(t *testing.T) {
 		env := map[string]string{"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": redisSock, "GRPC_UDS": grpcSock, "USE_STATSD": "false"}
-		p := startAsRatelimitConn(t, env, func() *grpc.ClientConn { return udsConn(t, grpcSock) })
+		p := startAsRatelimitConn(t, env, func(string) *grpc.ClientConn { return udsConn(t, grpcSock) })
 		c := p.client()
 		for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
 			if got := should(t, c, "rl", desc("foo", "uds")).OverallCode; got != want {

@@ -142,6 +142,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate (chain) for TLS on the gRPC port, with --grpc-tls-key")
 	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert")
 	fs.StringVar(&c.GRPCTLSClientCA, "grpc-tls-client-ca", "", "PEM CA bundle gRPC clients' certificates must chain to (mutual TLS)")
+	fs.StringVar(&c.GRPCTLSClientSAN, "grpc-tls-client-san", "", "admit only client certificates naming this DNS, IP or URI SAN")
 	fs.StringVar(&c.RedisTLSCA, "redis-tls-ca", "", "PEM CA bundle to trust for rediss:// instead of the system roots")
 	fs.StringVar(&c.RedisTLSCert, "redis-tls-cert", "", "PEM client certificate for Redis, with --redis-tls-key")
 	fs.StringVar(&c.RedisTLSKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert")
@@ -155,6 +156,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.MergeDomains, "merge-domains", false, "let several files of --config-dir define one domain")
 	fs.StringVar(&c.EnvCompat, "env-compat", "", "upstream: read envoyproxy/ratelimit's variables (default as ratelimit)")
 	fs.StringVar(&c.GRPCUDS, "grpc-uds", "", "serve gRPC on this Unix socket path instead of --grpc-addr")
+	fs.StringVar(&c.KeyPrefix, "key-prefix", "", "begin every Redis key with this (several deployments on one Redis)")
 	fs.StringVar(&c.StatsdAddr, "statsd-addr", "", "statsd for upstream's stats: host:port or udp://host:port?tags=...")
 	fs.IntVar(&c.DetailedMetricMax, "detailed-metric-max", 100, "most values a detailed_metric or value_to_metric rule counts by")
 	return fs
@@ -177,14 +179,14 @@ var helpGroups = []helpGroup{
 		[][2]string{{redisPasswordEnv, "Redis password, overriding the URL's (never a flag: ps shows flags)"}}},
 	{"Limits", []string{"on-store-error", "fleet-size", "min-fleet-size", "over-limit-cache", "local-max-bytes",
 		"memory-max-bytes", "response-headers"}, nil},
-	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
+	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "grpc-tls-client-san", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
 	{"xDS", []string{"config-source", "xds-server", "xds-node-id", "xds-tls-ca", "xds-tls-cert", "xds-tls-key"}, nil},
 	{"Tracing", []string{"trace-descriptor-values"}, [][2]string{
 		{telemetry.EnvTracesEndpoint + ", " + telemetry.EnvEndpoint, "an http(s):// collector URL turns tracing on"},
 		{telemetry.EnvTracesProtocol + ", " + telemetry.EnvProtocol, "grpc (the default) or http/protobuf"},
 		{"OTEL_*", "the other OpenTelemetry variables, read by its SDK"}}},
 	{"Compatibility with envoyproxy/ratelimit", []string{"shadow-mode", "response-metadata", "merge-domains", "env-compat",
-		"statsd-addr", "detailed-metric-max", "grpc-uds"}, nil},
+		"statsd-addr", "detailed-metric-max", "grpc-uds", "key-prefix"}, nil},
 }
 
 const usageHead = `usage: rls [serve] [flags]

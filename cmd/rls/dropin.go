@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -15,6 +16,12 @@ import (
 func (c *Config) validateDropin() error {
 	if _, err := upstreamstats.ParseTarget(c.StatsdAddr); c.StatsdAddr != "" && err != nil {
 		return fmt.Errorf("%s %q: %v", flagRef("statsd-addr"), c.StatsdAddr, err)
+	}
+	if c.GRPCTLSClientSAN != "" && c.GRPCTLSClientCA == "" {
+		return fmt.Errorf("%s needs %s: only a verified client certificate names a SAN", flagRef("grpc-tls-client-san"), flagRef("grpc-tls-client-ca"))
+	}
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		return fmt.Errorf("%s %q: no '{' or '}': Redis Cluster would hash the prefix, not the key's tenant", flagRef("key-prefix"), c.KeyPrefix)
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ func (c *Config) redisOptions() redisstore.Options {
 		Password:   c.RedisPassword,
 		PoolSize:   c.RedisPoolSize,
 		Timeout:    c.RedisTimeout,
+		KeyPrefix:  c.KeyPrefix,
 	}
 }
 

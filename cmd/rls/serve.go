@@ -370,6 +370,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		Log:              a.log,
 		Tracing:          a.tracing.Service(),
 		Observer:         a.upstream.Observer(),
+		KeyPrefix:        cfg.KeyPrefix,
 	})
 	if cfg.Admin {
 		adminv1.RegisterAdminServiceServer(a.grpcSrv, service.NewAdmin(a.svc, a.st, a.lim))
@@ -672,7 +673,8 @@ func grpcCreds(cfg *Config, log *slog.Logger) (credentials.TransportCredentials,
 	if cfg.GRPCTLSCert == "" {
 		return nil, nil
 	}
-	r, err := tlsconfig.NewReloader(tlsconfig.Files{Cert: cfg.GRPCTLSCert, Key: cfg.GRPCTLSKey, ClientCA: cfg.GRPCTLSClientCA}, log)
+	r, err := tlsconfig.NewReloader(tlsconfig.Files{Cert: cfg.GRPCTLSCert, Key: cfg.GRPCTLSKey, ClientCA: cfg.GRPCTLSClientCA,
+		ClientSAN: cfg.GRPCTLSClientSAN}, log)
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-tls-cert: %w", err)
 	}

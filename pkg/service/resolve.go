@@ -71,7 +71,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		// A split rule counts this request on one of its sub-keys, in
 		// turn (README, "Hot keys: split").
 		sub := r.NextSub(req.Domain, d.Entries)
-		res.key = descriptors.AppendSubKey(res.key[:0], req.Domain, d.Entries, r, sub)
+		res.key = descriptors.AppendSubKey(append(res.key[:0], s.opts.KeyPrefix...), req.Domain, d.Entries, r, sub)
 		c := ruleCheck(r, string(res.key), sub)
 		c.Hits, c.Refund = hits, d.IsNegativeHits
 		// The global shadow mode makes every check a shadow. A quota

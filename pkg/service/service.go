@@ -106,6 +106,10 @@ type Options struct {
 	Log *slog.Logger
 	// Tracing makes a span of every ShouldRateLimit call; nil makes none.
 	Tracing *Tracing
+	// KeyPrefix begins every counter's store key (envoyproxy/ratelimit's
+	// CACHE_KEY_PREFIX), before the key's hash tag, so that a Redis Cluster
+	// still keeps a request's counters together; it has no '{' or '}'.
+	KeyPrefix string
 	// Observer is told every config and decision (envoyproxy/ratelimit's
 	// stats, pkg/upstreamstats); nil tells nobody.
 	Observer Observer

@@ -50,6 +50,9 @@ type Options struct {
 	URL string
 	// Mode is single (the default when empty), cluster or sentinel.
 	Mode string
+	// KeyPrefix begins the store's own keys (the fleet's heartbeats), as
+	// the service's prefix begins the counters' (--key-prefix).
+	KeyPrefix string
 	// MasterName is the Sentinel master set; it overrides the URL's
 	// master_name. Required in sentinel mode, in one or the other.
 	MasterName string
