@@ -155,6 +155,18 @@ func TestDropinUpstreamDeployment(t *testing.T) {
 	if r.OverallCode != ok || r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 500 || r.Statuses[0].LimitRemaining != 499 {
 		t.Fatalf("mongo_cps: %v", r)
 	}
+	// Upstream's /json on PORT: the same decisions, 429 when over.
+	for i, want := range []int{200, 200, 429} {
+		resp, err := http.Post("http://"+p.HTTPAddr+"/json", "application/json",
+			strings.NewReader(`{"domain":"rl","descriptors":[{"entries":[{"key":"foo","value":"json"}]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("/json call %d: %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
 	// The counters are in REDIS_URL's Redis.
 	if n, err := srv.Client().DBSize(t.Context()).Result(); err != nil || n == 0 {
 		t.Fatalf("Redis holds %d keys (%v), want the counters", n, err)

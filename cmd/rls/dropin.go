@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/rls-project/rls/pkg/jsonapi"
 	"github.com/rls-project/rls/pkg/upstreamstats"
 )
 
@@ -72,4 +73,13 @@ func listenGRPC(cfg *Config) (net.Listener, string, error) {
 		return nil, "", fmt.Errorf("%s: %w", flagRef("grpc-uds"), err)
 	}
 	return lis, "grpc-uds", nil
+}
+
+// addJSON serves upstream's /json (ShouldRateLimit as JSON over HTTP) when
+// rls runs as upstream does: the gRPC message bound bounds the body, the
+// service its request, --redis-timeout the decision.
+func (a *app) addJSON(mux *http.ServeMux) {
+	if a.cfg.EnvCompat == "upstream" {
+		mux.Handle("POST /json", jsonapi.Handler(a.svc, jsonapi.Options{MaxBytes: grpcMaxRecvBytes, Timeout: a.cfg.RedisTimeout, Log: a.log}))
+	}
 }

@@ -514,6 +514,7 @@ func (a *app) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthcheck", a.healthcheck)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	a.addJSON(mux)
 	return mux
 }
 
