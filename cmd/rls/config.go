@@ -270,28 +270,18 @@ func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 	return errors.Join(errs...)
 }
 
-// readCompat reads upstream's environment when --env-compat is upstream,
-// and returns a getenv where upstream's values stand in for unset RLS_*
-// (and OTEL_*) variables, so that flags and rls's own variables win.
+// readCompat reads upstream's environment in upstream mode (pkg/compat)
+// into c, and returns the getenv where its values stand in for unset RLS_*
+// variables.
 func (c *Config) readCompat(flagSet bool, getenv func(string) string) (func(string) string, error) {
-	if v := getenv(envName("env-compat")); !flagSet && v != "" {
-		c.EnvCompat = v
+	s, getenv, err := compat.Mode(c.EnvCompat, flagSet, getenv)
+	if s != nil {
+		c.EnvCompat, c.Compat, c.QuotaMode, c.NearLimitRatio = "upstream", *s, s.QuotaMode, s.NearLimitRatio
+		c.HeaderLimit, c.HeaderRemaining, c.HeaderReset = s.HeaderLimit, s.HeaderRemaining, s.HeaderReset
+		c.XDSNodeMetadata, c.XDSTLSServerName = s.XDSNodeMetadata, s.XDSTLSServerName
+		c.XDSMaxRecvBytes = cmp.Or(s.XDSMaxRecvBytes, c.XDSMaxRecvBytes)
 	}
-	if c.EnvCompat == "" {
-		return getenv, nil
-	}
-	if c.EnvCompat != "upstream" {
-		return nil, fmt.Errorf("%s %q is invalid; choices are upstream or empty", flagRef("env-compat"), c.EnvCompat)
-	}
-	s, err := compat.FromEnv(getenv)
-	if err != nil {
-		return nil, fmt.Errorf("upstream environment (%s): %w", flagRef("env-compat"), err)
-	}
-	c.Compat, c.QuotaMode, c.NearLimitRatio = s, s.QuotaMode, s.NearLimitRatio
-	c.HeaderLimit, c.HeaderRemaining, c.HeaderReset = s.HeaderLimit, s.HeaderRemaining, s.HeaderReset
-	c.XDSNodeMetadata, c.XDSTLSServerName = s.XDSNodeMetadata, s.XDSTLSServerName
-	c.XDSMaxRecvBytes = cmp.Or(s.XDSMaxRecvBytes, c.XDSMaxRecvBytes)
-	return func(k string) string { return cmp.Or(getenv(k), s.Env[k]) }, nil
+	return getenv, err
 }
 
 // valueError says what a flag's value must look like, where the flag

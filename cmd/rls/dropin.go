@@ -1,30 +1,17 @@
 package main
 
 import (
-	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"strings"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
+	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/jsonapi"
 	"github.com/rls-project/rls/pkg/upstreamstats"
 )
 
 // validateDropin checks the settings of envoyproxy/ratelimit compatibility.
 func (c *Config) validateDropin() error {
-	if _, err := upstreamstats.ParseTarget(c.StatsdAddr); c.StatsdAddr != "" && err != nil {
-		return fmt.Errorf("%s %q: %v", flagRef("statsd-addr"), c.StatsdAddr, err)
-	}
-	if c.GRPCTLSClientSAN != "" && c.GRPCTLSClientCA == "" {
-		return fmt.Errorf("%s needs %s: only a verified client certificate names a SAN", flagRef("grpc-tls-client-san"), flagRef("grpc-tls-client-ca"))
-	}
-	if strings.ContainsAny(c.KeyPrefix, "{}") {
-		return fmt.Errorf("%s %q: no '{' or '}': Redis Cluster would hash the prefix, not the key's tenant", flagRef("key-prefix"), c.KeyPrefix)
-	}
-	return nil
+	return compat.CheckFlags(c.StatsdAddr, c.GRPCTLSClientSAN, c.GRPCTLSClientCA, c.KeyPrefix,
+		func(s string) error { _, err := upstreamstats.ParseTarget(s); return err })
 }
 
 // buildUpstreamStats makes upstream's stats when --statsd-addr or
@@ -48,31 +35,7 @@ func (a *app) startUpstreamPrometheus() error {
 	if !c.UpstreamPrometheus || c.PrometheusAddr == a.cfg.HTTPAddr {
 		return nil
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET "+c.PrometheusPath, promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
-	return a.startHTTP("PROMETHEUS_ADDR", c.PrometheusAddr, mux)
-}
-
-// listenGRPC listens on --grpc-uds, a Unix socket, when it is set (as
-// upstream's GRPC_UDS, instead of --grpc-addr), else on --grpc-addr; it
-// returns the listener and the port's name for connguard. A socket left by
-// a process that died is replaced; any other file there is an error.
-func listenGRPC(cfg *Config) (net.Listener, string, error) {
-	if cfg.GRPCUDS == "" {
-		lis, err := net.Listen("tcp", cfg.GRPCAddr)
-		if err != nil {
-			return nil, "", fmt.Errorf("--grpc-addr: %w", err)
-		}
-		return lis, "grpc-addr", nil
-	}
-	if st, err := os.Lstat(cfg.GRPCUDS); err == nil && st.Mode()&os.ModeSocket != 0 {
-		_ = os.Remove(cfg.GRPCUDS)
-	}
-	lis, err := net.Listen("unix", cfg.GRPCUDS)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", flagRef("grpc-uds"), err)
-	}
-	return lis, "grpc-uds", nil
+	return a.startHTTP("PROMETHEUS_ADDR", c.PrometheusAddr, upstreamstats.MetricsHandler(a.reg, c.PrometheusPath))
 }
 
 // addJSON serves upstream's /json (ShouldRateLimit as JSON over HTTP) when

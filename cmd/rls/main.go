@@ -4,7 +4,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -12,23 +11,16 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime/debug"
-	"sort"
 	"syscall"
 
+	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/descriptors"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	getenv := os.Getenv
-	if filepath.Base(os.Args[0]) == "ratelimit" { // the upstream image's entrypoint
-		getenv = func(k string) string {
-			return cmp.Or(os.Getenv(k), map[string]string{envName("env-compat"): "upstream"}[k])
-		}
-	}
-	err := run(ctx, os.Args[1:], getenv, os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], compat.AsRatelimit(os.Args[0], os.Getenv), os.Stdout, os.Stderr)
 	stop()
 	if errors.Is(err, flag.ErrHelp) { // help was asked for and printed
 		return
@@ -95,24 +87,7 @@ func validate(args []string, out io.Writer) error {
 	if len(args) != 1 {
 		return errors.New("usage: rls validate [--merge-domains] DIR (rls validate --help)")
 	}
-	cfg, notes, err := descriptors.LoadWith(args[0], opts)
-	for _, n := range notes {
-		fmt.Fprintln(out, n)
-	}
-	if err != nil {
-		var list descriptors.Errors
-		if errors.As(err, &list) {
-			for _, e := range list {
-				fmt.Fprintln(out, e.Error())
-			}
-			return fmt.Errorf("%s: %d error(s)", args[0], len(list))
-		}
-		return err
-	}
-	domains := cfg.Domains()
-	sort.Strings(domains)
-	fmt.Fprintf(out, "%s: ok, %d domain(s) %v\n", args[0], len(domains), domains)
-	return nil
+	return descriptors.Report(args[0], opts, out)
 }
 
 // version reports the module version and VCS revision baked in by go build.

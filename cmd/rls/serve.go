@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/connguard"
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/gctune"
@@ -277,7 +278,7 @@ func (a *app) closeStore() {
 // buildGRPC listens on --grpc-addr and makes the gRPC server, with TLS
 // when --grpc-tls-cert is set. Services are registered on it later.
 func (a *app) buildGRPC() error {
-	lis, port, err := listenGRPC(a.cfg)
+	lis, port, err := compat.ListenGRPC(a.cfg.GRPCUDS, a.cfg.GRPCAddr)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strings"
+
+	"github.com/rls-project/rls/pkg/xds"
 )
 
 // xdsFlags declares --config-source and the --xds-* flags: the descriptor
@@ -47,7 +48,7 @@ func (c *Config) validateXDS() error {
 	if c.XDSNodeID == "" {
 		errs = append(errs, fmt.Errorf("%s is required with --config-source xds: the node id the management server keys rls's snapshot by", flagRef("xds-node-id")))
 	}
-	if _, err := parseNodeMetadata(c.XDSNodeMetadata); err != nil {
+	if _, err := xds.ParseNodeMetadata(c.XDSNodeMetadata); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %v", flagRef("xds-node-metadata"), err))
 	}
 	if c.XDSMaxRecvBytes < 1 {
@@ -55,24 +56,4 @@ func (c *Config) validateXDS() error {
 	}
 	errs = append(errs, validCA("xds-tls-ca", c.XDSTLSCA), validPair("xds-tls-cert", c.XDSTLSCert, "xds-tls-key", c.XDSTLSKey))
 	return errors.Join(errs...)
-}
-
-// parseNodeMetadata reads key=value pairs separated by commas.
-func parseNodeMetadata(s string) (map[string]string, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	m := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		k = strings.TrimSpace(k)
-		if !ok || k == "" {
-			return nil, fmt.Errorf("%q is not key=value (want key=value pairs separated by commas)", kv)
-		}
-		if _, dup := m[k]; dup {
-			return nil, fmt.Errorf("key %q given twice", k)
-		}
-		m[k] = strings.TrimSpace(v)
-	}
-	return m, nil
 }

@@ -455,3 +455,64 @@ var defaults = func() map[string]string {
 func IsRead(name string) bool {
 	return slices.ContainsFunc(Vars, func(v Var) bool { return v.Name == name })
 }
+
+// Mode reads --env-compat: the flag's value when given on the command line
+// (flagSet), else its RLS_ENV_COMPAT twin. It returns the settings read
+// from upstream's environment and a getenv where they stand in for unset
+// RLS_* (and OTEL_*) variables, so that flags and rls's own variables win;
+// without upstream mode, nil and getenv itself.
+func Mode(flagValue string, flagSet bool, getenv func(string) string) (*Settings, func(string) string, error) {
+	if v := getenv("RLS_ENV_COMPAT"); !flagSet && v != "" {
+		flagValue = v
+	}
+	switch flagValue {
+	case "":
+		return nil, getenv, nil
+	case "upstream":
+	default:
+		return nil, nil, fmt.Errorf("--env-compat (RLS_ENV_COMPAT) %q is invalid; choices are upstream or empty", flagValue)
+	}
+	s, err := FromEnv(getenv)
+	if err != nil {
+		return nil, nil, fmt.Errorf("upstream environment (--env-compat upstream): %w", err)
+	}
+	return &s, func(k string) string {
+		if v := getenv(k); v != "" {
+			return v
+		}
+		return s.Env[k]
+	}, nil
+}
+
+// CheckFlags checks the flags of this compatibility, each error naming
+// its flag.
+func CheckFlags(statsdAddr, clientSAN, clientCA, keyPrefix string, parseStatsd func(string) error) error {
+	var errs []error
+	if statsdAddr != "" {
+		if err := parseStatsd(statsdAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--statsd-addr (RLS_STATSD_ADDR) %q: %v", statsdAddr, err))
+		}
+	}
+	if clientSAN != "" && clientCA == "" {
+		errs = append(errs, errors.New("--grpc-tls-client-san (RLS_GRPC_TLS_CLIENT_SAN) needs --grpc-tls-client-ca (RLS_GRPC_TLS_CLIENT_CA): only a verified client certificate names a SAN"))
+	}
+	if strings.ContainsAny(keyPrefix, "{}") {
+		errs = append(errs, fmt.Errorf("--key-prefix (RLS_KEY_PREFIX) %q: no '{' or '}': Redis Cluster would hash the prefix, not the key's tenant", keyPrefix))
+	}
+	return errors.Join(errs...)
+}
+
+// AsRatelimit returns getenv, with RLS_ENV_COMPAT defaulting to upstream
+// when the program runs as ratelimit (argv0's base name): the upstream
+// image's entrypoint, /bin/ratelimit, a link to rls.
+func AsRatelimit(argv0 string, getenv func(string) string) func(string) string {
+	if filepath.Base(argv0) != "ratelimit" {
+		return getenv
+	}
+	return func(k string) string {
+		if v := getenv(k); v != "" || k != "RLS_ENV_COMPAT" {
+			return v
+		}
+		return "upstream"
+	}
+}

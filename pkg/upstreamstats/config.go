@@ -3,10 +3,12 @@ package upstreamstats
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"time"
 
 	gostats "github.com/lyft/gostats"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
 	"github.com/rls-project/rls/pkg/service"
@@ -86,3 +88,11 @@ func (s *Stats) Loaded(result string) {
 }
 
 var _ gostats.Sink = multiSink(nil)
+
+// MetricsHandler serves reg's series at path, as upstream's Prometheus
+// sink serves its own address.
+func MetricsHandler(reg *prometheus.Registry, path string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET "+path, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	return mux
+}
