@@ -101,7 +101,7 @@ func checkRLSCluster(t *testing.T, c *clusterv3.Cluster) {
 	}
 }
 
-// TestFrontProxyFilter pins what the issue asks of envoy.yaml's HTTP filter.
+// TestFrontProxyFilter pins what the front proxy needs of envoy.yaml's HTTP filter.
 func TestFrontProxyFilter(t *testing.T) {
 	b := load(t, "envoy.yaml")
 	hcm := &hcmv3.HttpConnectionManager{}

@@ -47,7 +47,7 @@ func TestCrossShardDeniedConsumesNothing(t *testing.T) {
 		t.Fatalf("multi_a and multi_b are on one master (%s): the test needs two", a.Addr)
 	}
 
-	// The example: OK, OK, then OVER_LIMIT on multi_a; multi_b has
+	// A denial on one shard refunds the other: OK, OK, then OVER_LIMIT on multi_a; multi_b has
 	// 98 left, not 97.
 	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
 		if got := should(t, c, "cs", desc("multi_a", "X"), desc("multi_b", "X")).OverallCode; got != want {

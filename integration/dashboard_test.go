@@ -38,9 +38,9 @@ import (
 const (
 	dashboardFile = "../deploy/helm/rls/files/grafana-dashboard.json"
 	rulesFile     = "../deploy/helm/rls/files/prometheus-rules.yaml"
-	// runbookBase is where the rules' runbook_url point: the README's
-	// sections, by their GitHub anchors.
-	runbookBase = "https://github.com/rls-project/rls/blob/main/README.md#"
+	// runbookBase is where the rules' runbook_url point: a section of a
+	// docs/ page (or the README), by its GitHub anchor.
+	runbookBase = "https://github.com/rls-project/rls/blob/main/"
 )
 
 // fromPrometheus are the series Prometheus itself makes for every target;
@@ -273,7 +273,6 @@ func TestAlertRulesStructure(t *testing.T) {
 	if len(rules) == 0 {
 		t.Fatal("no rules")
 	}
-	anchors := readmeAnchors(t)
 	seen := map[string]bool{}
 	forRE := regexp.MustCompile(`^([0-9]+(ms|s|m|h|d|w|y))+$`)
 	for _, r := range rules {
@@ -291,10 +290,15 @@ func TestAlertRulesStructure(t *testing.T) {
 		if r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
 			t.Errorf("%s: needs annotations summary and description", where)
 		}
-		anchor, ok := strings.CutPrefix(r.Annotations["runbook_url"], runbookBase)
-		if !ok || !anchors[anchor] {
-			t.Errorf("%s: runbook_url %q is not %s followed by a README section's anchor (%v)",
-				where, r.Annotations["runbook_url"], runbookBase, slices.Sorted(maps.Keys(anchors)))
+		page, ok := strings.CutPrefix(r.Annotations["runbook_url"], runbookBase)
+		file, anchor, _ := strings.Cut(page, "#")
+		if !ok || (file != "README.md" && !strings.HasPrefix(file, "docs/")) {
+			t.Errorf("%s: runbook_url %q is not a page under %s", where, r.Annotations["runbook_url"], runbookBase)
+			continue
+		}
+		if anchors := docAnchors(t, "../"+file); !anchors[anchor] {
+			t.Errorf("%s: runbook_url %q: %s has no section with anchor %q (%v)",
+				where, r.Annotations["runbook_url"], file, anchor, slices.Sorted(maps.Keys(anchors)))
 		}
 	}
 }
@@ -423,10 +427,10 @@ func loadRules(t *testing.T) []alertRule {
 	return out
 }
 
-// readmeAnchors returns the GitHub anchors of README.md's headings.
-func readmeAnchors(t *testing.T) map[string]bool {
+// docAnchors returns the GitHub anchors of a Markdown file's headings.
+func docAnchors(t *testing.T, file string) map[string]bool {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/rls-project/rls/integration/redistest"
 )
 
-// Issue 13: exact under load. Every test here runs rls with default flags
+// Exact under load. Every test here runs rls with default flags
 // (only the store and its address are set), as a new user would.
 
 const exConfig = `domain: exact
@@ -338,8 +338,9 @@ func exPeakOf(events []exEvent, from, to time.Time) int {
 	return n
 }
 
-// TestCacheDeniesOnlyWhatRedisWould: issue 13's three-step example on a real
-// Redis, and a 10^9-hits request that must not block smaller ones.
+// TestCacheDeniesOnlyWhatRedisWould: on a real Redis, a limit of 5 takes
+// 3 hits, denies 3 more and then admits 2 (a cached denial of 3 hits must
+// not deny 2), and a 10^9-hits request must not block smaller ones.
 func TestCacheDeniesOnlyWhatRedisWould(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t)

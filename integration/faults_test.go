@@ -1,7 +1,7 @@
 package integration
 
-// Fault injection against the real binary and real redis-server processes
-// (issue #4, "Done when"): a flood at an over-limit key, Redis killed and
+// Fault injection against the real binary and real redis-server processes:
+// a flood at an over-limit key, Redis killed and
 // restarted under traffic, Redis paused with SIGSTOP, a Redis Cluster master
 // killed, and the fleet size learned from heartbeats.
 //

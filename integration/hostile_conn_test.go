@@ -1,6 +1,6 @@
 package integration
 
-// Hostile connections against the real binary (issue #14): a zero-window
+// Hostile connections against the real binary: a zero-window
 // HTTP/2 stream flood must not take the process's memory nor the other
 // clients' latency (the 256 streams a connection may have, and the closing of a connection
 // that keeps opening streams beyond it), thousands of idle TCP connections

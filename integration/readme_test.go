@@ -25,9 +25,11 @@ type readmeBlock struct {
 	line              int
 }
 
-func readmeBlocks(t *testing.T) []readmeBlock {
+// docBlocks returns the fenced code blocks of a Markdown file of the
+// repository (a path from the repository's root, such as "README.md").
+func docBlocks(t *testing.T, name string) []readmeBlock {
 	t.Helper()
-	md, err := os.ReadFile("../README.md")
+	md, err := os.ReadFile(filepath.Join("..", name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,11 +230,21 @@ var ordinals = map[string]int{"second": 2, "third": 3, "fourth": 4, "fifth": 5, 
 
 var ordinalCallRE = regexp.MustCompile(`(?i)\b(second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth) call\b`)
 
-// TestReadmeGrpcurl runs the README's grpcurl commands in order against one
-// fresh server. A ```json block whose prose names "the Nth call" is the
+// TestReadmeGrpcurl runs the grpcurl commands of the README and of the docs
+// pages that show them, each file's in order against one fresh server. A ```json block whose prose names "the Nth call" is the
 // output of the previous command's Nth run; a grpcurl line in a ```sh block
 // only has to succeed.
 func TestReadmeGrpcurl(t *testing.T) {
+	for _, f := range []struct {
+		name string
+		min  int
+	}{{"README.md", 2}, {"docs/envoy.md", 1}, {"docs/kubernetes.md", 1}} {
+		t.Run(f.name, func(t *testing.T) { docGrpcurl(t, f.name, f.min) })
+	}
+}
+
+// docGrpcurl runs one file's grpcurl commands (at least min of them).
+func docGrpcurl(t *testing.T, name string, min int) {
 	grpcurl := grpcurlPath(t)
 	p := startRLS(t, "../config")
 	runs := map[string]int{} // command → times run
@@ -251,13 +263,13 @@ func TestReadmeGrpcurl(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); err != nil {
-			t.Fatalf("README.md:%d: %s: %v\n%s%s", c.line, strings.Join(c.words, " "), err, stdout.String(), stderr.String())
+			t.Fatalf("%s:%d: %s: %v\n%s%s", name, c.line, strings.Join(c.words, " "), err, stdout.String(), stderr.String())
 		}
 		runs[strings.Join(c.words, "\x00")]++
 		return strings.TrimSpace(stdout.String())
 	}
 	ran := 0
-	for _, b := range readmeBlocks(t) {
+	for _, b := range docBlocks(t, name) {
 		switch b.lang {
 		case "console":
 			for _, c := range consoleCommands(t, b) {
@@ -266,7 +278,7 @@ func TestReadmeGrpcurl(t *testing.T) {
 				}
 				got := run(c)
 				ran++
-				sameOutput(t, fmt.Sprintf("README.md:%d: %s", c.line, strings.Join(c.words, " ")), got, c.output)
+				sameOutput(t, fmt.Sprintf("%s:%d: %s", name, c.line, strings.Join(c.words, " ")), got, c.output)
 				last = &c
 			}
 		case "sh", "bash", "shell":
@@ -274,7 +286,7 @@ func TestReadmeGrpcurl(t *testing.T) {
 			for rest != "" {
 				words, after, err := shellCommand(rest)
 				if err != nil {
-					t.Fatalf("README.md:%d: %v", b.line, err)
+					t.Fatalf("%s:%d: %v", name, b.line, err)
 				}
 				rest = after
 				if len(words) > 0 && words[0] == "grpcurl" {
@@ -290,16 +302,16 @@ func TestReadmeGrpcurl(t *testing.T) {
 			n := ordinals[strings.ToLower(m[1])]
 			key := strings.Join(last.words, "\x00")
 			if runs[key] >= n {
-				t.Fatalf("README.md:%d: the %s call: the command already ran %d times", b.line, m[1], runs[key])
+				t.Fatalf("%s:%d: the %s call: the command already ran %d times", name, b.line, m[1], runs[key])
 			}
 			var got string
 			for runs[key] < n {
 				got = run(*last)
 			}
-			sameOutput(t, fmt.Sprintf("README.md:%d: the %s call of %s", b.line, m[1], strings.Join(last.words, " ")), got, strings.TrimSpace(b.text))
+			sameOutput(t, fmt.Sprintf("%s:%d: the %s call of %s", name, b.line, m[1], strings.Join(last.words, " ")), got, strings.TrimSpace(b.text))
 		}
 	}
-	if ran < 3 {
-		t.Fatalf("ran %d grpcurl commands from README.md, want at least 3", ran)
+	if ran < min {
+		t.Fatalf("ran %d grpcurl commands from %s, want at least %d", ran, name, min)
 	}
 }

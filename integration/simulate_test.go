@@ -20,7 +20,7 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// Issue 17: sliding window precision, black-box. Two rules of 50 a second,
+// Sliding window precision, black-box. Two rules of 50 a second,
 // one with precision 10 and one without, on two replicas sharing one
 // Redis and on one replica of the memory store, driven over gRPC with the
 // standard traces of `rls simulate` (a few seconds each). Each request's
@@ -68,7 +68,8 @@ type simStream struct {
 	errs        int
 }
 
-// TestSimulatePrecisionBlackBox checks issue 17 on the real service. For
+// TestSimulatePrecisionBlackBox checks sliding window precision on the
+// real service. For
 // every trace, store and rule:
 //
 //   - the service's decisions are the arithmetic's, at the store's clock:

@@ -17,7 +17,7 @@ import (
 	"github.com/rls-project/rls/integration/redistest"
 )
 
-// Issue 18: a hot key that no longer pins one Redis shard.
+// Split: a hot key that no longer pins one Redis shard.
 
 // spLimit is the hot key's limit per second. Its fixed window makes the
 // admitted count of every Redis window exact to check.

@@ -27,7 +27,7 @@ import (
 	"github.com/rls-project/rls/integration/redistest"
 )
 
-// Tracing (issue #16): the real binary exports its spans by OTLP to an
+// Tracing: the real binary exports its spans by OTLP to an
 // in-process collector, over gRPC and over HTTP.
 
 // otlpReceiver is an OTLP trace collector on a loopback port: it keeps

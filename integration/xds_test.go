@@ -364,7 +364,7 @@ func TestXDSEnvoyGatewayStyle(t *testing.T) {
 	allows("u3", 5)
 }
 
-// TestXDSReadmeSnippets: the Go code README.md shows for a control plane
+// TestXDSReadmeSnippets: the Go code docs/xds.md shows for a control plane
 // is examples/xds-control-plane's, line for line, so it compiles and
 // TestXDSEnvoyGatewayStyle runs it.
 func TestXDSReadmeSnippets(t *testing.T) {
@@ -383,17 +383,17 @@ func TestXDSReadmeSnippets(t *testing.T) {
 	}
 	example := norm(string(src))
 	n := 0
-	for _, b := range readmeBlocks(t) {
+	for _, b := range docBlocks(t, "docs/xds.md") {
 		if b.lang != "go" {
 			continue
 		}
 		n++
 		if !strings.Contains(example, norm(b.text)) {
-			t.Errorf("README.md:%d: this Go block is not in examples/xds-control-plane/main.go:\n%s", b.line, b.text)
+			t.Errorf("docs/xds.md:%d: this Go block is not in examples/xds-control-plane/main.go:\n%s", b.line, b.text)
 		}
 	}
 	if n < 2 {
-		t.Errorf("README.md has %d Go blocks, want the control plane's two", n)
+		t.Errorf("docs/xds.md has %d Go blocks, want the control plane's two", n)
 	}
 }
 

@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // DecideSource is the text of decide.lua. Its header documents KEYS, ARGV
@@ -25,9 +28,10 @@ var DecideSource string
 // then EVAL on NOSCRIPT). A *redis.Script is safe for concurrent use.
 var Decide = redis.NewScript(DecideSource)
 
-// Decide's ARGV header, per-check layout, codes and flag bits: the one list
-// shared by Go and decide.lua, which names each value in a `local` line
-// that lua_test.go checks against these.
+// Decide's ARGV header, per-check layout and modes: the one list shared by
+// Go and decide.lua, which names each value in a `local` line that
+// lua_test.go checks against these (as it does the codes below and
+// store.MaxPrecision, decide.lua's MAX_PRECISION).
 const (
 	// HeaderArgs is the number of ARGV values before the first request: the
 	// test clock ("" = redis TIME) and the mode (HEADER in decide.lua).
@@ -46,26 +50,18 @@ const (
 	// ModePeek is the mode that treats every check as check-only (Hits 0,
 	// no refund, no force) and writes nothing (MODE_PEEK).
 	ModePeek = "1"
+)
 
-	// AlgSliding is the algorithm value of a sliding-window check
-	// (ALG_SLIDING); the script treats unknown values as AlgSliding.
-	AlgSliding = 0
-	// AlgTokenBucket is the algorithm value of a token bucket check
-	// (ALG_TOKEN_BUCKET).
-	AlgTokenBucket = 1
-	// AlgFixed is the algorithm value of a fixed-window check (ALG_FIXED).
-	AlgFixed = 2
+// The algorithm codes and flag bits of a check (ALG_* and FLAG_* in
+// decide.lua). AppendCheck is the one place a store.Check becomes them.
+const (
+	algSliding     = 0 // the script treats unknown codes as algSliding
+	algTokenBucket = 1
+	algFixed       = 2
 
-	// FlagRefund is the flags bit of store.Check.Refund (FLAG_REFUND).
-	FlagRefund = 1
-	// FlagShadow is the flags bit of store.Check.Shadow (FLAG_SHADOW).
-	FlagShadow = 2
-	// FlagForce is the flags bit of store.Check.Force (FLAG_FORCE).
-	FlagForce = 4
-
-	// MaxPrecision is the most sub-windows of a sliding window, carried in
-	// a sliding-window check's burst field (MAX_PRECISION; store.MaxPrecision).
-	MaxPrecision = 60
+	flagRefund = 1 // store.Check.Refund
+	flagShadow = 2 // store.Check.Shadow
+	flagForce  = 4 // store.Check.Force
 )
 
 // FleetSource is the text of fleet.lua.
@@ -89,7 +85,7 @@ const (
 // little-endian IEEE-754 doubles (see decide.lua's header). Tests and
 // tools read and write it with ParseState and Encode.
 type State struct {
-	Algorithm int // AlgSliding, AlgTokenBucket or AlgFixed
+	Algorithm store.Algorithm
 	// Sliding window: Window (the window's index, now / window), Count and
 	// Prev (the previous window's count). Fixed window: Window and Count.
 	Window, Count, Prev float64
@@ -119,30 +115,45 @@ const (
 // and Compact is set.
 func ParseState(v string) (State, error) {
 	if x, err := strconv.ParseUint(v, 10, 64); err == nil && len(v) > 0 && v[0] != '+' {
-		st := State{Compact: true, Window: float64(x % 4)}
-		if x%8 >= 4 {
-			st.Algorithm, st.Count = AlgFixed, float64(x/8)
-		} else {
-			st.Algorithm, st.Count, st.Prev = AlgSliding, float64(x/8/CompactCounts), float64(x/8%CompactCounts)
-		}
-		return st, nil
+		return compactState(x), nil
 	}
-	f := func(i int) float64 { return double(v[1+8*i:]) }
-	switch {
-	case len(v) == 25 && v[0] == TagSliding:
-		return State{Algorithm: AlgSliding, Window: f(0), Count: f(1), Prev: f(2)}, nil
-	case len(v) == 17 && v[0] == TagTokenBucket:
-		return State{Algorithm: AlgTokenBucket, Tokens: f(0), LastRefill: f(1)}, nil
-	case len(v) == 17 && v[0] == TagFixed:
-		return State{Algorithm: AlgFixed, Window: f(0), Count: f(1)}, nil
-	case len(v) >= 25 && (len(v)-25)%8 == 0 && v[0] == TagPrecise && f(0) == float64((len(v)-25)/8):
-		st := State{Algorithm: AlgSliding, Window: f(1), Count: f(2)}
-		for i := range (len(v) - 25) / 8 {
-			st.Old = append(st.Old, f(3+i))
-		}
+	if st, ok := taggedState(v); ok {
 		return st, nil
 	}
 	return State{}, fmt.Errorf("not a decide.lua state: %q", v)
+}
+
+// compactState decodes the compact form x: the window index modulo 4,
+// then a fixed-window flag, then the counts.
+func compactState(x uint64) State {
+	st := State{Compact: true, Window: float64(x % 4)}
+	if x%8 >= 4 {
+		st.Algorithm, st.Count = store.FixedWindow, float64(x/8)
+	} else {
+		st.Algorithm, st.Count, st.Prev = store.SlidingWindow, float64(x/8/CompactCounts), float64(x/8%CompactCounts)
+	}
+	return st
+}
+
+// taggedState decodes the tagged form v: a tag byte and doubles; ok is
+// false when v is none of the tagged layouts.
+func taggedState(v string) (st State, ok bool) {
+	f := func(i int) float64 { return double(v[1+8*i:]) }
+	switch {
+	case len(v) == 25 && v[0] == TagSliding:
+		return State{Algorithm: store.SlidingWindow, Window: f(0), Count: f(1), Prev: f(2)}, true
+	case len(v) == 17 && v[0] == TagTokenBucket:
+		return State{Algorithm: store.TokenBucket, Tokens: f(0), LastRefill: f(1)}, true
+	case len(v) == 17 && v[0] == TagFixed:
+		return State{Algorithm: store.FixedWindow, Window: f(0), Count: f(1)}, true
+	case len(v) >= 25 && (len(v)-25)%8 == 0 && v[0] == TagPrecise && f(0) == float64((len(v)-25)/8):
+		st := State{Algorithm: store.SlidingWindow, Window: f(1), Count: f(2)}
+		for i := range (len(v) - 25) / 8 {
+			st.Old = append(st.Old, f(3+i))
+		}
+		return st, true
+	}
+	return State{}, false
 }
 
 // Encode returns s as decide.lua stores it.
@@ -150,11 +161,11 @@ func (s State) Encode() string {
 	var tag byte
 	var fs []float64
 	switch s.Algorithm {
-	case AlgTokenBucket:
+	case store.TokenBucket:
 		tag, fs = TagTokenBucket, []float64{s.Tokens, s.LastRefill}
-	case AlgFixed:
+	case store.FixedWindow:
 		tag, fs = TagFixed, []float64{s.Window, s.Count}
-	case AlgSliding:
+	case store.SlidingWindow:
 		if len(s.Old) >= 2 {
 			tag, fs = TagPrecise, append([]float64{float64(len(s.Old)), s.Window, s.Count}, s.Old...)
 			break
@@ -170,15 +181,60 @@ func (s State) Encode() string {
 	return string(b)
 }
 
-// AppendCheck appends one check, as decide.lua reads it from a request's
-// ARGV value, to b. Numbers above 2^53 round to the nearest double, as
-// they did when the script read them as decimal strings.
-func AppendCheck(b []byte, alg, flags byte, limit, windowSeconds, burst, hits uint64) []byte {
-	b = append(b, alg, flags)
-	for _, v := range [...]uint64{limit, windowSeconds, burst, hits} {
+// AppendCheck appends c, as decide.lua reads one check from a request's
+// ARGV value, to b: its algorithm's code (an unknown algorithm acts as the
+// default, sliding window, as in the memory store), its flags, then limit,
+// window seconds, burst field and hits as little-endian doubles. The burst
+// field is a token bucket's capacity or a sliding window's precision (0 or
+// 1: the two-counter window). Numbers above 2^53 round to the nearest
+// double, as they did when the script read them as decimal strings.
+func AppendCheck(b []byte, c *store.Check) []byte {
+	b = append(b, algorithmCode(c.Algorithm), flags(c))
+	for _, v := range [...]uint64{c.Limit, uint64(c.Window / time.Second), burstField(c), c.Hits} {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
 	}
 	return b
+}
+
+// algorithmCode is a's code in the script.
+func algorithmCode(a store.Algorithm) byte {
+	switch a {
+	case store.TokenBucket:
+		return algTokenBucket
+	case store.FixedWindow:
+		return algFixed
+	}
+	return algSliding
+}
+
+// flags is c's flags byte in the script.
+func flags(c *store.Check) byte {
+	var f byte
+	if c.Refund {
+		f |= flagRefund
+	}
+	if c.Shadow {
+		f |= flagShadow
+	}
+	if c.Force {
+		f |= flagForce
+	}
+	return f
+}
+
+// burstField is c's burst field in the script: a token bucket's capacity,
+// a sliding window's precision (0 or 1: two counters), 0 for a fixed window.
+func burstField(c *store.Check) uint64 {
+	switch c.Algorithm {
+	case store.TokenBucket:
+		return c.Burst
+	case store.FixedWindow:
+		return 0
+	}
+	if c.Precision >= 2 { // sliding window, and unknown algorithms acting as it
+		return uint64(c.Precision)
+	}
+	return 0
 }
 
 // Result is one check's result as decide.lua replies it.

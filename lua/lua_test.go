@@ -9,6 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 func TestDecideEmbedded(t *testing.T) {
@@ -53,17 +56,17 @@ func TestDecideConstants(t *testing.T) {
 		"RESULT_BYTES":     strconv.Itoa(ResultBytes),
 		"MODE_DECIDE":      ModeDecide,
 		"MODE_PEEK":        ModePeek,
-		"ALG_SLIDING":      strconv.Itoa(AlgSliding),
-		"ALG_TOKEN_BUCKET": strconv.Itoa(AlgTokenBucket),
-		"ALG_FIXED":        strconv.Itoa(AlgFixed),
-		"FLAG_REFUND":      strconv.Itoa(FlagRefund),
-		"FLAG_SHADOW":      strconv.Itoa(FlagShadow),
-		"FLAG_FORCE":       strconv.Itoa(FlagForce),
+		"ALG_SLIDING":      strconv.Itoa(algSliding),
+		"ALG_TOKEN_BUCKET": strconv.Itoa(algTokenBucket),
+		"ALG_FIXED":        strconv.Itoa(algFixed),
+		"FLAG_REFUND":      strconv.Itoa(flagRefund),
+		"FLAG_SHADOW":      strconv.Itoa(flagShadow),
+		"FLAG_FORCE":       strconv.Itoa(flagForce),
 		"TAG_SLIDING":      string(rune(TagSliding)),
 		"TAG_TOKEN_BUCKET": string(rune(TagTokenBucket)),
 		"TAG_FIXED":        string(rune(TagFixed)),
 		"TAG_PRECISE":      string(rune(TagPrecise)),
-		"MAX_PRECISION":    strconv.Itoa(MaxPrecision),
+		"MAX_PRECISION":    strconv.Itoa(store.MaxPrecision),
 		"COMPACT_COUNTS":   strconv.Itoa(CompactCounts),
 		"COMPACT_FIXED":    strconv.Itoa(CompactFixed),
 	} {
@@ -79,8 +82,8 @@ func TestDecideConstants(t *testing.T) {
 	for _, want := range []string{
 		fmt.Sprintf(`ARGV[2] mode: "%s" decide; "%s" peek`, ModeDecide, ModePeek),
 		fmt.Sprintf("ARGV[%d], ARGV[%d], ...: one request each", HeaderArgs+1, HeaderArgs+2),
-		fmt.Sprintf("%d bytes per check: algorithm (byte: %d sliding window, %d token bucket, %d fixed window)", CheckBytes, AlgSliding, AlgTokenBucket, AlgFixed),
-		fmt.Sprintf("flags (byte: the sum of %d = refund, %d = shadow, %d = force)", FlagRefund, FlagShadow, FlagForce),
+		fmt.Sprintf("%d bytes per check: algorithm (byte: %d sliding window, %d token bucket, %d fixed window)", CheckBytes, algSliding, algTokenBucket, algFixed),
+		fmt.Sprintf("flags (byte: the sum of %d = refund, %d = shadow, %d = force)", flagRefund, flagShadow, flagForce),
 		fmt.Sprintf("Reply: one string, %d bytes per check", ResultBytes),
 	} {
 		if !strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(header, "--", "")), " "), want) {
@@ -96,10 +99,10 @@ func TestDecideConstants(t *testing.T) {
 
 func TestStateRoundTrip(t *testing.T) {
 	for _, s := range []State{
-		{Algorithm: AlgSliding, Window: 29408640, Count: 17, Prev: 3},
-		{Algorithm: AlgTokenBucket, Tokens: 1.5, LastRefill: 1751538000250123},
-		{Algorithm: AlgFixed, Window: 1751538000, Count: 1 << 53},
-		{Algorithm: AlgSliding, Window: 105092280017, Count: 4, Old: []float64{1, 0, 7}},
+		{Algorithm: store.SlidingWindow, Window: 29408640, Count: 17, Prev: 3},
+		{Algorithm: store.TokenBucket, Tokens: 1.5, LastRefill: 1751538000250123},
+		{Algorithm: store.FixedWindow, Window: 1751538000, Count: 1 << 53},
+		{Algorithm: store.SlidingWindow, Window: 105092280017, Count: 4, Old: []float64{1, 0, 7}},
 	} {
 		got, err := ParseState(s.Encode())
 		if err != nil || !reflect.DeepEqual(got, s) {
@@ -107,10 +110,10 @@ func TestStateRoundTrip(t *testing.T) {
 		}
 	}
 	for v, want := range map[string]State{
-		"1210":             {Algorithm: AlgSliding, Compact: true, Window: 2, Count: 0, Prev: 151},
-		"1073741841":       {Algorithm: AlgSliding, Compact: true, Window: 1, Count: 8, Prev: 2},
-		"31":               {Algorithm: AlgFixed, Compact: true, Window: 3, Count: 3},
-		"2251799813685247": {Algorithm: AlgFixed, Compact: true, Window: 3, Count: 1<<48 - 1},
+		"1210":             {Algorithm: store.SlidingWindow, Compact: true, Window: 2, Count: 0, Prev: 151},
+		"1073741841":       {Algorithm: store.SlidingWindow, Compact: true, Window: 1, Count: 8, Prev: 2},
+		"31":               {Algorithm: store.FixedWindow, Compact: true, Window: 3, Count: 3},
+		"2251799813685247": {Algorithm: store.FixedWindow, Compact: true, Window: 3, Count: 1<<48 - 1},
 	} {
 		if got, err := ParseState(v); err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("ParseState(%q) = %+v, %v; want %+v", v, got, err, want)
@@ -126,7 +129,7 @@ func TestStateRoundTrip(t *testing.T) {
 // TestDecideFlagTables checks decide.lua's literal flag tables against the
 // flag bits.
 func TestDecideFlagTables(t *testing.T) {
-	for name, bit := range map[string]int{"IS_REFUND": FlagRefund, "IS_SHADOW": FlagShadow, "IS_FORCE": FlagForce} {
+	for name, bit := range map[string]int{"IS_REFUND": flagRefund, "IS_SHADOW": flagShadow, "IS_FORCE": flagForce} {
 		vals := make([]string, 8)
 		for f := range 8 {
 			vals[f] = strconv.FormatBool(f&bit != 0)
@@ -135,5 +138,42 @@ func TestDecideFlagTables(t *testing.T) {
 		if !strings.Contains(DecideSource, want) {
 			t.Errorf("decide.lua does not say %q", want)
 		}
+	}
+}
+
+// TestAppendCheck checks the one mapping of a store.Check to the script's
+// check bytes: the algorithm code, the flag bits and the burst field.
+func TestAppendCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		check       store.Check
+		alg, flags  byte
+		burstField  float64
+		limit, hits float64
+	}{
+		{"sliding", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Burst: 7, Hits: 2}, algSliding, 0, 0, 10, 2},
+		{"sliding precision 1", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Precision: 1}, algSliding, 0, 0, 10, 0},
+		{"sliding precision 12", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Precision: 12}, algSliding, 0, 12, 10, 0},
+		{"token bucket", store.Check{Algorithm: store.TokenBucket, Limit: 5, Window: time.Minute, Burst: 9, Hits: 1, Precision: 12}, algTokenBucket, 0, 9, 5, 1},
+		{"fixed", store.Check{Algorithm: store.FixedWindow, Limit: 3, Window: time.Minute, Burst: 9, Precision: 12}, algFixed, 0, 0, 3, 0},
+		{"unknown acts as sliding", store.Check{Algorithm: 9, Limit: 3, Window: time.Minute, Precision: 4}, algSliding, 0, 4, 3, 0},
+		{"refund", store.Check{Window: time.Minute, Refund: true}, algSliding, flagRefund, 0, 0, 0},
+		{"shadow force", store.Check{Window: time.Minute, Shadow: true, Force: true}, algSliding, flagShadow | flagForce, 0, 0, 0},
+		{"all flags", store.Check{Window: time.Minute, Refund: true, Shadow: true, Force: true}, algSliding, flagRefund | flagShadow | flagForce, 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := AppendCheck([]byte("x"), &tc.check)
+			if len(b) != 1+CheckBytes || b[0] != 'x' {
+				t.Fatalf("AppendCheck appended %d bytes after %q, want %d", len(b)-1, b[:1], CheckBytes)
+			}
+			b = b[1:]
+			if b[0] != tc.alg || b[1] != tc.flags {
+				t.Errorf("algorithm, flags = %d, %d; want %d, %d", b[0], b[1], tc.alg, tc.flags)
+			}
+			got := [4]float64{double(string(b[2:])), double(string(b[10:])), double(string(b[18:])), double(string(b[26:]))}
+			if want := [4]float64{tc.limit, 60, tc.burstField, tc.hits}; got != want {
+				t.Errorf("limit, window, burst field, hits = %v; want %v", got, want)
+			}
+		})
 	}
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# make bench: Go micro-benchmarks, then issue 7's end-to-end scenarios, measured
+# make bench: Go micro-benchmarks, then the end-to-end scenarios, measured
 # with the repository's load generator (rls-bench, its own module in bench/,
 # calling through grpc-go's client):
 #   - memory store and a 3-master Redis Cluster: rls alone;
-#   - a single Redis node: rls and envoyproxy/ratelimit (the peer, issue 15)
+#   - a single Redis node: rls and envoyproxy/ratelimit (the peer)
 #     side by side, on the same Redis with the same generator, each run on a
 #     freshly started server and a flushed Redis, in ABBA rounds
 #     (peer, rls, rls, peer), never both servers at once.
@@ -30,7 +30,7 @@ else
 fi
 PEER_ENV=${BENCH_PEER_ENV:-}
 # envoyproxy/ratelimit's main branch at 3fb7025 (2026-01-22), the version
-# issue 15 compares with; its binary is the service_cmd package.
+# the side-by-side figures compare with; its binary is the service_cmd package.
 PEER_MOD=github.com/envoyproxy/ratelimit
 PEER_VERSION=${BENCH_PEER_VERSION:-v1.4.1-0.20260122083618-3fb702589d36}
 CACHE=${BENCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rls-bench}

@@ -5,7 +5,7 @@ generated part of docs/BENCHMARKS.md, between the BEGIN/END markers.
 The single-Redis results are runs of rls and of envoyproxy/ratelimit (the
 peer) side by side: redis-<scenario>-<n>-<server>.json, n counting the runs
 of ABBA rounds (peer, rls, rls, peer). They are rendered as medians per
-server, their ratio rls/peer and issue 15's targets. meta-<store>.json says
+server, their ratio rls/peer and the targets against the peer. meta-<store>.json says
 how and when each store's results were taken. Only the standard library."""
 import glob
 import json
@@ -142,7 +142,8 @@ METRICS = [
     ("other processes' CPU during the run, cores (machine busy − server − Redis − generator; 2 in all)", lambda r: (r.get("host_cpu") or {}).get("other_cores"), 2),
 ]
 
-# Issue 15's targets: metric label, scenarios, comparison, bound.
+# The targets against the peer (bounds on rls / peer): metric label,
+# scenarios, comparison, bound.
 TARGETS = [
     ("decisions/s", ["a_one_key", "c_1000_keys", "d_two_descriptors"], ">=", 1.5),
     ("decisions/s", ["b_over_limit"], ">=", 2.0),
@@ -189,7 +190,7 @@ def side_by_side(out_dir, meta):
         out.append("- Every figure of this section comes from this run: none is compared with a figure of another day.")
         out.append("")
     # Targets table.
-    out.append("#### Issue 15's targets, measured")
+    out.append("#### The targets against the peer, measured")
     out.append("")
     out.append(f"| target (rls / peer) | scenario | peer | rls | rls / peer | met? | disturbed runs, peer / rls |")
     out.append("|---|---|---|---|---|---|---|")

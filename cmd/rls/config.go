@@ -42,8 +42,10 @@ type Config struct {
 	RedisPoolSize                  int
 
 	OnStoreError                  string
+	DefaultAlgorithm              string // of rules naming none, files and xDS; a compat mode may set it before Validate
 	FleetSize, MinFleetSize       int
 	OverLimitCache                bool
+	Reserve                       bool
 	LocalMaxBytes, MemoryMaxBytes int64
 	ResponseHeaders               bool
 
@@ -110,7 +112,7 @@ func flagRef(name string) string {
 const redisPasswordEnv = "RLS_REDIS_PASSWORD"
 
 // newFlagSet declares every serve flag on c with its default. Each usage
-// is one short line; README.md's flag table has the details.
+// is one short line; docs/flags.md's table has the details.
 func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("rls serve", flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -132,9 +134,11 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.RedisTimeout, "redis-timeout", time.Second, "Redis budget of a decision whose caller sent no gRPC deadline")
 
 	fs.StringVar(&c.OnStoreError, "on-store-error", "fail_open", "rules without on_error, store down: fail_open (a share) or fail_closed")
+	fs.StringVar(&c.DefaultAlgorithm, "default-algorithm", "sliding_window", "rules naming no algorithm: sliding_window, fixed_window or token_bucket")
 	fs.IntVar(&c.FleetSize, "fleet-size", 0, "replicas sharing the limits, for the fail-open share; 0 learns it")
 	fs.IntVar(&c.MinFleetSize, "min-fleet-size", 1, "least fleet size learned, and assumed before the first heartbeat")
 	fs.BoolVar(&c.OverLimitCache, "over-limit-cache", true, "deny what the store found over its limit locally until its retry time")
+	fs.BoolVar(&c.Reserve, "reserve", true, "Redis: decide hot keys from slices of hits reserved in the store")
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes of the local tables (over-limit cache, fail-open buckets)")
 	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters; the oldest are evicted beyond it")
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-* headers, and Retry-After to OVER_LIMIT answers")
@@ -177,7 +181,7 @@ var helpGroups = []helpGroup{
 		[][2]string{{"GOGC, GOMEMLIMIT", "the Go runtime's; with neither set, rls tunes GOGC itself"}}},
 	{"Redis", []string{"redis-url", "redis-timeout"},
 		[][2]string{{redisPasswordEnv, "Redis password, overriding the URL's (never a flag: ps shows flags)"}}},
-	{"Limits", []string{"on-store-error", "fleet-size", "min-fleet-size", "over-limit-cache", "local-max-bytes",
+	{"Limits", []string{"on-store-error", "default-algorithm", "fleet-size", "min-fleet-size", "over-limit-cache", "reserve", "local-max-bytes",
 		"memory-max-bytes", "response-headers"}, nil},
 	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "grpc-tls-client-san", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
 	{"xDS", []string{"config-source", "xds-server", "xds-node-id", "xds-tls-ca", "xds-tls-cert", "xds-tls-key"}, nil},
@@ -196,7 +200,7 @@ const usageHead = `usage: rls [serve] [flags]
        rls help
 
 rls serve's flags, by topic. Each is also read from its RLS_* environment
-twin (--redis-url from RLS_REDIS_URL); README.md's flag table has details.
+twin (--redis-url from RLS_REDIS_URL); docs/flags.md has the details.
 `
 
 // printHelp writes rls serve --help: the flags by topic, each with its

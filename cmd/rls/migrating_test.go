@@ -38,8 +38,8 @@ const (
 // the entries that exist by then.
 var pendingFlags = map[string]string{}
 
-// plannedFlags are flags MIGRATING.md names as planned, not in this release
-// (issue #18, xDS): they may appear in notes, never as what rls does. When
+// plannedFlags are flags MIGRATING.md names as planned, not in this
+// release: they may appear in notes, never as what rls does. When
 // one exists, its rows must say how it is used now.
 var plannedFlags = map[string]bool{}
 

@@ -355,7 +355,9 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		CacheBytes:   cfg.LocalMaxBytes / 2,
 		BucketsBytes: cfg.LocalMaxBytes / 4,
 		DisableCache: !cfg.OverLimitCache,
-		Log:          a.log,
+		// The memory store is local: a slice would save nothing.
+		Reserve: cfg.Reserve && cfg.Store != "memory",
+		Log:     a.log,
 	})
 	telemetry.RegisterLimiter(a.reg, a.lim, a.fleet)
 	a.svc = service.New(rules, a.lim, service.Options{
@@ -366,7 +368,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		QuotaMode:        cfg.QuotaMode,
 		ResponseMetadata: cfg.ResponseMetadata,
 		NearLimitRatio:   cfg.NearLimitRatio,
-		Limits:           service.DefaultLimits, // fixed bounds, listed in the README
+		Limits:           service.DefaultLimits, // fixed bounds, listed in docs/flags.md
 		Metrics:          a.svcMetrics,
 		Log:              a.log,
 		Tracing:          a.tracing.Service(),
@@ -387,8 +389,10 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		Poll:             a.cfg.ConfigPoll,
 		MaxFileBytes:     a.cfg.ConfigMaxBytes,
 		AllowEmpty:       a.cfg.AllowEmptyConfig,
+		AllowEmptyName:   optionNames["reload.AllowEmpty"],
 		MergeDomains:     a.cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"],
+		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.Set(c)
@@ -583,11 +587,20 @@ func (a *app) shutdown(runErr error) {
 	a.writeBack()
 }
 
-// writeBack hands the hits admitted locally while the store could not
-// answer to the store before it is closed, within ShutdownTimeout.
+// writeBack returns the unused hits of reserved slices, so other replicas
+// can use them in the same window, and hands the hits admitted locally
+// while the store could not answer to the store before it is closed, within
+// ShutdownTimeout.
 func (a *app) writeBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
+	before := a.lim.Counters()
+	if err := a.lim.ReleaseReservations(ctx); err != nil {
+		a.log.Warn("returning reserved hits at shutdown failed; they stay counted until their window ends", "err", err)
+	}
+	if after := a.lim.Counters(); after.ReservedReturned > before.ReservedReturned {
+		a.log.Info("reserved hits returned", "hits", after.ReservedReturned-before.ReservedReturned)
+	}
 	if err := a.lim.WriteBack(ctx); err != nil {
 		a.log.Warn("write-back of locally admitted hits at shutdown failed; the store does not count them", "err", err)
 	}
@@ -704,6 +717,7 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 
 // loadOptions are the options of loading the config files.
 func loadOptions(cfg *Config) descriptors.LoadOptions {
+	alg, _ := store.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
-		MergeDomainsName: optionNames["descriptors.MergeDomains"]}
+		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg}
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/simulate"
-	"github.com/rls-project/rls/pkg/store"
 )
 
 // simulateFlags are rls simulate's flags.
@@ -47,7 +46,7 @@ func newSimulateFlagSet(f *simulateFlags) *flag.FlagSet {
 	fs.DurationVar(&f.window, "window", time.Second, "without --config: the window, a whole number of seconds")
 	fs.StringVar(&f.precisions, "precisions", "2,5,10,20,60", "sliding-window precisions to compare besides the two-counter window (2 to 60, comma-separated; empty for none)")
 	fs.StringVar(&f.trace, "trace", "", "CSV trace: timestamp seconds, then the descriptor's key=value entries, then optionally the hits (one request a line)")
-	fs.Var(&f.gens, "gen", "generated trace (repeatable): poisson[:rate=R,duration=D], onoff[:rate=R,on=D,off=D,duration=D], boundary[:n=N,spread=D,every=D,duration=D] or standard (the five of the README)")
+	fs.Var(&f.gens, "gen", "generated trace (repeatable): poisson[:rate=R,duration=D], onoff[:rate=R,on=D,off=D,duration=D], boundary[:n=N,spread=D,every=D,duration=D] or standard (the five of docs/algorithms.md)")
 	fs.Uint64Var(&f.seed, "seed", 1, "random seed of the generated traces")
 	fs.StringVar(&f.jsonOut, "json", "", "also write the results as JSON to this file (- for stdout, instead of the tables)")
 	fs.StringVar(&f.svgOut, "svg", "", "also draw admitted-per-trailing-window over time as SVG into this file (with several traces: FILE-1.svg, FILE-2.svg, ...)")
@@ -104,103 +103,53 @@ func runSimulate(args []string, stdout io.Writer) error {
 	return f.run(stdout)
 }
 
-// setup is what the flags resolve to: the limit, the candidates and how a
-// CSV row's descriptor becomes a counter key.
-type setup struct {
-	limit  simulate.Limit
-	cands  []simulate.Candidate
-	key    simulate.KeyFunc
-	genKey string // the key of generated events
-}
-
-func (f *simulateFlags) setup() (*setup, error) {
+// setup resolves the flags that say what to simulate (simulate.NewSetup),
+// naming the flag of a bad one.
+func (f *simulateFlags) setup() (*simulate.Setup, error) {
 	precisions, err := simulate.ParsePrecisions(f.precisions)
 	if err != nil {
 		return nil, fmt.Errorf("--precisions: %v", err)
 	}
+	src, err := f.source()
+	if err != nil {
+		return nil, err
+	}
+	su, err := simulate.NewSetup(src, precisions)
+	var oe *simulate.OptionError
+	if errors.As(err, &oe) {
+		return nil, fmt.Errorf("%s: %s", map[string]string{
+			"Config":  "--config " + f.configDir,
+			"Entries": "--rule " + f.rule,
+			"Limit":   "--limit/--window",
+		}[oe.Option], oe.Msg)
+	}
+	return su, err
+}
+
+// source checks which of --config (with --rule, --merge-domains) and
+// --limit (with --window) is given, and reads it.
+func (f *simulateFlags) source() (simulate.Source, error) {
 	if f.configDir == "" {
 		if f.rule != "" || f.mergeDomains {
-			return nil, errors.New("--rule and --merge-domains need --config")
+			return simulate.Source{}, errors.New("--rule and --merge-domains need --config")
 		}
 		if f.limit == 0 {
-			return nil, errors.New("give --config DIR (and --rule) or --limit L (rls simulate --help)")
+			return simulate.Source{}, errors.New("give --config DIR (and --rule) or --limit L (rls simulate --help)")
 		}
-		l := simulate.Limit{Requests: f.limit, Window: f.window}
-		if err := l.Validate(); err != nil {
-			return nil, fmt.Errorf("--limit/--window: %v", err)
-		}
-		return &setup{limit: l, cands: simulate.Candidates(l, precisions, nil), genKey: "sim",
-			key: func(entries []string) (string, bool) {
-				if len(entries) == 0 {
-					return "sim", true
-				}
-				return strings.Join(entries, "|"), true
-			}}, nil
+		return simulate.Source{Limit: simulate.Limit{Requests: f.limit, Window: f.window}}, nil
 	}
 	if f.limit != 0 {
-		return nil, errors.New("--limit: give either --config (the rule's limit) or --limit")
+		return simulate.Source{}, errors.New("--limit: give either --config (the rule's limit) or --limit")
 	}
 	cfg, _, err := descriptors.LoadWith(f.configDir, descriptors.LoadOptions{MergeDomains: f.mergeDomains})
 	if err != nil {
-		return nil, fmt.Errorf("--config %s: %v", f.configDir, err)
+		return simulate.Source{}, fmt.Errorf("--config %s: %v", f.configDir, err)
 	}
-	var (
-		domain  string
-		entries []*rlcommon.RateLimitDescriptor_Entry
-		r       *descriptors.Rule
-	)
+	src := simulate.Source{Config: cfg}
 	if f.rule != "" {
-		var err error
-		if domain, entries, err = parseRuleFlag(f.rule); err != nil {
-			return nil, err
-		}
-		if r = cfg.Match(domain, entries); r == nil {
-			return nil, fmt.Errorf("--rule %s: no rule of --config %s matches it", f.rule, f.configDir)
-		}
-	} else {
-		for _, c := range cfg.Rules() {
-			if !c.Unlimited {
-				r, domain = c, c.Domain
-				break
-			}
-		}
-		if r == nil {
-			return nil, fmt.Errorf("--config %s: no limited rule in it", f.configDir)
-		}
+		src.Domain, src.Entries, err = parseRuleFlag(f.rule)
 	}
-	if r.Unlimited {
-		return nil, fmt.Errorf("--rule %s: %s:%d is unlimited: nothing to simulate", f.rule, r.File, r.Line)
-	}
-	l := simulate.Limit{Requests: uint64(r.RequestsPerUnit), Window: r.Window()}
-	if err := l.Validate(); err != nil {
-		return nil, fmt.Errorf("%s:%d: %v", r.File, r.Line, err)
-	}
-	own := simulate.Candidate{Precision: uint64(r.Precision), Burst: uint64(r.Burst)}
-	switch r.Algorithm {
-	case descriptors.TokenBucket:
-		own.Algorithm = store.TokenBucket
-	case descriptors.FixedWindow:
-		own.Algorithm = store.FixedWindow
-	}
-	genKey := r.Path
-	if entries != nil {
-		genKey = string(descriptors.AppendKey(nil, domain, entries, r))
-	}
-	return &setup{limit: l, cands: simulate.Candidates(l, precisions, &own), genKey: genKey,
-		key: func(row []string) (string, bool) {
-			if len(row) == 0 {
-				return genKey, true
-			}
-			es := make([]*rlcommon.RateLimitDescriptor_Entry, len(row))
-			for i, kv := range row {
-				k, v, _ := strings.Cut(kv, "=")
-				es[i] = &rlcommon.RateLimitDescriptor_Entry{Key: k, Value: v}
-			}
-			if cfg.Match(domain, es) != r {
-				return "", false
-			}
-			return string(descriptors.AppendKey(nil, domain, es, r)), true
-		}}, nil
+	return src, err
 }
 
 // parseRuleFlag reads --rule: domain:key=value[,key=value...].
@@ -225,59 +174,17 @@ func (f *simulateFlags) run(stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("simulate: %w", err)
 	}
-	var traces []simulate.Trace
-	if f.trace != "" {
-		file, err := os.Open(f.trace)
-		if err != nil {
-			return fmt.Errorf("simulate: --trace: %w", err)
-		}
-		tr, err := simulate.ReadCSV(file, f.trace, su.key)
-		file.Close()
-		if err != nil {
-			return fmt.Errorf("simulate: --trace %w", err)
-		}
-		traces = append(traces, tr)
+	traces, err := f.traces(su)
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
 	}
-	var gens []string
-	for _, g := range f.gens {
-		if g == "standard" {
-			gens = append(gens, simulate.StandardGenerators...)
-		} else {
-			gens = append(gens, g)
-		}
-	}
-	for _, g := range gens {
-		tr, err := simulate.Generate(g, su.limit.Requests, su.limit.Window, f.seed, su.genKey)
-		if err != nil {
-			return fmt.Errorf("simulate: %w", err)
-		}
-		traces = append(traces, tr)
-	}
-	if len(traces) == 0 {
-		return errors.New("simulate: no trace: give --trace FILE.csv or --gen SPEC (rls simulate --help)")
-	}
-	var reps []*simulate.Report
-	for _, tr := range traces {
-		rep, err := simulate.Run(tr, su.limit, su.cands)
-		if err != nil {
-			return fmt.Errorf("simulate: %s: %w", tr.Name, err)
-		}
-		reps = append(reps, rep)
+	reps, err := su.RunAll(traces)
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
 	}
 	if f.jsonOut != "-" {
-		for i, rep := range reps {
-			if i > 0 {
-				fmt.Fprintln(stdout)
-			}
-			if err := simulate.WriteTable(stdout, rep); err != nil {
-				return err
-			}
-		}
-		if len(reps) > 1 {
-			fmt.Fprintln(stdout)
-			if err := simulate.WriteSummary(stdout, reps); err != nil {
-				return err
-			}
+		if err := writeTables(stdout, reps); err != nil {
+			return err
 		}
 	}
 	if f.jsonOut != "" {
@@ -285,19 +192,70 @@ func (f *simulateFlags) run(stdout io.Writer) error {
 			return fmt.Errorf("simulate: --json: %w", err)
 		}
 	}
-	if f.svgOut != "" {
-		for i, rep := range reps {
-			name := f.svgOut
-			if len(reps) > 1 {
-				ext := filepath.Ext(name)
-				name = fmt.Sprintf("%s-%d%s", strings.TrimSuffix(name, ext), i+1, ext)
-			}
-			if err := writeOut(name, nil, func(w io.Writer) error { return simulate.WriteSVG(w, rep) }); err != nil {
-				return fmt.Errorf("simulate: --svg: %w", err)
-			}
-			if f.jsonOut != "-" {
-				fmt.Fprintf(stdout, "wrote %s (%s)\n", name, rep.Trace)
-			}
+	return f.writeSVGs(stdout, reps)
+}
+
+// traces reads --trace and generates the --gen traces.
+func (f *simulateFlags) traces(su *simulate.Setup) ([]simulate.Trace, error) {
+	var traces []simulate.Trace
+	if f.trace != "" {
+		file, err := os.Open(f.trace)
+		if err != nil {
+			return nil, fmt.Errorf("--trace: %w", err)
+		}
+		tr, err := simulate.ReadCSV(file, f.trace, su.Key)
+		file.Close()
+		if err != nil {
+			return nil, fmt.Errorf("--trace %w", err)
+		}
+		traces = append(traces, tr)
+	}
+	gen, err := su.Generate(f.gens, f.seed)
+	var ge *simulate.GenError
+	if errors.As(err, &ge) {
+		return nil, fmt.Errorf("--gen %q: %s", ge.Spec, ge.Msg)
+	} else if err != nil {
+		return nil, err
+	}
+	if traces = append(traces, gen...); len(traces) == 0 {
+		return nil, errors.New("no trace: give --trace FILE.csv or --gen SPEC (rls simulate --help)")
+	}
+	return traces, nil
+}
+
+// writeTables prints one table per report, and a summary of several.
+func writeTables(stdout io.Writer, reps []*simulate.Report) error {
+	for i, rep := range reps {
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		if err := simulate.WriteTable(stdout, rep); err != nil {
+			return err
+		}
+	}
+	if len(reps) < 2 {
+		return nil
+	}
+	fmt.Fprintln(stdout)
+	return simulate.WriteSummary(stdout, reps)
+}
+
+// writeSVGs draws each report into --svg (FILE-1.svg, ... for several).
+func (f *simulateFlags) writeSVGs(stdout io.Writer, reps []*simulate.Report) error {
+	if f.svgOut == "" {
+		return nil
+	}
+	for i, rep := range reps {
+		name := f.svgOut
+		if len(reps) > 1 {
+			ext := filepath.Ext(name)
+			name = fmt.Sprintf("%s-%d%s", strings.TrimSuffix(name, ext), i+1, ext)
+		}
+		if err := writeOut(name, nil, func(w io.Writer) error { return simulate.WriteSVG(w, rep) }); err != nil {
+			return fmt.Errorf("simulate: --svg: %w", err)
+		}
+		if f.jsonOut != "-" {
+			fmt.Fprintf(stdout, "wrote %s (%s)\n", name, rep.Trace)
 		}
 	}
 	return nil

@@ -40,15 +40,16 @@ func TestSimulateHelp(t *testing.T) {
 	}
 }
 
-// TestReadmeListsSimulateFlags keeps the README's rls simulate table true.
+// TestReadmeListsSimulateFlags keeps the rls simulate table of
+// docs/algorithms.md true.
 func TestReadmeListsSimulateFlags(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/algorithms.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, sec, ok := strings.Cut(string(readme), "### `rls simulate`")
+	_, sec, ok := strings.Cut(string(readme), "## `rls simulate`")
 	if !ok {
-		t.Fatal("README has no \"### `rls simulate`\" section")
+		t.Fatal("docs/algorithms.md has no \"## `rls simulate`\" section")
 	}
 	sec, _, _ = strings.Cut(sec, "\n#")
 	rows := map[string]string{}
@@ -58,16 +59,16 @@ func TestReadmeListsSimulateFlags(t *testing.T) {
 	newSimulateFlagSet(&simulateFlags{}).VisitAll(func(f *flag.Flag) {
 		def, ok := rows[f.Name]
 		if !ok {
-			t.Errorf("README's rls simulate table lacks --%s", f.Name)
+			t.Errorf("docs/algorithms.md's rls simulate table lacks --%s", f.Name)
 			return
 		}
 		if f.DefValue != def && !(f.DefValue == "[]" && def == "") && !(f.DefValue == "" && def == "") {
-			t.Errorf("README says --%s defaults to %q; it is %q", f.Name, def, f.DefValue)
+			t.Errorf("docs/algorithms.md says --%s defaults to %q; it is %q", f.Name, def, f.DefValue)
 		}
 		delete(rows, f.Name)
 	})
 	for name := range rows {
-		t.Errorf("README's rls simulate table lists --%s, which does not exist", name)
+		t.Errorf("docs/algorithms.md's rls simulate table lists --%s, which does not exist", name)
 	}
 }
 
@@ -163,16 +164,16 @@ func TestSimulateConfig(t *testing.T) {
 	}
 }
 
-// TestReadmeSimulateTable keeps the README's "Choosing an algorithm" table
-// true: the command shown before it prints it, as its last table.
+// TestReadmeSimulateTable keeps the table of docs/algorithms.md true: the
+// command shown before it prints it, as its last table.
 func TestReadmeSimulateTable(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/algorithms.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, sec, ok := strings.Cut(string(readme), "## Choosing an algorithm")
+	_, sec, ok := strings.Cut(string(readme), "# Choosing an algorithm")
 	if !ok {
-		t.Fatal("README has no \"## Choosing an algorithm\" section")
+		t.Fatal("docs/algorithms.md has no \"# Choosing an algorithm\" heading")
 	}
 	const cmd = "```sh\nrls simulate "
 	i := strings.Index(sec, cmd)
@@ -195,6 +196,6 @@ func TestReadmeSimulateTable(t *testing.T) {
 	}
 	table = "peak/L and wrongly denied" + table
 	if table != block {
-		t.Errorf("README's table is not what %q prints; it prints:\n%s", line, table)
+		t.Errorf("docs/algorithms.md's table is not what %q prints; it prints:\n%s", line, table)
 	}
 }

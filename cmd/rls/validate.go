@@ -26,6 +26,7 @@ var optionNames = map[string]string{
 	"redis.Timeout":            flagRef("redis-timeout"),
 	"redis.Password":           redisPasswordEnv,
 	"descriptors.MergeDomains": flagRef("merge-domains"),
+	"reload.AllowEmpty":        flagRef("allow-empty-config"),
 }
 
 // userError turns a package's option error into one naming the setting
@@ -56,6 +57,7 @@ func (c *Config) Validate() error {
 		oneOf("log-level", c.LogLevel, "debug", "info", "warn", "error"),
 		oneOf("log-format", c.LogFormat, "text", "json"),
 		oneOf("on-store-error", c.OnStoreError, "fail_open", "fail_closed"),
+		oneOf("default-algorithm", strings.ToLower(c.DefaultAlgorithm), "sliding_window", "fixed_window", "token_bucket"),
 		c.validateBounds(),
 		c.validateGRPCTLS(),
 		c.validateEnv(),

@@ -48,11 +48,13 @@ func (c *Config) validateXDS() error {
 	if c.XDSNodeID == "" {
 		errs = append(errs, fmt.Errorf("%s is required with --config-source xds: the node id the management server keys rls's snapshot by", flagRef("xds-node-id")))
 	}
+	// The node metadata and the message cap have no flag (fixed settings):
+	// their errors name the setting, not a flag.
 	if _, err := xds.ParseNodeMetadata(c.XDSNodeMetadata); err != nil {
-		errs = append(errs, fmt.Errorf("%s: %v", flagRef("xds-node-metadata"), err))
+		errs = append(errs, fmt.Errorf("xDS node metadata: %v", err))
 	}
 	if c.XDSMaxRecvBytes < 1 {
-		errs = append(errs, fmt.Errorf("%s must be at least 1", flagRef("xds-max-recv-bytes")))
+		errs = append(errs, fmt.Errorf("the xDS message cap is %d bytes; it must be at least 1", c.XDSMaxRecvBytes))
 	}
 	errs = append(errs, validCA("xds-tls-ca", c.XDSTLSCA), validPair("xds-tls-cert", c.XDSTLSCert, "xds-tls-key", c.XDSTLSKey))
 	return errors.Join(errs...)

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // Config is a loaded, validated set of domains. It is immutable after Load
@@ -14,6 +16,9 @@ type Config struct {
 	names   []string // sorted domain names
 	rules   []*Rule  // every configured rule, by domain then file order
 	hash    string
+	// defaultAlg is the algorithm of an override that matches no rule
+	// (ParseOptions.DefaultAlgorithm).
+	defaultAlg store.Algorithm
 }
 
 // level is the set of descriptors at one depth below a parent.
@@ -80,14 +85,21 @@ func (c *Config) Match(domain string, entries []*rlcommon.RateLimitDescriptor_En
 }
 
 // MatchOverride returns the rule for a request descriptor that carries a
-// limit override: OverrideRule of the rule Match finds (which may be nil),
-// or nil when the domain is unknown (as envoyproxy/ratelimit does). It
-// allocates the returned rule.
-func (c *Config) MatchOverride(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, rpu uint32, unit Unit) *Rule {
+// limit override of rpu requests per mult units: OverrideRule of the rule
+// Match finds, or nil when the domain is unknown (as envoyproxy/ratelimit
+// does). When no rule matches, the override counts with the config's
+// default algorithm (ParseOptions.DefaultAlgorithm). It allocates the
+// returned rule.
+func (c *Config) MatchOverride(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, rpu uint32, unit Unit, mult uint32) *Rule {
 	if c == nil || c.domains[domain] == nil {
 		return nil
 	}
-	return OverrideRule(c.Match(domain, entries), domain, rpu, unit)
+	base := c.Match(domain, entries)
+	r := OverrideRule(base, domain, rpu, unit, mult)
+	if base == nil {
+		r.Algorithm = c.defaultAlg
+	}
+	return r
 }
 
 // Domains returns the configured domain names, sorted. The caller may modify

@@ -20,11 +20,12 @@
 //	    metadata: {any: mapping}     # Rule.Metadata, returned as response dynamic metadata
 //	    rate_limit:
 //	      unit: minute               # second|minute|hour|day|week|month|year
-//	      requests_per_unit: 100     # 0..4294967295
+//	      unit_multiplier: 1         # units per window: 5 with minute is 5 minutes (at most a year)
+//	      requests_per_unit: 100     # 0..4294967295, per window
 //	      name: premium              # optional; used by replaces
 //	      unlimited: false           # never limited; no unit/requests_per_unit then
 //	      replaces: [{name: base}]   # drop these named limits when this one matches
-//	      algorithm: sliding_window  # | token_bucket | fixed_window (rls extension)
+//	      algorithm: sliding_window  # | token_bucket | fixed_window; absent: ParseOptions.DefaultAlgorithm
 //	      burst: 50                  # token_bucket only: capacity, default requests_per_unit
 //	      precision: 10              # sliding_window only: sub-windows per window (1..60)
 //	      split: 3                   # spread each key's counter over 3 sub-keys (1..64; see split.go)
@@ -55,7 +56,8 @@
 // AppendKey builds "rl:{tenant}:rest" (sliding and fixed window) or
 // "tb:{tenant}:rest" (token bucket). The tenant is the escaped domain and the
 // request's first entry, so all counters of one tenant share a Redis Cluster
-// hash slot. rest holds the algorithm and window ("s60", "f3600", "t1"), for
+// hash slot. rest holds the algorithm and window in seconds, the unit times
+// unit_multiplier ("s60", "f3600", "t1", "s120" for two minutes), for
 // a request override "o" and its requests_per_unit, then every further entry
 // as "|key=value". Keys and values are the request's (a wildcard or key-only
 // rule counts every distinct value separately) and are percent-escaped so

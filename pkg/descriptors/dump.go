@@ -31,7 +31,11 @@ func (r *Rule) dumpLine() string {
 	if r.Unlimited {
 		b.WriteString(" unlimited")
 	} else {
-		fmt.Fprintf(&b, " %d/%s %s", r.RequestsPerUnit, r.Unit, r.Algorithm)
+		if r.UnitMultiplier > 1 {
+			fmt.Fprintf(&b, " %d/%d %s %s", r.RequestsPerUnit, r.UnitMultiplier, r.Unit, r.Algorithm)
+		} else {
+			fmt.Fprintf(&b, " %d/%s %s", r.RequestsPerUnit, r.Unit, r.Algorithm)
+		}
 		if r.Burst > 0 {
 			fmt.Fprintf(&b, " burst=%d", r.Burst)
 		}
@@ -40,6 +44,9 @@ func (r *Rule) dumpLine() string {
 		}
 		if r.OnError != OnErrorDefault {
 			fmt.Fprintf(&b, " on_error=%s", r.OnError)
+		}
+		if r.NoReserve {
+			b.WriteString(" reserve=false")
 		}
 	}
 	if r.ShadowMode {

@@ -5,6 +5,8 @@ import (
 	"unicode/utf8"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // AppendKey appends to dst the store key of the counter that rule r keeps
@@ -22,19 +24,21 @@ import (
 // not part of valid UTF-8 as "%XX" (keys are valid UTF-8; input bytes are
 // kept exactly: "a\xff" and "a%FF" have distinct keys). The "p" part is
 // present for sliding windows of precision 2 or more only (so a rule
-// without precision keeps its key), the "o" part for override rules only. Distinct inputs (domain,
+// without precision keeps its key), the "o" part for override rules only.
+// The window seconds are the whole window (unit times unit_multiplier), so
+// a rule of one unit keeps its key and two periods never share a counter. Distinct inputs (domain,
 // entries, algorithm, window, override and its requests_per_unit) give
 // distinct keys, and the Redis Cluster hash tag is exactly the tenant.
 // Without entries the tenant is esc(domain) "|". A nil r is treated as a
 // sliding-window rule of window 0. AppendKey does not allocate when dst has
 // enough capacity.
 func AppendKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, r *Rule) []byte {
-	var alg Algorithm
+	var alg store.Algorithm
 	var secs int64
 	if r != nil {
-		alg, secs = r.Algorithm, r.Unit.Seconds()
+		alg, secs = r.Algorithm, r.WindowSeconds()
 	}
-	if alg == TokenBucket {
+	if alg == store.TokenBucket {
 		dst = append(dst, "tb:{"...)
 	} else {
 		dst = append(dst, "rl:{"...)
@@ -46,15 +50,15 @@ func AppendKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescripto
 	}
 	dst = append(dst, "}:"...)
 	switch alg {
-	case TokenBucket:
+	case store.TokenBucket:
 		dst = append(dst, 't')
-	case FixedWindow:
+	case store.FixedWindow:
 		dst = append(dst, 'f')
 	default:
 		dst = append(dst, 's')
 	}
 	dst = strconv.AppendInt(dst, secs, 10)
-	if r != nil && alg == SlidingWindow && r.Precision >= 2 {
+	if r != nil && alg == store.SlidingWindow && r.Precision >= 2 {
 		dst = append(dst, 'p')
 		dst = strconv.AppendUint(dst, uint64(r.Precision), 10)
 	}

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 func TestAppendKey(t *testing.T) {
@@ -22,9 +24,9 @@ func TestAppendKey(t *testing.T) {
 		want    string
 	}{
 		{"sliding", "api", []string{"api_key", "k1", "route", "/v1/x"}, minute, "rl:{api|api_key=k1}:s60|route=/v1/x"},
-		{"fixed", "api", []string{"api_key", "k1"}, &Rule{Unit: UnitHour, Algorithm: FixedWindow}, "rl:{api|api_key=k1}:f3600"},
-		{"token bucket", "api", []string{"api_key", "k1"}, &Rule{Unit: UnitSecond, Algorithm: TokenBucket, Burst: 9}, "tb:{api|api_key=k1}:t1"},
-		{"override", "api", []string{"api_key", "k1", "route", "r"}, OverrideRule(minute, "api", 500, UnitDay), "rl:{api|api_key=k1}:s86400o500|route=r"},
+		{"fixed", "api", []string{"api_key", "k1"}, &Rule{Unit: UnitHour, Algorithm: store.FixedWindow}, "rl:{api|api_key=k1}:f3600"},
+		{"token bucket", "api", []string{"api_key", "k1"}, &Rule{Unit: UnitSecond, Algorithm: store.TokenBucket, Burst: 9}, "tb:{api|api_key=k1}:t1"},
+		{"override", "api", []string{"api_key", "k1", "route", "r"}, OverrideRule(minute, "api", 500, UnitDay, 1), "rl:{api|api_key=k1}:s86400o500|route=r"},
 		{"month and year", "d", []string{"k", "v"}, &Rule{Unit: UnitYear}, "rl:{d|k=v}:s31536000"},
 		{"escaping", "a{b}", []string{"k:1", "v=|%", "k 2", "x\ny\x7f"}, minute, "rl:{a%7Bb%7D|k%3A1=v%3D%7C%25}:s60|k%202=x%0Ay%7F"},
 		{"utf-8 kept", "api", []string{"name", "Zoë 日本"}, minute, "rl:{api|name=Zoë%20日本}:s60"},
@@ -36,7 +38,7 @@ func TestAppendKey(t *testing.T) {
 		{"nil rule", "api", []string{"k", "v"}, nil, "rl:{api|k=v}:s0"},
 		{"share threshold", "api", []string{"team", "eng-core"}, cfg.Match("api", entries("team", "eng-core")), "rl:{api|team=%*eng-*}:s60"},
 		{"wildcard without share counts values", "api", []string{"team", "sales"}, cfg.Match("api", entries("team", "sales")), "rl:{api|team=sales}:s60"},
-		{"override never shares", "api", []string{"team", "eng-core"}, OverrideRule(cfg.Match("api", entries("team", "eng-core")), "api", 3, UnitMinute), "rl:{api|team=eng-core}:s60o3"},
+		{"override never shares", "api", []string{"team", "eng-core"}, OverrideRule(cfg.Match("api", entries("team", "eng-core")), "api", 3, UnitMinute, 1), "rl:{api|team=eng-core}:s60o3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -62,7 +64,7 @@ func TestAppendKeyDoesNotAllocate(t *testing.T) {
 type keyInput struct {
 	domain   string
 	entries  string // %q of the effective key/value pairs
-	alg      Algorithm
+	alg      store.Algorithm
 	seconds  int64
 	override bool
 	rpu      uint32 // only for overrides
@@ -119,8 +121,8 @@ func TestAppendKeyInjective(t *testing.T) {
 	rules := []*Rule{
 		{Unit: UnitSecond},
 		{Unit: UnitMinute},
-		{Unit: UnitMinute, Algorithm: FixedWindow},
-		{Unit: UnitMinute, Algorithm: TokenBucket},
+		{Unit: UnitMinute, Algorithm: store.FixedWindow},
+		{Unit: UnitMinute, Algorithm: store.TokenBucket},
 		{Unit: UnitMinute, Override: true, RequestsPerUnit: 1},
 		{Unit: UnitMinute, Override: true, RequestsPerUnit: 11},
 		{Unit: UnitMinute, share: []string{"a*"}},
@@ -169,7 +171,7 @@ func fuzzEntries(b []byte) []*rlcommon.RateLimitDescriptor_Entry {
 // ignores).
 func fuzzRule(m uint32) *Rule {
 	r := &Rule{
-		Algorithm:       Algorithm(m % 3),
+		Algorithm:       store.Algorithm(m % 3),
 		Unit:            Unit(1 + (m>>2)%7),
 		Override:        m>>5&1 == 1,
 		RequestsPerUnit: m >> 6,
@@ -222,7 +224,7 @@ func BenchmarkAppendKey(b *testing.B) {
 		{"two_entries", entries("api_key", "0123456789abcdef", "route", "/v1/users"), &Rule{Unit: UnitMinute}},
 		{"escaped", entries("api_key", "{k:1}", "route", "/a b|c=d"), &Rule{Unit: UnitMinute}},
 		{"override_token_bucket", entries("api_key", "k", "route", "/v1", "method", "GET"),
-			&Rule{Unit: UnitSecond, Algorithm: TokenBucket, Override: true, RequestsPerUnit: 100}},
+			&Rule{Unit: UnitSecond, Algorithm: store.TokenBucket, Override: true, RequestsPerUnit: 100}},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // DefaultMaxFileBytes is the largest config file Load reads: 8 MiB, eight
@@ -29,11 +31,14 @@ type LoadOptions struct {
 	// MergeDomainsName names that option in errors (see ParseOptions).
 	MergeDomains     bool
 	MergeDomainsName string
+	// DefaultAlgorithm is the algorithm of rules that name none [sliding
+	// window] (see ParseOptions).
+	DefaultAlgorithm store.Algorithm
 }
 
 // parseOptions are the options of parsing what was loaded.
 func (o LoadOptions) parseOptions() ParseOptions {
-	return ParseOptions{MergeDomains: o.MergeDomains, MergeDomainsName: o.MergeDomainsName}
+	return ParseOptions{MergeDomains: o.MergeDomains, MergeDomainsName: o.MergeDomainsName, DefaultAlgorithm: o.DefaultAlgorithm}
 }
 
 // readFile reads at most max+1 bytes of path (a file may grow after its

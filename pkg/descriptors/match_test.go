@@ -8,6 +8,8 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // entries builds request entries from key, value pairs.
@@ -185,7 +187,7 @@ func TestOverrideRule(t *testing.T) {
 		base *Rule
 		want Rule
 	}{
-		{"from base", base, Rule{Name: "v1", Unit: UnitHour, RequestsPerUnit: 42, Algorithm: TokenBucket,
+		{"from base", base, Rule{Name: "v1", Unit: UnitHour, RequestsPerUnit: 42, Algorithm: store.TokenBucket,
 			OnError: OnErrorFailClosed, Domain: "api", Path: base.Path, File: base.File, Line: base.Line, Override: true}},
 		{"no base", nil, Rule{Unit: UnitHour, RequestsPerUnit: 42, Domain: "api", Override: true}},
 		{"unlimited base", cfg.Match("api", entries("free", "x")), Rule{Name: "free", Unit: UnitHour, RequestsPerUnit: 42,
@@ -197,7 +199,7 @@ func TestOverrideRule(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := OverrideRule(tt.base, "api", 42, UnitHour)
+			got := OverrideRule(tt.base, "api", 42, UnitHour, 1)
 			if got.Burst != 0 || got == tt.base {
 				t.Errorf("override shares state with its base: %+v", got)
 			}
@@ -211,10 +213,10 @@ func TestOverrideRule(t *testing.T) {
 	if base.Override || base.RequestsPerUnit != 10 {
 		t.Errorf("OverrideRule modified its base: %+v", base)
 	}
-	if r := cfg.MatchOverride("nope", entries("a", "b"), 1, UnitSecond); r != nil {
+	if r := cfg.MatchOverride("nope", entries("a", "b"), 1, UnitSecond, 1); r != nil {
 		t.Errorf("MatchOverride on unknown domain = %+v", r)
 	}
-	if r := cfg.MatchOverride("api", entries("nope", "b"), 5, UnitSecond); r == nil || !r.Override || r.RequestsPerUnit != 5 {
+	if r := cfg.MatchOverride("api", entries("nope", "b"), 5, UnitSecond, 1); r == nil || !r.Override || r.RequestsPerUnit != 5 {
 		t.Errorf("MatchOverride without configured rule = %+v", r)
 	}
 }

@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // maxNodes bounds the descriptors one file may expand to (aliases can
@@ -29,8 +31,8 @@ var (
 	rootFields       = []string{"domain", "descriptors"}
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
-	rateLimitFields = []string{"unit", "requests_per_unit", "name", "unlimited", "replaces",
-		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split"}
+	rateLimitFields = []string{"unit", "unit_multiplier", "requests_per_unit", "name", "unlimited", "replaces",
+		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split", "reserve"}
 	replacesFields = []string{"name"}
 )
 
@@ -46,6 +48,12 @@ type ParseOptions struct {
 	// MergeDomainsName is how the error of a domain defined twice names
 	// the MergeDomains option, e.g. the flag that sets it; "" names none.
 	MergeDomainsName string
+	// DefaultAlgorithm is the algorithm of every rule that names none
+	// (and sets no precision, which only a sliding window has), and of an
+	// override that matches no rule. The zero value is SlidingWindow. It
+	// never changes what is valid: a file accepted with one default is
+	// accepted with any other.
+	DefaultAlgorithm store.Algorithm
 }
 
 // Parse is ParseWith with the default options: one domain per file.
@@ -78,14 +86,14 @@ func parse(srcs []source, opts ParseOptions) (*Config, error) {
 
 	var errs Errors
 	h := sha256.New()
-	cfg := &Config{domains: make(map[string]*level)}
+	cfg := &Config{domains: make(map[string]*level), defaultAlg: opts.DefaultAlgorithm}
 	firstFile := make(map[string]*ConfigError) // domain -> where it was first defined
 	for _, src := range srcs {
 		name, data := src.name, src.data
 		fmt.Fprintf(h, "%s\x00%d\x00", name, len(data))
 		h.Write(data)
 
-		p := &parser{file: name, errs: &errs, budget: maxNodes}
+		p := &parser{file: name, errs: &errs, budget: maxNodes, defaultAlg: opts.DefaultAlgorithm}
 		before := len(errs)
 		var domain string
 		var domainNode *yaml.Node
@@ -146,6 +154,8 @@ type parser struct {
 	budget   int
 	exceeded bool
 	rules    []*Rule
+	// defaultAlg is ParseOptions.DefaultAlgorithm.
+	defaultAlg store.Algorithm
 }
 
 // field is one key/value pair of a YAML mapping.
@@ -644,15 +654,23 @@ func (p *parser) rateLimit(rf field) *Rule {
 	if f, ok := fs["on_error"]; ok {
 		r.OnError = p.onError(f)
 	}
+	if f, ok := fs["reserve"]; ok {
+		r.NoReserve = !p.boolean(f, "reserve")
+	}
 	return r
 }
 
-// limit parses a rate_limit's unit and requests_per_unit into r, which
-// are required unless r is unlimited and forbidden when it is.
+// limit parses a rate_limit's unit, unit_multiplier and requests_per_unit
+// into r: unit and requests_per_unit are required unless r is unlimited,
+// and all three are forbidden when it is.
 func (p *parser) limit(rf field, fs map[string]field, r *Rule) {
 	uf, hasUnit := fs["unit"]
 	if hasUnit {
 		r.Unit = p.unit(uf)
+	}
+	mf, hasMult := fs["unit_multiplier"]
+	if hasMult {
+		p.multiplier(mf, r)
 	}
 	rpuf, hasRPU := fs["requests_per_unit"]
 	if hasRPU {
@@ -666,6 +684,9 @@ func (p *parser) limit(rf field, fs map[string]field, r *Rule) {
 	}
 	if hasUnit {
 		p.errorf(uf.key, "unit", "must not be set when unlimited is true")
+	}
+	if hasMult {
+		p.errorf(mf.key, "unit_multiplier", "must not be set when unlimited is true")
 	}
 	if hasRPU {
 		p.errorf(rpuf.key, "requests_per_unit", "must not be set when unlimited is true")
@@ -685,11 +706,35 @@ func (p *parser) unit(f field) Unit {
 	return u
 }
 
-// algorithm parses a rate_limit's algorithm and burst into r.
+// multiplier parses a rate_limit's unit_multiplier into r: at least 1,
+// and a window (unit times multiplier) of at most MaxWindow. r.Unit is
+// already parsed; an invalid unit is reported there.
+func (p *parser) multiplier(f field, r *Rule) {
+	n, ok := p.uint32Field(f, "unit_multiplier")
+	if !ok {
+		return
+	}
+	r.UnitMultiplier = n
+	if _, ok := r.Unit.Window(n); n == 0 || (!ok && r.Unit.Valid()) {
+		p.errorf(f.val, "unit_multiplier", "%s", WindowError(r.Unit, n))
+	}
+}
+
+// algorithm parses a rate_limit's algorithm and burst into r. A rule that
+// names no algorithm is validated as a sliding window (so what is valid
+// does not depend on the default) and then gets the parser's default
+// algorithm, unless it sets precision, which asks for a sliding window.
 func (p *parser) algorithm(fs map[string]field, r *Rule) {
+	defer func() {
+		_, named := fs["algorithm"]
+		_, precise := fs["precision"]
+		if !named && !precise {
+			r.Algorithm = p.defaultAlg
+		}
+	}()
 	if f, ok := fs["algorithm"]; ok {
 		if s, ok := p.str(f, "algorithm"); ok {
-			if a, ok := ParseAlgorithm(s); ok {
+			if a, ok := store.ParseAlgorithm(s); ok {
 				r.Algorithm = a
 			} else {
 				p.errorf(f.val, "algorithm", "invalid algorithm %q; choices are sliding_window, token_bucket, fixed_window", s)
@@ -697,11 +742,11 @@ func (p *parser) algorithm(fs map[string]field, r *Rule) {
 		}
 	}
 	if f, ok := fs["precision"]; ok {
-		if r.Algorithm != SlidingWindow {
+		if r.Algorithm != store.SlidingWindow {
 			p.errorf(f.key, "precision", "only valid with algorithm: sliding_window (the default)")
 		} else if n, ok := p.uint32Field(f, "precision"); ok {
-			if n < 1 || n > MaxPrecision {
-				p.errorf(f.val, "precision", "must be 1 to %d sub-windows per window, got %d", MaxPrecision, n)
+			if n < 1 || n > store.MaxPrecision {
+				p.errorf(f.val, "precision", "must be 1 to %d sub-windows per window, got %d", store.MaxPrecision, n)
 			}
 			r.Precision = n
 		}
@@ -710,7 +755,7 @@ func (p *parser) algorithm(fs map[string]field, r *Rule) {
 	if !ok {
 		return
 	}
-	if r.Algorithm != TokenBucket {
+	if r.Algorithm != store.TokenBucket {
 		p.errorf(f.key, "burst", "only valid with algorithm: token_bucket")
 	} else if b, ok := p.uint32Field(f, "burst"); ok {
 		if b < 1 {

@@ -9,6 +9,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // loadErrors loads dir and returns its validation errors, failing the test
@@ -61,6 +63,10 @@ func TestLoadInvalid(t *testing.T) {
 		{dir: "duplicate_field", line: 4, field: "key", msg: "duplicate field"},
 		{dir: "bad_unit", line: 5, field: "unit", msg: `invalid unit "fortnight"`},
 		{dir: "missing_unit", line: 4, field: "unit", msg: "missing"},
+		{dir: "unit_multiplier_zero", line: 6, field: "unit_multiplier", msg: "must be at least 1"},
+		{dir: "unit_multiplier_negative", line: 6, field: "unit_multiplier", msg: "negative"},
+		{dir: "unit_multiplier_over_a_year", line: 7, field: "unit_multiplier", msg: "13 with unit month is a window of 390 days, longer than one year"},
+		{dir: "unlimited_with_unit_multiplier", line: 6, field: "unit_multiplier", msg: "unlimited"},
 		{dir: "unlimited_with_unit", line: 6, field: "unit", msg: "unlimited"},
 		{dir: "unlimited_with_requests_per_unit", line: 6, field: "requests_per_unit", msg: "unlimited"},
 		{dir: "replaces_own_name", line: 10, field: "replaces", msg: "own name"},
@@ -230,11 +236,11 @@ func TestParseRuleFields(t *testing.T) {
 		want Rule
 	}{
 		{"per_key", Rule{Name: "per_key", Unit: UnitMinute, RequestsPerUnit: 100, Domain: "api", Path: "api_key", File: file, Line: 5}},
-		{"v1", Rule{Name: "v1", Unit: UnitSecond, RequestsPerUnit: 10, Algorithm: TokenBucket, Burst: 20,
+		{"v1", Rule{Name: "v1", Unit: UnitSecond, RequestsPerUnit: 10, Algorithm: store.TokenBucket, Burst: 20,
 			OnError: OnErrorFailClosed, Domain: "api", Path: "api_key/route=/v1/*", File: file, Line: 9}},
 		{"admin", Rule{Name: "admin", Unit: UnitSecond, RequestsPerUnit: 1, Replaces: []string{"per_key"},
 			Domain: "api", Path: "api_key/route=/v1/admin", File: file, Line: 18}},
-		{"v2_items", Rule{Name: "v2_items", Unit: UnitHour, RequestsPerUnit: 5, Algorithm: FixedWindow,
+		{"v2_items", Rule{Name: "v2_items", Unit: UnitHour, RequestsPerUnit: 5, Algorithm: store.FixedWindow,
 			Domain: "api", Path: "api_key/route=/v2/*/items/*", File: file, Line: 21}},
 		{"any_route", Rule{Name: "any_route", Unit: UnitMinute, RequestsPerUnit: 50, OnError: OnErrorFailOpen,
 			Domain: "api", Path: "api_key/route", File: file, Line: 23}},

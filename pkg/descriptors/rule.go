@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // Rule is one configured limit (the rate_limit of a descriptor) or a limit
@@ -12,24 +14,28 @@ import (
 type Rule struct {
 	Name            string // rate_limit.name, may be empty
 	Unit            Unit
-	RequestsPerUnit uint32
-	Unlimited       bool // never limited: answer OK without counting
-	Algorithm       Algorithm
+	UnitMultiplier  uint32 // units per window (unit_multiplier); 0 or 1: one unit
+	RequestsPerUnit uint32 // requests per window: per UnitMultiplier units
+	Unlimited       bool   // never limited: answer OK without counting
+	Algorithm       store.Algorithm
 	Burst           uint32 // token bucket capacity as configured; 0 means RequestsPerUnit
 	Precision       uint32 // sliding window sub-windows (2..MaxPrecision); 0 or 1: the two-counter window
 	Split           uint32 // sub-keys a key's counter is spread over (1..MaxSplit, see Splits); 0 or 1: none
 	OnError         OnError
-	ShadowMode      bool
-	DetailedMetric  bool
-	QuotaMode       bool     // the descriptor's quota_mode flag, carried for the service
-	Replaces        []string // names of the limits this one replaces
-	ResponseBody    string   // body of the 429 when this rule denies (raw_body); may be empty
-	ContentType     string   // content-type of ResponseBody; empty means Envoy's default
-	Domain          string
-	Path            string // place in the YAML: key or key=value per level, joined by '/'
-	File            string
-	Line            int  // line of the rate_limit field in File
-	Override        bool // made from a request's limit override (OverrideRule)
+	// NoReserve keeps the rule's keys off reservations (reserve: false):
+	// every request goes to the store.
+	NoReserve      bool
+	ShadowMode     bool
+	DetailedMetric bool
+	QuotaMode      bool     // the descriptor's quota_mode flag, carried for the service
+	Replaces       []string // names of the limits this one replaces
+	ResponseBody   string   // body of the 429 when this rule denies (raw_body); may be empty
+	ContentType    string   // content-type of ResponseBody; empty means Envoy's default
+	Domain         string
+	Path           string // place in the YAML: key or key=value per level, joined by '/'
+	File           string
+	Line           int  // line of the rate_limit field in File
+	Override       bool // made from a request's limit override (OverrideRule)
 	// Metadata is the descriptor's metadata field, returned (merged with
 	// the other passing descriptors') as the response's dynamic metadata
 	// when the service is asked to; nil when absent.
@@ -47,9 +53,17 @@ type Rule struct {
 	rr *splitRR
 }
 
-// Window returns the rule's window, its unit's length (0 for an invalid unit).
+// Window returns the rule's window: its unit's length times its
+// unit_multiplier (0 for an invalid unit). A rule from Parse, or an override
+// whose period Unit.Window accepted, is at most MaxWindow.
 func (r *Rule) Window() time.Duration {
-	return time.Duration(r.Unit.Seconds()) * time.Second
+	return time.Duration(r.WindowSeconds()) * time.Second
+}
+
+// WindowSeconds returns the rule's window in seconds.
+func (r *Rule) WindowSeconds() int64 {
+	secs, _ := r.Unit.Window(r.UnitMultiplier)
+	return secs
 }
 
 // ApplyReplaces implements envoyproxy/ratelimit's replaces: rules holds the
@@ -90,13 +104,15 @@ func replaced(rules []*Rule, name string) bool {
 }
 
 // OverrideRule returns the rule for a request descriptor's limit override:
-// RequestsPerUnit and Unit come from the override and Override is true.
+// RequestsPerUnit, Unit and UnitMultiplier (mult: 0 or 1 is one unit) come
+// from the override and Override is true. The caller checks the period
+// first (Unit.Window).
 // Everything else (name, algorithm, on_error, shadow mode, detailed metric,
 // replaces, place in the YAML) comes from base when base is not nil, except
 // Burst, which is 0 so the capacity follows the override. With a nil base
 // the rule has the defaults (sliding window, OnErrorDefault). Its counter key
 // never equals a configured rule's or another override's (see AppendKey).
-func OverrideRule(base *Rule, domain string, rpu uint32, unit Unit) *Rule {
+func OverrideRule(base *Rule, domain string, rpu uint32, unit Unit, mult uint32) *Rule {
 	r := &Rule{Domain: domain}
 	if base != nil {
 		*r = *base
@@ -108,6 +124,7 @@ func OverrideRule(base *Rule, domain string, rpu uint32, unit Unit) *Rule {
 	r.Domain = domain
 	r.RequestsPerUnit = rpu
 	r.Unit = unit
+	r.UnitMultiplier = mult
 	r.Override = true
 	return r
 }

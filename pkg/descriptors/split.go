@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // Hot keys (split, an rls extension). A rule with split: N spreads each of
@@ -18,7 +20,7 @@ import (
 // robin per key within a process). The whole key admits no more than its
 // limit (a sliding window rounds each sub-key's budget up: at most one
 // request per sub-key more than unsplit); it can admit less, when one
-// sub-key is spent while another still has room (README, "Hot keys:
+// sub-key is spent while another still has room (docs/redis.md, "Hot keys:
 // split").
 
 // MaxSplit is the most sub-keys a rule's split may spread a counter over.
@@ -46,7 +48,7 @@ func (r *Rule) Splits() int {
 		return 1
 	}
 	n := min(r.Split, r.RequestsPerUnit)
-	if r.Algorithm == TokenBucket && r.Burst > 0 {
+	if r.Algorithm == store.TokenBucket && r.Burst > 0 {
 		n = min(n, r.Burst)
 	}
 	return int(max(n, 1))
@@ -235,7 +237,7 @@ func (p *parser) split(fs map[string]field, r *Rule) {
 	case n > r.RequestsPerUnit:
 		p.errorf(f.val, "split", "%d sub-keys for requests_per_unit %d: each sub-key needs a share of at least 1", n, r.RequestsPerUnit)
 		return
-	case r.Algorithm == TokenBucket && r.Burst > 0 && n > r.Burst:
+	case r.Algorithm == store.TokenBucket && r.Burst > 0 && n > r.Burst:
 		p.errorf(f.val, "split", "%d sub-keys for burst %d: each sub-key needs a share of at least 1", n, r.Burst)
 		return
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/rls-project/rls/pkg/store"
 )
 
 func TestSplitParse(t *testing.T) {
@@ -69,7 +71,7 @@ func TestSplitShares(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				b = n + rng.Uint32N(1000)
 			}
-			r := &Rule{Unit: UnitSecond, RequestsPerUnit: l, Burst: b, Algorithm: TokenBucket, Split: n}
+			r := &Rule{Unit: UnitSecond, RequestsPerUnit: l, Burst: b, Algorithm: store.TokenBucket, Split: n}
 			var sumL, sumB uint64
 			lo, hi := uint32(1<<31), uint32(0)
 			for i := range r.Splits() {
@@ -86,7 +88,7 @@ func TestSplitShares(t *testing.T) {
 	// share of at least one.
 	base := &Rule{Unit: UnitSecond, RequestsPerUnit: 9000, Split: 8, rr: new(splitRR)}
 	for rpu, want := range map[uint32]int{0: 1, 1: 1, 5: 5, 8: 8, 100: 8} {
-		if got := OverrideRule(base, "d", rpu, UnitSecond).Splits(); got != want {
+		if got := OverrideRule(base, "d", rpu, UnitSecond, 1).Splits(); got != want {
 			t.Errorf("override of %d on split 8: %d sub-keys, want %d", rpu, got, want)
 		}
 	}
@@ -114,7 +116,7 @@ func TestSubKeySlots(t *testing.T) {
 		n := 2 + trial%(MaxSplit-1)
 		domain := word(6)
 		es := entries("api_key", word(12), "route", word(3))[:rng.IntN(3)]
-		r := &Rule{Unit: UnitSecond, RequestsPerUnit: 100000, Split: uint32(n), Algorithm: Algorithm(rng.IntN(3))}
+		r := &Rule{Unit: UnitSecond, RequestsPerUnit: 100000, Split: uint32(n), Algorithm: store.Algorithm(rng.IntN(3))}
 		plain := string(AppendKey(nil, domain, es, r))
 		for i := range n {
 			key := string(AppendSubKey(nil, domain, es, r, i))

@@ -1,6 +1,11 @@
 package descriptors
 
-import "strings"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
 
 // Unit is a rate-limit time unit. Its values equal Envoy's
 // RateLimitResponse_RateLimit_Unit, so a numeric conversion in either
@@ -100,4 +105,43 @@ func (o OnError) String() string {
 		return "default"
 	}
 	return "unknown"
+}
+
+// MaxWindow is the longest window a rule may have: one year (365 days),
+// the longest unit. A longer period made with unit_multiplier is refused,
+// in a config file and in a request's override alike: a counter that
+// would outlive a year is a mistake far more often than a policy.
+const MaxWindow = 365 * 24 * time.Hour
+
+// Window returns the length of mult units (unit_multiplier: 0 and 1 both
+// mean one unit). ok is false for an invalid unit and for a window longer
+// than MaxWindow; the length is returned all the same (it cannot overflow:
+// a year times the largest uint32 is under 2^57 seconds), for messages.
+func (u Unit) Window(mult uint32) (secs int64, ok bool) {
+	secs = u.Seconds() * int64(max(1, mult))
+	return secs, u.Valid() && secs <= int64(MaxWindow/time.Second)
+}
+
+// windowText renders a window of secs seconds for messages: "390 days",
+// "40000000s (about 462 days)", "2m0s".
+func windowText(secs int64) string {
+	const day = 86400
+	switch {
+	case secs >= day && secs%day == 0:
+		return strconv.FormatInt(secs/day, 10) + " days"
+	case secs >= day:
+		return fmt.Sprintf("%ds (about %d days)", secs, secs/day)
+	}
+	return (time.Duration(secs) * time.Second).String()
+}
+
+// WindowError says why mult units of u make no valid window, for a
+// multiplier that Window refused: "unit_multiplier 13 with unit month is a
+// window of 390 days, longer than one year (365 days)".
+func WindowError(u Unit, mult uint32) string {
+	if mult == 0 {
+		return "must be at least 1 (the number of units in one window), got 0"
+	}
+	secs, _ := u.Window(mult)
+	return fmt.Sprintf("%d with unit %s is a window of %s, longer than one year (365 days)", mult, u, windowText(secs))
 }

@@ -1,4 +1,5 @@
-// Replay of envoyproxy/ratelimit's config tests against rls (issue #16).
+// Replay of envoyproxy/ratelimit's config tests against rls, so a config
+// upstream accepts (or rejects) means the same to rls.
 //
 // Source: test/config/config_test.go of envoyproxy/ratelimit at commit
 // f2fb15770f7fd1c88ca6c3a1b58ee513917ace96 (2026-07-05). The YAML files it
@@ -1130,7 +1131,7 @@ func TestUpstreamReplay(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := &upEnv{cfg: cfg, domain: c.domain, entries: entries(c.req...)}
 			if c.ovr != nil {
-				e.rule = cfg.MatchOverride(c.domain, e.entries, c.ovr.rpu, c.ovr.unit)
+				e.rule = cfg.MatchOverride(c.domain, e.entries, c.ovr.rpu, c.ovr.unit, 1)
 			} else {
 				e.rule = cfg.Match(c.domain, e.entries)
 			}
@@ -1194,7 +1195,7 @@ func TestUpstreamDifferences(t *testing.T) {
 	t.Run("override drops shadow_mode", func(t *testing.T) {
 		// GetLimit builds an override's RateLimit with shadow_mode, quota_mode
 		// and detailed_metric false ("we don't want to enable shadow_mode").
-		r := cfgs["shadowmode_config.yaml"].MatchOverride("test-domain", entries("key2", "something"), 9, UnitDay)
+		r := cfgs["shadowmode_config.yaml"].MatchOverride("test-domain", entries("key2", "something"), 9, UnitDay, 1)
 		got := ""
 		if r == nil || r.ShadowMode {
 			got = "the override rule keeps the matched rule's shadow_mode: true"
@@ -1204,7 +1205,7 @@ func TestUpstreamDifferences(t *testing.T) {
 	})
 	t.Run("override drops name and replaces", func(t *testing.T) {
 		// GetLimit builds an override's RateLimit with name "" and no replaces.
-		r := cfgs["basic_config.yaml"].MatchOverride("test-domain", entries("key4", "foo"), 9, UnitDay)
+		r := cfgs["basic_config.yaml"].MatchOverride("test-domain", entries("key4", "foo"), 9, UnitDay, 1)
 		got := ""
 		if r == nil || r.Name != "" || len(r.Replaces) != 0 {
 			got = fmt.Sprintf("the override rule keeps the matched rule's name %q", r.Name)

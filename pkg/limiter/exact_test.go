@@ -27,8 +27,8 @@ func hits(c store.Check, h uint64) store.Check {
 }
 
 // The cache denies only what the store would deny: a denial of 3 hits does
-// not deny 2 (issue 13's three-step example), and a huge request does not
-// block small ones.
+// not deny 2 (a limit of 5: 3 hits, 3 more denied, then 2 admitted), and a
+// huge request does not block small ones.
 func TestCacheDeniesOnlyWhatTheStoreWould(t *testing.T) {
 	l, cs, _ := setup(t, 1)
 	c := chk("rl:{d|k=v}:m1", 5, time.Minute)

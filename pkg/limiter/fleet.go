@@ -133,7 +133,7 @@ func (f *Fleet) observe(n int) {
 // keeps trying. It does nothing for a fixed size.
 func (f *Fleet) Learn(ctx context.Context) {
 	if err := f.Beat(ctx); err != nil {
-		f.log.Warn("fleet heartbeat failed at start: the fail-open share assumes --min-fleet-size replicas until a beat succeeds",
+		f.log.Warn("fleet heartbeat failed at start: the fail-open share assumes the minimum fleet size until a beat succeeds",
 			"size", f.Size(), "err", err)
 	}
 }

@@ -1,5 +1,5 @@
-// Package limiter makes the decision around a store (components 1 and 3 of
-// seed-lld.md):
+// Package limiter makes the decision around a store, between the service
+// that answers the request and the store that counts:
 //
 //   - It gives the store the caller's time, not its own: a call is bounded by
 //     the gRPC caller's deadline minus a margin for the answer, and by the
@@ -41,11 +41,12 @@ const (
 	FromCache                    // the local over-limit cache denied it
 	FromFailOpen                 // store unavailable: the local fail-open bucket decided
 	FromFailClosed               // store unavailable: denied by the rule's fail_closed
+	FromReserve                  // admitted from a slice of hits reserved in the store (see reserve.go)
 	numSources
 )
 
 // Sources lists every Source, in order.
-var Sources = [numSources]Source{FromStore, FromCache, FromFailOpen, FromFailClosed}
+var Sources = [numSources]Source{FromStore, FromCache, FromFailOpen, FromFailClosed, FromReserve}
 
 // String names the source as metrics and logs show it.
 func (s Source) String() string {
@@ -58,6 +59,8 @@ func (s Source) String() string {
 		return "fail_open"
 	case FromFailClosed:
 		return "fail_closed"
+	case FromReserve:
+		return "reserved"
 	}
 	return "unknown"
 }
@@ -122,6 +125,11 @@ type Options struct {
 	// DisableCache turns the over-limit cache off (every check goes to the
 	// store). What the store said is still remembered for the fallback.
 	DisableCache bool
+	// Reserve turns reservations for hot keys on (see reserve.go): a key
+	// this replica sees often, with far more left in the store than the
+	// fleet can use soon, is decided from a slice of hits reserved in the
+	// store in one call.
+	Reserve bool
 	// Now is the clock [time.Now].
 	Now func() time.Time
 	// Log receives rate-limited fallback reports and write-back failures [discard].
@@ -159,9 +167,12 @@ type Item struct {
 	// Quota makes the check a quota: the request is denied by quotas only
 	// when every quota check of it is denied (envoyproxy/ratelimit's
 	// quota_mode; see vetoes). The store sees it as a shadow check.
-	Quota  bool
-	Result store.Result
-	Source Source
+	Quota bool
+	// NoReserve keeps the check off reservations: it always goes to the
+	// store (the rule's reserve: false).
+	NoReserve bool
+	Result    store.Result
+	Source    Source
 }
 
 // Counters are the limiter's running totals since it was made.
@@ -187,6 +198,10 @@ type Counters struct {
 	// may have run it after all, so the consumption may stand, and is
 	// neither refunded nor retried (that could admit beyond a limit).
 	UndoUnknown uint64
+	// Reserved counts hits of reservations: granted by the store, used by
+	// admitted requests, returned unused, or expired unused (their window
+	// ended, the rule changed, or the refund failed).
+	ReservedGranted, ReservedUsed, ReservedReturned, ReservedExpired uint64
 }
 
 // Limiter decides batches of checks. It is safe for concurrent use.
@@ -196,7 +211,8 @@ type Limiter struct {
 	known *lru[known]
 	local *lru[*bucket]
 	wb    writeBacks
-	pool  sync.Pool // *scratch
+	res   *reservations // nil: reservations are off
+	pool  sync.Pool     // *scratch
 
 	sources     [numSources]atomic.Uint64
 	causes      [numCauses]atomic.Uint64
@@ -241,18 +257,37 @@ func New(st store.Store, opts Options) *Limiter {
 		known: newLRU[known](opts.CacheSize, opts.CacheBytes, knownOverhead),
 		local: newLRU[*bucket](opts.BucketsSize, opts.BucketsBytes, bucketOverhead)}
 	l.wb.init(opts.BucketsSize, opts.BucketsBytes)
+	if opts.Reserve {
+		l.res = newReservations()
+	}
 	l.pool.New = func() any { return new(scratch) }
 	return l
 }
 
 // scratch is the sub-batch sent to the store: the checks the cache did not
-// answer, with their positions in the caller's batch (-1 for a write-back
-// riding along, whose entries are in wb, in order).
+// answer, with their positions in the caller's batch (rideWriteBack for a
+// write-back riding along, whose entries are in wb, in order; rideReserve
+// and rideReturn for a reservation's checks, in resv).
 type scratch struct {
 	idx     []int
 	checks  []store.Check
 	results []store.Result
 	wb      []flight
+	resv    []riding
+}
+
+// Positions of the checks that ride along with a batch.
+const (
+	rideWriteBack = -1
+	rideReserve   = -2 // a new slice: a shadow check of its hits
+	rideReturn    = -3 // an ended slice's unused hits: a refund
+)
+
+// riding is a reservation check riding along: its position in the batch
+// and its hits.
+type riding struct {
+	j    int
+	hits uint64
 }
 
 // Decide decides items: it sets each item's Result and Source. It returns
@@ -263,10 +298,13 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	now := l.opts.Now()
 	nowNs := now.UnixNano()
 	vetoed := l.fromCache(items, nowNs)
+	if l.fromReservations(items, vetoed, nowNs) {
+		return nil
+	}
 
 	sc := l.pool.Get().(*scratch)
 	defer l.pool.Put(sc)
-	sc.idx, sc.checks = sc.idx[:0], sc.checks[:0]
+	sc.idx, sc.checks, sc.resv = sc.idx[:0], sc.checks[:0], sc.resv[:0]
 	for i := range items {
 		if items[i].Source == FromCache {
 			continue
@@ -282,6 +320,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	if len(sc.checks) == 0 {
 		return nil
 	}
+	l.attachReservations(items, sc, vetoed, nowNs)
 	sc.wb = sc.wb[:0]
 	if l.wb.n.Load() > 0 {
 		l.attachWriteBacks(sc, nowNs)
@@ -293,6 +332,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	clear(sc.results)
 
 	err := l.callStore(ctx, now, sc)
+	l.settleReservations(sc, err, nowNs)
 	if len(sc.wb) > 0 {
 		l.settleWriteBacks(sc, err, nowNs)
 		clear(sc.wb) // the pool must not keep buckets alive
@@ -402,6 +442,10 @@ func (l *Limiter) Counters() Counters {
 	c.ProtocolErrors = l.protocol.Load()
 	c.Undone, c.UndoRetried, c.UndoLost = l.undone.Load(), l.undoRetried.Load(), l.undoLost.Load()
 	c.UndoUnknown = l.undoUnknown.Load()
+	if l.res != nil {
+		c.ReservedGranted, c.ReservedUsed = l.res.granted.Load(), l.res.used.Load()
+		c.ReservedReturned, c.ReservedExpired = l.res.returned.Load(), l.res.expired.Load()
+	}
 	return c
 }
 

@@ -249,7 +249,7 @@ func (l *Limiter) attachWriteBacks(sc *scratch, now int64) {
 		}
 		c := e.check
 		c.Hits, c.Force = snap.hits, true
-		sc.idx = append(sc.idx, -1)
+		sc.idx = append(sc.idx, rideWriteBack)
 		sc.checks = append(sc.checks, c)
 		sc.wb = append(sc.wb, flight{e: e, snap: snap})
 	}
@@ -261,7 +261,7 @@ func (l *Limiter) settleWriteBacks(sc *scratch, err error, now int64) {
 	partial := anyUndecided(sc.results)
 	k := 0
 	for j, i := range sc.idx {
-		if i >= 0 {
+		if i != rideWriteBack {
 			continue
 		}
 		l.settle(sc.wb[k], &sc.checks[j], &sc.results[j], err, partial, now)

@@ -153,7 +153,7 @@ func TestEmptyDirKeepsTheLastGoodConfig(t *testing.T) {
 			dir := t.TempDir()
 			path := filepath.Join(dir, "d.yaml")
 			write(t, path, fmt.Sprintf(good, "1"))
-			w, a, lb := newGuarded(t, dir, Options{Poll: -1, AllowEmpty: allow})
+			w, a, lb := newGuarded(t, dir, Options{Poll: -1, AllowEmpty: allow, AllowEmptyName: "--allow-empty-config"})
 			if err := os.Remove(path); err != nil {
 				t.Fatal(err)
 			}

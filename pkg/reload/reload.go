@@ -16,6 +16,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // Result is the outcome of one reload attempt.
@@ -46,12 +47,18 @@ type Options struct {
 	// AllowEmpty lets a reload apply a config without domains. Without it,
 	// a directory that lost every domain is a failure: the last good config
 	// stays, rather than every limit vanishing with the files.
-	AllowEmpty bool
+	// AllowEmptyName names that option in the failure (the flag that sets
+	// it); "" names none.
+	AllowEmpty     bool
+	AllowEmptyName string
 	// MergeDomains lets several files define one domain, and
 	// MergeDomainsName names that option in errors
 	// (descriptors.ParseOptions).
 	MergeDomains     bool
 	MergeDomainsName string
+	// DefaultAlgorithm is the algorithm of rules that name none
+	// (descriptors.ParseOptions).
+	DefaultAlgorithm store.Algorithm
 }
 
 // load is descriptors.LoadWith; tests count its calls.
@@ -160,10 +167,10 @@ func (w *Watcher) Reload() Result {
 	}
 	w.failed = ""
 	cfg, _, err := load(w.opts.Dir, descriptors.LoadOptions{MaxFileBytes: w.opts.MaxFileBytes, MaxFileBytesName: w.opts.MaxFileBytesName,
-		MergeDomains: w.opts.MergeDomains, MergeDomainsName: w.opts.MergeDomainsName})
+		MergeDomains: w.opts.MergeDomains, MergeDomainsName: w.opts.MergeDomainsName, DefaultAlgorithm: w.opts.DefaultAlgorithm})
 	if err == nil && len(cfg.Domains()) == 0 && !w.opts.AllowEmpty {
 		err = errors.New("the config directory " + w.opts.Dir + " has no domain left (no .yaml or .yml file with a domain): " +
-			"a reload to it would remove every limit (--allow-empty-config allows it)")
+			"a reload to it would remove every limit" + allowHint(w.opts.AllowEmptyName))
 	}
 	if err != nil {
 		msg := err.Error()
@@ -200,4 +207,13 @@ func (w *Watcher) report(r Result, cfg *descriptors.Config) {
 	if w.opts.Report != nil {
 		w.opts.Report(r, cfg)
 	}
+}
+
+// allowHint is the end of the empty-directory failure: which option allows
+// it, when the caller named it.
+func allowHint(name string) string {
+	if name == "" {
+		return ""
+	}
+	return " (" + name + " allows it)"
 }

@@ -104,7 +104,7 @@ func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*admi
 	first := make([]int, len(req.Descriptors)+1) // descriptor i's checks are checks[first[i]:first[i+1]]
 	for i := range req.Descriptors {
 		first[i] = len(checks)
-		if res.slot[i] >= 0 {
+		if res.index[i] >= 0 {
 			checks = append(checks, subChecks(rreq, res, i)...)
 		}
 	}
@@ -119,7 +119,7 @@ func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*admi
 	for i := range req.Descriptors {
 		e := &adminv1.Explanation{Matched: res.matched[i] != nil, Note: res.note(i), Rule: ruleProto(res.matched[i])}
 		resp.Explanations[i] = e
-		if res.slot[i] < 0 {
+		if res.index[i] < 0 {
 			continue
 		}
 		lo, hi := first[i], first[i+1]
@@ -162,7 +162,7 @@ func (a *Admin) ResetCounters(ctx context.Context, req *adminv1.ResetCountersReq
 	}
 	var keys []string
 	for i := range req.Descriptors {
-		if res.slot[i] < 0 {
+		if res.index[i] < 0 {
 			continue
 		}
 		for _, c := range subChecks(rreq, res, i) {

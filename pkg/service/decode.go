@@ -134,32 +134,40 @@ func (d *decoder) descriptor(lo, hi int, desc *rlcommon.RateLimitDescriptor) err
 			return err
 		}
 		i = j
-		switch {
-		case f.num == 1 && f.typ == protowire.BytesType:
-			e := d.newEntry()
-			if err := d.entry(f.lo, f.hi, e); err != nil {
-				return fmt.Errorf("entries[%d]: %w", len(desc.Entries), err)
-			}
-			desc.Entries = append(desc.Entries, e)
-		case f.num == 2 && f.typ == protowire.BytesType:
-			if desc.Limit == nil {
-				desc.Limit = new(rlcommon.RateLimitDescriptor_RateLimitOverride)
-			}
-			if err := d.override(f.lo, f.hi, desc.Limit); err != nil {
-				return fmt.Errorf("limit: %w", err)
-			}
-		case f.num == 3 && f.typ == protowire.BytesType:
-			if desc.HitsAddend == nil {
-				desc.HitsAddend = new(wrapperspb.UInt64Value)
-			}
-			v, err := d.wrapper(f.lo, f.hi, desc.HitsAddend.Value)
-			if err != nil {
-				return fmt.Errorf("hits_addend: %w", err)
-			}
-			desc.HitsAddend.Value = v
-		case f.num == 4 && f.typ == protowire.VarintType:
-			desc.IsNegativeHits = protowire.DecodeBool(f.v)
+		if err := d.descriptorField(f, desc); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// descriptorField decodes one field of a RateLimitDescriptor into desc.
+func (d *decoder) descriptorField(f field, desc *rlcommon.RateLimitDescriptor) error {
+	switch {
+	case f.num == 1 && f.typ == protowire.BytesType:
+		e := d.newEntry()
+		if err := d.entry(f.lo, f.hi, e); err != nil {
+			return fmt.Errorf("entries[%d]: %w", len(desc.Entries), err)
+		}
+		desc.Entries = append(desc.Entries, e)
+	case f.num == 2 && f.typ == protowire.BytesType:
+		if desc.Limit == nil {
+			desc.Limit = new(rlcommon.RateLimitDescriptor_RateLimitOverride)
+		}
+		if err := d.override(f.lo, f.hi, desc.Limit); err != nil {
+			return fmt.Errorf("limit: %w", err)
+		}
+	case f.num == 3 && f.typ == protowire.BytesType:
+		if desc.HitsAddend == nil {
+			desc.HitsAddend = new(wrapperspb.UInt64Value)
+		}
+		v, err := d.wrapper(f.lo, f.hi, desc.HitsAddend.Value)
+		if err != nil {
+			return fmt.Errorf("hits_addend: %w", err)
+		}
+		desc.HitsAddend.Value = v
+	case f.num == 4 && f.typ == protowire.VarintType:
+		desc.IsNegativeHits = protowire.DecodeBool(f.v)
 	}
 	return nil
 }

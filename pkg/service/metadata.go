@@ -33,7 +33,11 @@ func responseMetadata(req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.
 		}
 		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
 		if l := d.Limit; l != nil {
-			f["limit"] = structpb.NewStringValue("requests_per_unit:" + strconv.FormatUint(uint64(l.RequestsPerUnit), 10) + " unit:" + l.Unit.String())
+			text := "requests_per_unit:" + strconv.FormatUint(uint64(l.RequestsPerUnit), 10) + " unit:" + l.Unit.String()
+			if u := l.GetUnitMultiplier(); u != nil {
+				text += " unit_multiplier:{value:" + strconv.FormatUint(uint64(u.Value), 10) + "}"
+			}
+			f["limit"] = structpb.NewStringValue(text)
 		}
 		if h := d.HitsAddend; h != nil {
 			f["hitsAddend"] = structpb.NewNumberValue(float64(h.Value))

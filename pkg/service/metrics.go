@@ -86,7 +86,7 @@ func NewMetrics(reg prometheus.Registerer, maxDetailed int) *Metrics {
 		}),
 		invalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rls_invalid_requests_total",
-			Help: "Requests rejected as invalid (InvalidArgument): malformed, or beyond the --max-* bounds.",
+			Help: "Requests rejected as invalid (InvalidArgument): malformed, or beyond the request bounds.",
 		}),
 		maxDetailed: maxDetailed,
 	}

@@ -14,7 +14,7 @@ import (
 type resolution struct {
 	matched []*descriptors.Rule // per descriptor: the rule it matched; nil for none
 	rules   []*descriptors.Rule // per descriptor: the rule counted; nil for none, or replaced
-	slot    []int               // per descriptor: its index in items; -1 when not counted
+	index   []int               // per descriptor: its item's index in items; -1 when not counted
 	items   []limiter.Item
 	key     []byte
 	// outcomes holds, per descriptor, what respond counted (for traces).
@@ -23,10 +23,10 @@ type resolution struct {
 
 // item returns descriptor i's limiter item, or nil when it is not counted.
 func (r *resolution) item(i int) *limiter.Item {
-	if r.slot[i] < 0 {
+	if r.index[i] < 0 {
 		return nil
 	}
-	return &r.items[r.slot[i]]
+	return &r.items[r.index[i]]
 }
 
 // resolve validates req against the request bounds and resolves it against
@@ -44,7 +44,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 	for _, d := range req.Descriptors {
 		var r *descriptors.Rule
 		if l := d.Limit; l != nil {
-			r = cfg.MatchOverride(req.Domain, d.Entries, l.RequestsPerUnit, descriptors.Unit(l.Unit))
+			r = cfg.MatchOverride(req.Domain, d.Entries, l.RequestsPerUnit, descriptors.Unit(l.Unit), l.GetUnitMultiplier().GetValue())
 		} else {
 			r = cfg.Match(req.Domain, d.Entries)
 		}
@@ -57,11 +57,11 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 	if reqHits == 0 {
 		reqHits = 1
 	}
-	res.items, res.slot = res.items[:0], res.slot[:0]
+	res.items, res.index = res.items[:0], res.index[:0]
 	for i, d := range req.Descriptors {
 		r := res.rules[i]
 		if r == nil || r.Unlimited {
-			res.slot = append(res.slot, -1)
+			res.index = append(res.index, -1)
 			continue
 		}
 		hits := reqHits
@@ -69,7 +69,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 			hits = d.HitsAddend.Value
 		}
 		// A split rule counts this request on one of its sub-keys, in
-		// turn (README, "Hot keys: split").
+		// turn (docs/redis.md, "Hot keys: split").
 		sub := r.NextSub(req.Domain, d.Entries)
 		res.key = descriptors.AppendSubKey(append(res.key[:0], s.opts.KeyPrefix...), req.Domain, d.Entries, r, sub)
 		c := ruleCheck(r, string(res.key), sub)
@@ -78,8 +78,8 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		// descriptor denies the request only with all the others (the
 		// limiter's rule; it refunds what a denied request consumed).
 		c.Shadow = c.Shadow || s.opts.ShadowMode
-		res.slot = append(res.slot, len(res.items))
-		res.items = append(res.items, limiter.Item{Check: c, FailClosed: s.failClosed(r), Quota: s.quotaMode(r)})
+		res.index = append(res.index, len(res.items))
+		res.items = append(res.items, limiter.Item{Check: c, FailClosed: s.failClosed(r), Quota: s.quotaMode(r), NoReserve: r.NoReserve})
 	}
 	return nil
 }
@@ -105,11 +105,11 @@ func ruleCheck(r *descriptors.Rule, key string, sub int) store.Check {
 	limit, burst := r.SubLimit(sub)
 	return store.Check{
 		Key:       key,
-		Algorithm: storeAlgorithm(r.Algorithm),
+		Algorithm: r.Algorithm,
 		Limit:     uint64(limit),
 		Window:    r.Window(),
 		Burst:     uint64(burst),
-		Precision: uint8(r.Precision), // at most descriptors.MaxPrecision
+		Precision: uint8(r.Precision), // at most store.MaxPrecision
 		Shadow:    r.ShadowMode,
 	}
 }
@@ -140,14 +140,3 @@ func wholeRemaining(r *descriptors.Rule, c *store.Check, rem uint64) uint64 {
 type badRequest struct{ error }
 
 func (e badRequest) Unwrap() error { return e.error }
-
-// storeAlgorithm maps a rule's algorithm to the store's.
-func storeAlgorithm(a descriptors.Algorithm) store.Algorithm {
-	switch a {
-	case descriptors.TokenBucket:
-		return store.TokenBucket
-	case descriptors.FixedWindow:
-		return store.FixedWindow
-	}
-	return store.SlidingWindow
-}

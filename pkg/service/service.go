@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
@@ -275,84 +276,34 @@ func (s *Service) toStatus(err error) error {
 // answers OK.
 func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *resolution) *rlsv3.RateLimitResponse {
 	resp, sts, lims, durs := newResponse(len(req.Descriptors))
-	var body, quotaBody *descriptors.Rule // the first denying rule with a response body
-	regularOver, quotas, quotasOver := false, 0, 0
+	var v verdict
 	res.outcomes = res.outcomes[:0]
-	record := func(r *descriptors.Rule, o Outcome, d *rlcommon.RateLimitDescriptor, it *limiter.Item, remaining uint64) {
+	for i, d := range req.Descriptors {
+		r := res.rules[i]
+		st := &sts[i]
+		st.Code = rlsv3.RateLimitResponse_OK
+		resp.Statuses[i] = st
+		var o Outcome
+		switch {
+		case r == nil:
+			o = OutcomeNoRule
+		case r.Unlimited:
+			st.LimitRemaining = math.MaxUint32
+			o = OutcomeUnlimited
+		default:
+			o = s.limitedStatus(r, res.item(i), st, &lims[i], &durs[i], &v)
+		}
 		res.outcomes = append(res.outcomes, o)
-		s.observe(req.Domain, d, r, o, it, remaining)
+		s.observe(req.Domain, d, r, o, res.item(i))
 		if r == nil {
 			snap.stats.record(req.Domain, nil, o, nil)
 		} else {
 			snap.stats.record(req.Domain, r, o, detailOf(d, r))
 		}
 	}
-	for i, d := range req.Descriptors {
-		r := res.rules[i]
-		st := &sts[i]
-		st.Code = rlsv3.RateLimitResponse_OK
-		resp.Statuses[i] = st
-		switch {
-		case r == nil:
-			record(nil, OutcomeNoRule, d, nil, 0)
-			continue
-		case r.Unlimited:
-			st.LimitRemaining = math.MaxUint32
-			record(r, OutcomeUnlimited, d, nil, 0)
-			continue
-		}
-		it := res.item(i)
-		out := &it.Result
-		remaining := wholeRemaining(r, &it.Check, out.Remaining)
-		lim := &lims[i]
-		lim.Name, lim.RequestsPerUnit = r.Name, r.RequestsPerUnit
-		lim.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit)
-		st.CurrentLimit = lim
-		st.LimitRemaining = clampUint32(remaining)
-		st.DurationUntilReset = &durs[i]
-		quota := s.quotaMode(r)
-		if quota {
-			quotas++
-		}
-		outcome := OutcomeOK
-		switch {
-		case out.Allowed:
-			setDuration(&durs[i], out.Reset)
-			if s.nearLimit(remaining, r.RequestsPerUnit) {
-				outcome = OutcomeNearLimit
-			}
-		case r.ShadowMode: // counted and reported, never denied
-			setDuration(&durs[i], out.RetryAfter)
-			outcome = OutcomeShadowOverLimit
-		default:
-			setDuration(&durs[i], out.RetryAfter)
-			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			outcome = OutcomeOverLimit
-			if quota {
-				quotasOver++
-				outcome = OutcomeQuotaOverLimit
-				if quotaBody == nil && r.ResponseBody != "" {
-					quotaBody = r
-				}
-			} else {
-				regularOver = true
-				if body == nil && r.ResponseBody != "" {
-					body = r
-				}
-			}
-			if s.opts.ShadowMode {
-				outcome = OutcomeShadowOverLimit
-			}
-		}
-		record(r, outcome, d, it, remaining)
-	}
-	quotaDenied := quotas > 0 && quotasOver == quotas
-	if (regularOver || quotaDenied) && !s.opts.ShadowMode {
+	if v.over() && !s.opts.ShadowMode {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		if body == nil {
-			body = quotaBody
-		}
-		if body != nil {
+		if body := v.bodyRule(); body != nil {
 			resp.RawBody = []byte(body.ResponseBody)
 			if body.ContentType != "" {
 				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, header("content-type", body.ContentType))
@@ -368,11 +319,104 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 	return resp
 }
 
-// observe tells the Observer, if any, a descriptor's decision.
-func (s *Service) observe(domain string, d *rlcommon.RateLimitDescriptor, r *descriptors.Rule, o Outcome, it *limiter.Item, remaining uint64) {
-	if s.opts.Observer != nil {
-		s.opts.Observer.Decided(domain, d, r, o, it, remaining)
+// limitedStatus fills st, lim and dur, the status of a descriptor that
+// rule r (limited) decided on it, adds its verdict to v and returns its
+// outcome.
+func (s *Service) limitedStatus(r *descriptors.Rule, it *limiter.Item, st *rlsv3.RateLimitResponse_DescriptorStatus,
+	lim *rlsv3.RateLimitResponse_RateLimit, dur *durationpb.Duration, v *verdict) Outcome {
+	out := &it.Result
+	remaining := wholeRemaining(r, &it.Check, out.Remaining)
+	st.CurrentLimit = currentLimit(lim, r)
+	st.LimitRemaining = clampUint32(remaining)
+	st.DurationUntilReset = dur
+	quota := s.quotaMode(r)
+	if quota {
+		v.quotas++
 	}
+	switch {
+	case out.Allowed:
+		setDuration(dur, out.Reset)
+		if s.nearLimit(remaining, r.RequestsPerUnit) {
+			return OutcomeNearLimit
+		}
+		return OutcomeOK
+	case r.ShadowMode: // counted and reported, never denied
+		setDuration(dur, out.RetryAfter)
+		return OutcomeShadowOverLimit
+	}
+	setDuration(dur, out.RetryAfter)
+	st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	outcome := v.deny(r, quota)
+	if s.opts.ShadowMode {
+		outcome = OutcomeShadowOverLimit
+	}
+	return outcome
+}
+
+// verdict gathers a request's denials over its descriptors (respond).
+type verdict struct {
+	regularOver        bool              // a descriptor neither shadow nor quota is over
+	quotas, quotasOver int               // quota descriptors, and those over
+	body, quotaBody    *descriptors.Rule // the first denying (quota) rule with a response body
+}
+
+// deny records that rule r, a quota rule or not, is over its limit, and
+// returns the outcome.
+func (v *verdict) deny(r *descriptors.Rule, quota bool) Outcome {
+	if quota {
+		v.quotasOver++
+		if v.quotaBody == nil && r.ResponseBody != "" {
+			v.quotaBody = r
+		}
+		return OutcomeQuotaOverLimit
+	}
+	v.regularOver = true
+	if v.body == nil && r.ResponseBody != "" {
+		v.body = r
+	}
+	return OutcomeOverLimit
+}
+
+// over reports whether the request is OVER_LIMIT (before the global
+// shadow mode): a regular descriptor is over, or it has quota descriptors
+// and every one of them is over.
+func (v *verdict) over() bool {
+	return v.regularOver || (v.quotas > 0 && v.quotasOver == v.quotas)
+}
+
+// bodyRule is the rule whose response body an OVER_LIMIT answer carries:
+// the first denying regular rule with one, else the first quota rule.
+func (v *verdict) bodyRule() *descriptors.Rule {
+	if v.body != nil {
+		return v.body
+	}
+	return v.quotaBody
+}
+
+// currentLimit fills lim, a status's current_limit, from rule r and
+// returns it.
+func currentLimit(lim *rlsv3.RateLimitResponse_RateLimit, r *descriptors.Rule) *rlsv3.RateLimitResponse_RateLimit {
+	lim.Name, lim.RequestsPerUnit = r.Name, r.RequestsPerUnit
+	lim.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(r.Unit)
+	if r.UnitMultiplier > 1 {
+		// Envoy reads an absent multiplier as 1: set it only when it
+		// says something (one allocation, for such rules only).
+		lim.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
+	}
+	return lim
+}
+
+// observe tells the Observer, if any, a descriptor's decision: for a
+// counted rule (it not nil) with the whole rule's remaining budget.
+func (s *Service) observe(domain string, d *rlcommon.RateLimitDescriptor, r *descriptors.Rule, o Outcome, it *limiter.Item) {
+	if s.opts.Observer == nil {
+		return
+	}
+	var remaining uint64
+	if it != nil && r != nil {
+		remaining = wholeRemaining(r, &it.Check, it.Result.Remaining)
+	}
+	s.opts.Observer.Decided(domain, d, r, o, it, remaining)
 }
 
 // oneStatus holds a response to one descriptor, the usual request, in one
@@ -471,7 +515,8 @@ func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k
 
 // addRateLimitHeaders adds the draft-03 RateLimit headers, from the status
 // with the least remaining (as Envoy's own x-ratelimit headers do), and
-// Retry-After (whole seconds, rounded up) on OVER_LIMIT.
+// Retry-After (whole seconds, rounded up) on OVER_LIMIT. A policy's w is
+// its whole window: the unit times unit_multiplier.
 func addRateLimitHeaders(resp *rlsv3.RateLimitResponse, names *HeaderNames) {
 	var chosen *rlsv3.RateLimitResponse_DescriptorStatus
 	var policies strings.Builder
@@ -484,7 +529,8 @@ func addRateLimitHeaders(resp *rlsv3.RateLimitResponse, names *HeaderNames) {
 		if chosen == nil || st.LimitRemaining < chosen.LimitRemaining {
 			chosen = st
 		}
-		fmt.Fprintf(&policies, ", %d;w=%d", l.RequestsPerUnit, descriptors.Unit(l.Unit).Seconds())
+		w, _ := descriptors.Unit(l.Unit).Window(l.GetUnitMultiplier().GetValue())
+		fmt.Fprintf(&policies, ", %d;w=%d", l.RequestsPerUnit, w)
 		if l.Name != "" {
 			fmt.Fprintf(&policies, ";name=%q", l.Name)
 		}
@@ -536,29 +582,37 @@ func validateRequest(req *rlsv3.RateLimitRequest, lim *Limits) error {
 		return &LimitError{"Hits", "hits_addend", uint64(req.HitsAddend), lim.Hits}
 	}
 	for i, d := range req.Descriptors {
-		if d == nil || len(d.Entries) == 0 {
-			return fmt.Errorf("descriptors[%d] has no entries", i)
+		if err := validateDescriptor(i, d, lim); err != nil {
+			return err
 		}
-		if len(d.Entries) > lim.Entries {
-			return &LimitError{"Entries", fmt.Sprintf("descriptors[%d]", i), uint64(len(d.Entries)), uint64(lim.Entries)}
+	}
+	return nil
+}
+
+// validateDescriptor checks req.Descriptors[i], d, as validateRequest does.
+func validateDescriptor(i int, d *rlcommon.RateLimitDescriptor, lim *Limits) error {
+	if d == nil || len(d.Entries) == 0 {
+		return fmt.Errorf("descriptors[%d] has no entries", i)
+	}
+	if len(d.Entries) > lim.Entries {
+		return &LimitError{"Entries", fmt.Sprintf("descriptors[%d]", i), uint64(len(d.Entries)), uint64(lim.Entries)}
+	}
+	for j, e := range d.Entries {
+		if e == nil || e.Key == "" {
+			return fmt.Errorf("descriptors[%d].entries[%d].key is empty", i, j)
 		}
-		for j, e := range d.Entries {
-			if e == nil || e.Key == "" {
-				return fmt.Errorf("descriptors[%d].entries[%d].key is empty", i, j)
-			}
-			if len(e.Key) > lim.KeyBytes {
-				return &LimitError{"KeyBytes", fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), uint64(len(e.Key)), uint64(lim.KeyBytes)}
-			}
-			if len(e.Value) > lim.ValueBytes {
-				return &LimitError{"ValueBytes", fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), uint64(len(e.Value)), uint64(lim.ValueBytes)}
-			}
+		if len(e.Key) > lim.KeyBytes {
+			return &LimitError{"KeyBytes", fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), uint64(len(e.Key)), uint64(lim.KeyBytes)}
 		}
-		if h := d.HitsAddend; h != nil && h.Value > lim.Hits {
-			return &LimitError{"Hits", fmt.Sprintf("descriptors[%d].hits_addend", i), h.Value, lim.Hits}
+		if len(e.Value) > lim.ValueBytes {
+			return &LimitError{"ValueBytes", fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), uint64(len(e.Value)), uint64(lim.ValueBytes)}
 		}
-		if err := validateOverride(d.Limit); err != nil {
-			return fmt.Errorf("descriptors[%d].limit: %w", i, err)
-		}
+	}
+	if h := d.HitsAddend; h != nil && h.Value > lim.Hits {
+		return &LimitError{"Hits", fmt.Sprintf("descriptors[%d].hits_addend", i), h.Value, lim.Hits}
+	}
+	if err := validateOverride(d.Limit); err != nil {
+		return fmt.Errorf("descriptors[%d].limit: %w", i, err)
 	}
 	return nil
 }
@@ -570,7 +624,17 @@ func validateOverride(l *rlcommon.RateLimitDescriptor_RateLimitOverride) error {
 	switch l.Unit {
 	case typev3.RateLimitUnit_SECOND, typev3.RateLimitUnit_MINUTE, typev3.RateLimitUnit_HOUR,
 		typev3.RateLimitUnit_DAY, typev3.RateLimitUnit_MONTH, typev3.RateLimitUnit_YEAR:
-		return nil
+	default:
+		return fmt.Errorf("unit %s (%d) is invalid; choices are [SECOND MINUTE HOUR DAY MONTH YEAR]", l.Unit, int32(l.Unit))
 	}
-	return fmt.Errorf("unit %s (%d) is invalid; choices are [SECOND MINUTE HOUR DAY MONTH YEAR]", l.Unit, int32(l.Unit))
+	// A period rls cannot count is refused, never clamped: a clamped
+	// window would enforce another limit than the one asked for, and
+	// nothing would show it. Envoy's own validation requires a
+	// unit_multiplier above 0 when it is set.
+	if m := l.GetUnitMultiplier(); m != nil {
+		if _, ok := descriptors.Unit(l.Unit).Window(m.Value); !ok || m.Value == 0 {
+			return fmt.Errorf("unit_multiplier %s", descriptors.WindowError(descriptors.Unit(l.Unit), m.Value))
+		}
+	}
+	return nil
 }

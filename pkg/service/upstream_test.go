@@ -11,7 +11,6 @@ import (
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
-	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 )
 
@@ -246,12 +245,5 @@ descriptors:
 				}
 			}
 		})
-	}
-}
-
-// The precision bound is one number in three places.
-func TestMaxPrecisionAgrees(t *testing.T) {
-	if descriptors.MaxPrecision != store.MaxPrecision {
-		t.Errorf("descriptors.MaxPrecision %d, store.MaxPrecision %d", descriptors.MaxPrecision, store.MaxPrecision)
 	}
 }

@@ -135,17 +135,46 @@ var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#
 // exact") and the limit (class "series limit"), each with an id from
 // SeriesID and a <title> naming it, and a legend.
 func WriteSVG(w io.Writer, rep *Report) error {
-	const (
-		width, height            = 1040, 560
-		left, right, top, bottom = 64, 300, 48, 56 // margins; the legend is in the right one
-	)
-	pw, ph := float64(width-left-right), float64(height-top-bottom)
-	xmax := rep.Duration
+	c := newChart(rep)
+	var b strings.Builder
+	fmt.Fprintf(&b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n")
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", svgWidth, svgHeight, svgWidth, svgHeight)
+	fmt.Fprintf(&b, "<title>%s</title>\n", esc(fmt.Sprintf("rls simulate: %s, limit %d per %s", traceTitle(rep), rep.Limit, rep.Window)))
+	fmt.Fprintf(&b, `<rect x="0" y="0" width="%d" height="%d" fill="#ffffff"/>`+"\n", svgWidth, svgHeight)
+	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="15">%s</text>`+"\n", svgLeft, esc(fmt.Sprintf("%s: admitted per trailing %s, limit %d", traceTitle(rep), rep.Window, rep.Limit)))
+	c.writeAxes(&b, rep)
+	lines := c.lines(rep)
+	writePaths(&b, lines)
+	writeLegend(&b, rep, lines)
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteSVG's canvas and margins; the legend is in the right margin.
+const (
+	svgWidth, svgHeight                  = 1040, 560
+	svgLeft, svgRight, svgTop, svgBottom = 64, 300, 48, 56
+)
+
+// chart is WriteSVG's plot area and scales: seconds from the origin
+// across, admitted hits up, with grid steps of 1, 2 or 5 times a power of
+// ten.
+type chart struct {
+	pw, ph      float64 // the plot's width and height
+	xmax, xstep float64
+	ymax, ystep float64
+}
+
+// newChart scales the plot to rep: the whole trace across, the limit and
+// every series' highest point (with a tenth more) up.
+func newChart(rep *Report) chart {
+	c := chart{pw: float64(svgWidth - svgLeft - svgRight), ph: float64(svgHeight - svgTop - svgBottom), xmax: rep.Duration}
 	if n := len(rep.Exact.Series); n > 1 {
-		xmax = max(xmax, rep.Exact.Series[n-1][0]+(rep.Exact.Series[1][0]-rep.Exact.Series[0][0]))
+		c.xmax = max(c.xmax, rep.Exact.Series[n-1][0]+(rep.Exact.Series[1][0]-rep.Exact.Series[0][0]))
 	}
-	if xmax <= 0 {
-		xmax = 1
+	if c.xmax <= 0 {
+		c.xmax = 1
 	}
 	ytop := float64(rep.Limit)
 	for _, r := range append([]Result{rep.Exact}, rep.Results...) {
@@ -153,109 +182,130 @@ func WriteSVG(w io.Writer, rep *Report) error {
 			ytop = max(ytop, p[1])
 		}
 	}
-	ystep := niceStep(ytop * 1.1 / 6)
-	ymax := math.Ceil(ytop*1.1/ystep) * ystep
-	xstep := niceStep(xmax / 10)
-	x := func(s float64) float64 { return float64(left) + s/xmax*pw }
-	y := func(v float64) float64 { return float64(top) + ph - v/ymax*ph }
+	c.ystep = niceStep(ytop * 1.1 / 6)
+	c.ymax = math.Ceil(ytop*1.1/c.ystep) * c.ystep
+	c.xstep = niceStep(c.xmax / 10)
+	return c
+}
 
-	var b strings.Builder
-	fmt.Fprintf(&b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n")
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
-	fmt.Fprintf(&b, "<title>%s</title>\n", esc(fmt.Sprintf("rls simulate: %s, limit %d per %s", traceTitle(rep), rep.Limit, rep.Window)))
-	fmt.Fprintf(&b, `<rect x="0" y="0" width="%d" height="%d" fill="#ffffff"/>`+"\n", width, height)
-	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="15">%s</text>`+"\n", left, esc(fmt.Sprintf("%s: admitted per trailing %s, limit %d", traceTitle(rep), rep.Window, rep.Limit)))
-	// Grid and axes.
+func (c *chart) x(s float64) float64 { return float64(svgLeft) + s/c.xmax*c.pw }
+func (c *chart) y(v float64) float64 { return float64(svgTop) + c.ph - v/c.ymax*c.ph }
+
+// writeAxes writes the grid and the axes' labels.
+func (c *chart) writeAxes(b *strings.Builder, rep *Report) {
 	b.WriteString(`<g id="axes" stroke="#dddddd" stroke-width="1">` + "\n")
-	for v := 0.0; v <= ymax+ystep/2; v += ystep {
-		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f"/>`+"\n", left, y(v), left+int(pw), y(v))
+	for v := 0.0; v <= c.ymax+c.ystep/2; v += c.ystep {
+		fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f"/>`+"\n", svgLeft, c.y(v), svgLeft+int(c.pw), c.y(v))
 	}
-	for s := 0.0; s <= xmax*(1+1e-9); s += xstep {
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d"/>`+"\n", x(s), top, x(s), top+int(ph))
+	for s := 0.0; s <= c.xmax*(1+1e-9); s += c.xstep {
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d"/>`+"\n", c.x(s), svgTop, c.x(s), svgTop+int(c.ph))
 	}
 	b.WriteString("</g>\n")
 	b.WriteString(`<g id="labels" fill="#333333">` + "\n")
-	for v := 0.0; v <= ymax+ystep/2; v += ystep {
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", left-6, y(v)+4, trimFloat(v))
+	for v := 0.0; v <= c.ymax+c.ystep/2; v += c.ystep {
+		fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", svgLeft-6, c.y(v)+4, trimFloat(v))
 	}
-	for s := 0.0; s <= xmax*(1+1e-9); s += xstep {
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x(s), top+int(ph)+18, trimFloat(s))
+	for s := 0.0; s <= c.xmax*(1+1e-9); s += c.xstep {
+		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", c.x(s), svgTop+int(c.ph)+18, trimFloat(s))
 	}
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(left)+pw/2, height-12, esc(fmt.Sprintf("seconds from %s", trimFloat(rep.Origin))))
-	fmt.Fprintf(&b, `<text x="16" y="%.1f" text-anchor="middle" transform="rotate(-90 16 %.1f)">%s</text>`+"\n", float64(top)+ph/2, float64(top)+ph/2, esc("admitted in the trailing "+rep.Window))
+	fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(svgLeft)+c.pw/2, svgHeight-12, esc(fmt.Sprintf("seconds from %s", trimFloat(rep.Origin))))
+	fmt.Fprintf(b, `<text x="16" y="%.1f" text-anchor="middle" transform="rotate(-90 16 %.1f)">%s</text>`+"\n", float64(svgTop)+c.ph/2, float64(svgTop)+c.ph/2, esc("admitted in the trailing "+rep.Window))
 	b.WriteString("</g>\n")
+}
 
-	type entry struct {
-		name, class, color, dash string
-		width                    float64
-		d                        string
+// svgLine is one line of the chart and its legend entry.
+type svgLine struct {
+	name, class, color, dash string
+	width                    float64
+	d                        string // the path
+}
+
+// dashAttr is the line's stroke-dasharray attribute, "" for a solid line.
+func (l *svgLine) dashAttr() string {
+	if l.dash == "" {
+		return ""
 	}
-	var entries []entry
-	step := func(series [][2]float64) string {
-		var d strings.Builder
-		for i, p := range series {
-			if i == 0 {
-				fmt.Fprintf(&d, "M%.1f %.1f", x(p[0]), y(p[1]))
-			} else {
-				fmt.Fprintf(&d, "H%.1fV%.1f", x(p[0]), y(p[1]))
-			}
-		}
-		if n := len(series); n > 0 {
-			fmt.Fprintf(&d, "H%.1f", x(xmax))
-		}
-		return d.String()
+	return fmt.Sprintf(` stroke-dasharray="%s"`, l.dash)
+}
+
+// lines returns the chart's lines: the limit, the exact log, then the
+// candidates in rep's order.
+func (c *chart) lines(rep *Report) []svgLine {
+	lines := []svgLine{
+		{name: fmt.Sprintf("limit (%d)", rep.Limit), class: "series limit", color: "#d62728", dash: "6 4", width: 1.5,
+			d: fmt.Sprintf("M%.1f %.1fH%.1f", c.x(0), c.y(float64(rep.Limit)), c.x(c.xmax))},
+		{name: rep.Exact.Name, class: "series exact", color: "#000000", width: 2.5, d: c.step(rep.Exact.Series)},
 	}
-	entries = append(entries, entry{name: fmt.Sprintf("limit (%d)", rep.Limit), class: "series limit", color: "#d62728", dash: "6 4", width: 1.5,
-		d: fmt.Sprintf("M%.1f %.1fH%.1f", x(0), y(float64(rep.Limit)), x(xmax))})
-	entries = append(entries, entry{name: rep.Exact.Name, class: "series exact", color: "#000000", width: 2.5, d: step(rep.Exact.Series)})
 	for i, r := range rep.Results {
-		entries = append(entries, entry{name: r.Name, class: "series candidate", color: palette[i%len(palette)], width: 1.2, d: step(r.Series)})
+		lines = append(lines, svgLine{name: r.Name, class: "series candidate", color: palette[i%len(palette)], width: 1.2, d: c.step(r.Series)})
 	}
+	return lines
+}
+
+// step is series' path: a step function held to the chart's right edge.
+func (c *chart) step(series [][2]float64) string {
+	var d strings.Builder
+	for i, p := range series {
+		if i == 0 {
+			fmt.Fprintf(&d, "M%.1f %.1f", c.x(p[0]), c.y(p[1]))
+		} else {
+			fmt.Fprintf(&d, "H%.1fV%.1f", c.x(p[0]), c.y(p[1]))
+		}
+	}
+	if n := len(series); n > 0 {
+		fmt.Fprintf(&d, "H%.1f", c.x(c.xmax))
+	}
+	return d.String()
+}
+
+// writePaths writes one <path> per line, with a unique id from SeriesID:
+// the candidates first, then the exact log and the limit on top.
+func writePaths(b *strings.Builder, lines []svgLine) {
 	ids := map[string]bool{}
 	b.WriteString(`<g id="series" fill="none" stroke-linejoin="round">` + "\n")
-	// The candidates first, then the exact log and the limit on top.
-	for i := len(entries) - 1; i >= 0; i-- {
-		e := entries[i]
-		id := SeriesID(strings.SplitN(e.name, " (", 2)[0])
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := &lines[i]
+		id := SeriesID(strings.SplitN(l.name, " (", 2)[0])
 		for ids[id] {
 			id += "_"
 		}
 		ids[id] = true
-		dash := ""
-		if e.dash != "" {
-			dash = fmt.Sprintf(` stroke-dasharray="%s"`, e.dash)
-		}
-		fmt.Fprintf(&b, `<path id="%s" class="%s" stroke="%s" stroke-width="%g"%s d="%s"><title>%s</title></path>`+"\n",
-			id, e.class, e.color, e.width, dash, e.d, esc(e.name))
+		fmt.Fprintf(b, `<path id="%s" class="%s" stroke="%s" stroke-width="%g"%s d="%s"><title>%s</title></path>`+"\n",
+			id, l.class, l.color, l.width, l.dashAttr(), l.d, esc(l.name))
 	}
 	b.WriteString("</g>\n")
-	// Legend.
-	lx := width - right + 20
+}
+
+// writeLegend writes the legend: each line with its peak/L, '*' marking
+// the rule's own candidate.
+func writeLegend(b *strings.Builder, rep *Report, lines []svgLine) {
+	lx := svgWidth - svgRight + 20
 	b.WriteString(`<g id="legend">` + "\n")
-	fmt.Fprintf(&b, `<text x="%d" y="%d" font-weight="bold">peak / L</text>`+"\n", lx, top+4)
-	for i, e := range entries {
-		ly := top + 24 + i*20
-		dash := ""
-		if e.dash != "" {
-			dash = fmt.Sprintf(` stroke-dasharray="%s"`, e.dash)
-		}
-		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="%g"%s/>`+"\n", lx, ly-4, lx+24, ly-4, e.color, max(e.width, 2), dash)
-		label := e.name
-		switch {
-		case i == 1:
-			label = fmt.Sprintf("%.2f  %s", rep.Exact.PeakRatio, e.name)
-		case i >= 2:
-			r := rep.Results[i-2]
-			label = fmt.Sprintf("%.2f  %s", r.PeakRatio, e.name)
-			if r.Own {
-				label += " *"
-			}
-		}
-		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", lx+30, ly, esc(label))
+	fmt.Fprintf(b, `<text x="%d" y="%d" font-weight="bold">peak / L</text>`+"\n", lx, svgTop+4)
+	for i := range lines {
+		l := &lines[i]
+		ly := svgTop + 24 + i*20
+		fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="%g"%s/>`+"\n", lx, ly-4, lx+24, ly-4, l.color, max(l.width, 2), l.dashAttr())
+		fmt.Fprintf(b, `<text x="%d" y="%d">%s</text>`+"\n", lx+30, ly, esc(legendLabel(rep, i, l.name)))
 	}
-	b.WriteString("</g>\n</svg>\n")
-	_, err := io.WriteString(w, b.String())
-	return err
+	b.WriteString("</g>\n")
+}
+
+// legendLabel is the legend's text for line i, named name: the limit's
+// name alone, the others' peak/L before it.
+func legendLabel(rep *Report, i int, name string) string {
+	switch {
+	case i == 1:
+		return fmt.Sprintf("%.2f  %s", rep.Exact.PeakRatio, name)
+	case i >= 2:
+		r := rep.Results[i-2]
+		label := fmt.Sprintf("%.2f  %s", r.PeakRatio, name)
+		if r.Own {
+			label += " *"
+		}
+		return label
+	}
+	return name
 }
 
 // niceStep returns 1, 2 or 5 times a power of ten, at least raw.

@@ -45,13 +45,7 @@ func RedisBytes(c Candidate) (bytes, value int) {
 // longer key costs about one byte more per byte, in steps of the
 // allocator's size classes.
 func RedisExampleKey(c Candidate) string {
-	r := &descriptors.Rule{Unit: descriptors.UnitSecond, RequestsPerUnit: 50, Precision: uint32(c.Precision), Burst: uint32(c.Burst)}
-	switch c.Algorithm {
-	case store.TokenBucket:
-		r.Algorithm = descriptors.TokenBucket
-	case store.FixedWindow:
-		r.Algorithm = descriptors.FixedWindow
-	}
+	r := &descriptors.Rule{Unit: descriptors.UnitSecond, RequestsPerUnit: 50, Algorithm: c.Algorithm, Precision: uint32(c.Precision), Burst: uint32(c.Burst)}
 	return string(descriptors.AppendKey(nil, "sim", []*rlcommon.RateLimitDescriptor_Entry{{Key: "key", Value: "value"}}, r))
 }
 

@@ -68,30 +68,16 @@ func ReadCSV(r io.Reader, name string, key KeyFunc) (Trace, error) {
 		if len(tr.Events) == 0 && tr.Skipped == 0 && strings.EqualFold(fields[0], "timestamp") {
 			continue // a header
 		}
-		at, err := parseSeconds(fields[0])
+		ev, entries, err := parseRow(fields)
 		if err != nil {
-			return Trace{}, fmt.Errorf("%s:%d: timestamp %q: %v", name, line, fields[0], err)
-		}
-		ev := Event{At: at, Hits: 1, Line: line}
-		entries := fields[1:]
-		if n := len(entries); n > 0 && !strings.Contains(entries[n-1], "=") {
-			h, err := strconv.ParseUint(entries[n-1], 10, 64)
-			if err != nil || h == 0 || h > maxHits {
-				return Trace{}, fmt.Errorf("%s:%d: hits %q: want a whole number from 1 to %d (descriptor entries are key=value)", name, line, entries[n-1], uint64(maxHits))
-			}
-			ev.Hits, entries = h, entries[:n-1]
-		}
-		for _, e := range entries {
-			if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-				return Trace{}, fmt.Errorf("%s:%d: descriptor entry %q: want key=value (hits, if any, come last)", name, line, e)
-			}
+			return Trace{}, fmt.Errorf("%s:%d: %v", name, line, err)
 		}
 		k, ok := key(entries)
 		if !ok {
 			tr.Skipped++
 			continue
 		}
-		ev.Key = k
+		ev.Key, ev.Line = k, line
 		tr.Events = append(tr.Events, ev)
 	}
 	if err := sc.Err(); err != nil {
@@ -105,6 +91,30 @@ func ReadCSV(r io.Reader, name string, key KeyFunc) (Trace, error) {
 	}
 	slices.SortStableFunc(tr.Events, func(a, b Event) int { return cmpInt(a.At, b.At) })
 	return tr, nil
+}
+
+// parseRow reads a CSV row's trimmed fields: the event's time and hits
+// (Key and Line unset), and its descriptor entries.
+func parseRow(fields []string) (ev Event, entries []string, err error) {
+	at, err := parseSeconds(fields[0])
+	if err != nil {
+		return Event{}, nil, fmt.Errorf("timestamp %q: %v", fields[0], err)
+	}
+	ev = Event{At: at, Hits: 1}
+	entries = fields[1:]
+	if n := len(entries); n > 0 && !strings.Contains(entries[n-1], "=") {
+		h, err := strconv.ParseUint(entries[n-1], 10, 64)
+		if err != nil || h == 0 || h > maxHits {
+			return Event{}, nil, fmt.Errorf("hits %q: want a whole number from 1 to %d (descriptor entries are key=value)", entries[n-1], uint64(maxHits))
+		}
+		ev.Hits, entries = h, entries[:n-1]
+	}
+	for _, e := range entries {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return Event{}, nil, fmt.Errorf("descriptor entry %q: want key=value (hits, if any, come last)", e)
+		}
+	}
+	return ev, entries, nil
 }
 
 // maxHits bounds a row's hits: the stores' counts stay exact below 2^53.
@@ -144,9 +154,9 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-// StandardGenerators are the traces of `--gen standard`, the README's
-// "Choosing an algorithm" table and issue #17: Poisson arrivals at 0.9,
-// 1.1 and 2 times the limit, on/off bursts and a boundary attack.
+// StandardGenerators are the traces of the generator "standard" and of
+// docs/algorithms.md's "Choosing an algorithm" table: Poisson arrivals at
+// 0.9, 1.1 and 2 times the limit, on/off bursts and a boundary attack.
 var StandardGenerators = []string{
 	"poisson:rate=0.9L",
 	"poisson:rate=1.1L",
@@ -164,20 +174,31 @@ const GeneratorHelp = `generators (W is the window, L the limit; every parameter
                                        N requests (default L) evenly in the S (default W/20) before
                                        a window boundary and N in the S after it, at every E
                                        (default 2W) from the first boundary
-  standard                             the five traces of the README's table: poisson at 0.9L,
+  standard                             the five traces of docs/algorithms.md's table: poisson at 0.9L,
                                        1.1L and 2L, onoff and boundary, with their defaults
   R is requests per window as a multiple of L ("1.1L") or per second ("55"); N a count or a
   multiple of L; durations as in Go ("500ms", "20s").`
 
+// GenError is a generator spec Generate cannot make a trace of: Spec is
+// the spec, Msg what is wrong with it. The caller names the setting that
+// gave the spec its own way (a flag, say).
+type GenError struct {
+	Spec string
+	Msg  string
+}
+
+// Error is the message with the spec.
+func (e *GenError) Error() string { return fmt.Sprintf("generator %q: %s", e.Spec, e.Msg) }
+
 // Generate makes the trace a generator spec describes (GeneratorHelp) for
 // a limit of limit requests per window, every event on key with one hit,
 // from the random stream seed. The first event comes at or after 0, a
-// window boundary.
+// window boundary. Errors are *GenError.
 func Generate(spec string, limit uint64, window time.Duration, seed uint64, key string) (Trace, error) {
 	kind, params, _ := strings.Cut(spec, ":")
 	g := genParams{limit: float64(limit), window: window}
 	if err := g.parse(params); err != nil {
-		return Trace{}, fmt.Errorf("--gen %q: %v", spec, err)
+		return Trace{}, &GenError{Spec: spec, Msg: err.Error()}
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x17))
 	w := window.Microseconds()
@@ -191,16 +212,16 @@ func Generate(spec string, limit uint64, window time.Duration, seed uint64, key 
 	case "boundary":
 		at, err = g.boundary(w)
 	default:
-		return Trace{}, fmt.Errorf("--gen %q: unknown generator %q: want poisson, onoff, boundary or standard", spec, kind)
+		return Trace{}, &GenError{Spec: spec, Msg: fmt.Sprintf("unknown generator %q: want poisson, onoff, boundary or standard", kind)}
 	}
 	if err == nil {
 		err = g.unused()
 	}
 	if err != nil {
-		return Trace{}, fmt.Errorf("--gen %q: %v", spec, err)
+		return Trace{}, &GenError{Spec: spec, Msg: err.Error()}
 	}
 	if len(at) == 0 {
-		return Trace{}, fmt.Errorf("--gen %q: the trace has no requests (a longer duration or a higher rate?)", spec)
+		return Trace{}, &GenError{Spec: spec, Msg: "the trace has no requests (a longer duration or a higher rate?)"}
 	}
 	tr := Trace{Name: spec, Seed: seed, Events: make([]Event, len(at))}
 	for i, t := range at {

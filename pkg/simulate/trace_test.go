@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -57,6 +58,34 @@ func TestReadCSV(t *testing.T) {
 		_, err := ReadCSV(strings.NewReader(in), "t.csv", key)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", in, err, want)
+		}
+	}
+}
+
+func TestParseRow(t *testing.T) {
+	for _, tc := range []struct {
+		fields  []string
+		ev      Event
+		entries []string
+		err     string
+	}{
+		{[]string{"1.5"}, Event{At: 1_500_000, Hits: 1}, nil, ""},
+		{[]string{"2", "a=1", "b=2"}, Event{At: 2_000_000, Hits: 1}, []string{"a=1", "b=2"}, ""},
+		{[]string{"2", "a=1", "7"}, Event{At: 2_000_000, Hits: 7}, []string{"a=1"}, ""},
+		{[]string{"3", "4"}, Event{At: 3_000_000, Hits: 4}, []string{}, ""},
+		{[]string{"3", "a=1", "9007199254740993"}, Event{}, nil, `hits "9007199254740993"`},
+		{[]string{"", "a=1"}, Event{}, nil, `timestamp ""`},
+		{[]string{"1", "a", "2"}, Event{}, nil, `descriptor entry "a"`},
+	} {
+		ev, entries, err := parseRow(tc.fields)
+		if tc.err != "" {
+			if err == nil || !strings.HasPrefix(err.Error(), tc.err) {
+				t.Errorf("parseRow(%q): %v, want %q", tc.fields, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || ev != tc.ev || strings.Join(entries, ",") != strings.Join(tc.entries, ",") {
+			t.Errorf("parseRow(%q) = %+v, %q, %v; want %+v, %q", tc.fields, ev, entries, err, tc.ev, tc.entries)
 		}
 	}
 }
@@ -118,6 +147,9 @@ func TestGenerate(t *testing.T) {
 		_, err := Generate(spec, limit, time.Second, 1, "k")
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), spec) {
 			t.Errorf("%s: %v, want %q", spec, err, want)
+		}
+		if ge := (*GenError)(nil); !errors.As(err, &ge) || ge.Spec != spec {
+			t.Errorf("%s: %#v, want a *GenError of the spec", spec, err)
 		}
 	}
 }

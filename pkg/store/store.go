@@ -18,7 +18,8 @@
 // (Refund true) returns h hits to the budget, is always allowed, and reports
 // the budget after the refund.
 //
-// Sliding-window counter (seed-lld.md). State: win, cur, prev (integers).
+// Sliding-window counter (the previous window's count weighted by the share
+// of it still inside the trailing window). State: win, cur, prev (integers).
 //
 //	curWin  = floor(now / Wus)
 //	if no state: win, cur, prev = curWin, 0, 0
@@ -122,10 +123,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
-// Algorithm selects the counting algorithm of a check.
+// Algorithm selects the counting algorithm of a check. It is the one
+// definition shared by the configuration (a rule's rate_limit.algorithm,
+// an rls extension), the service, both stores and the Redis script's wire
+// format (package lua maps it to the script's codes).
 type Algorithm uint8
 
 // The algorithms. The zero value is the default, the sliding-window counter.
@@ -135,7 +140,8 @@ const (
 	FixedWindow
 )
 
-// String returns the algorithm's configuration name.
+// String returns the algorithm's configuration name ("sliding_window",
+// "token_bucket", "fixed_window"), or "unknown" for any other value.
 func (a Algorithm) String() string {
 	switch a {
 	case SlidingWindow:
@@ -148,7 +154,20 @@ func (a Algorithm) String() string {
 	return "unknown"
 }
 
-// MaxPrecision is the most sub-windows a sliding window may have.
+// ParseAlgorithm returns the algorithm whose String equals s in lower case
+// ("token_bucket", "TOKEN_BUCKET"). ok is false for any other string.
+func ParseAlgorithm(s string) (a Algorithm, ok bool) {
+	s = strings.ToLower(s)
+	for a := SlidingWindow; a <= FixedWindow; a++ {
+		if s == a.String() {
+			return a, true
+		}
+	}
+	return 0, false
+}
+
+// MaxPrecision is the most sub-windows a sliding window may have: the
+// bound of a rule's precision, and decide.lua's MAX_PRECISION.
 const MaxPrecision = 60
 
 // Check is one counter to decide. Key is the full store key (see

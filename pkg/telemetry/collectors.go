@@ -50,8 +50,16 @@ func RegisterLimiter(reg prometheus.Registerer, lim *limiter.Limiter, fleet *lim
 		reg.MustRegister(counter("rls_undo_refunds_total", "Checks the store consumed for a request denied after all (another Cluster slot, the fallback or its quotas denied it), by what became of their refund: refunded, retried (not at once), lost (never), unknown (the call timed out after it may have been sent: not refunded).",
 			prometheus.Labels{"result": result}, n))
 	}
+	for result, n := range map[string]func(limiter.Counters) uint64{
+		"used":     func(c limiter.Counters) uint64 { return c.ReservedUsed },
+		"returned": func(c limiter.Counters) uint64 { return c.ReservedReturned },
+		"expired":  func(c limiter.Counters) uint64 { return c.ReservedExpired },
+	} {
+		reg.MustRegister(counter("rls_reserved_hits_total", "Hits of slices reserved in the store for hot keys, by what became of them: used (admitted requests), returned (unused, refunded in their window), expired (unused when their window ended, their rule changed or their refund failed).",
+			prometheus.Labels{"result": result}, n))
+	}
 	for _, s := range limiter.Sources {
-		reg.MustRegister(counter("rls_checks_total", "Checks (one per counted descriptor) by where their result came from: store, local_cache, fail_open, fail_closed.",
+		reg.MustRegister(counter("rls_checks_total", "Checks (one per counted descriptor) by where their result came from: store, local_cache, fail_open, fail_closed, reserved (a slice of hits reserved in the store).",
 			prometheus.Labels{"source": s.String()}, func(c limiter.Counters) uint64 { return c.Sources[s] }))
 	}
 	for _, c := range limiter.Causes {

@@ -8,7 +8,12 @@
 package xds
 
 import (
+	"fmt"
+	"slices"
+	"strconv"
+
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/rls-project/rls/pkg/descriptors"
 )
@@ -82,10 +87,60 @@ func rateLimitSpec(p *rlsconf.RateLimitPolicy) *descriptors.RateLimitSpec {
 // describe, as descriptors.ParseWith builds one from files (opts.MergeDomains
 // lets several resources define one domain). Errors name the resource and
 // the field: "xds:<name>: descriptors[0].rate_limit.unit: ...".
+//
+// A rate_limit carrying fields this build does not know is refused (see
+// unknownPolicyFields).
 func Build(resources []*rlsconf.RateLimitConfig, opts descriptors.ParseOptions) (*descriptors.Config, error) {
+	var unknown descriptors.Errors
 	specs := make([]descriptors.DomainSpec, len(resources))
 	for i, r := range resources {
 		specs[i] = Spec(r)
+		unknownPolicyFields(SpecName(r), "descriptors", r.GetDescriptors(), &unknown)
+	}
+	if len(unknown) > 0 {
+		return nil, unknown
 	}
 	return descriptors.ParseSpecs(specs, opts)
+}
+
+// unknownPolicyFields reports every rate_limit under ds (at path) that
+// carries protobuf fields RateLimitPolicy does not have here. Its five
+// fields say nothing of a period, so a newer control plane's policy with,
+// say, a unit multiplier would otherwise be counted over one unit: a limit
+// N times the one configured, with nothing to show it. Refusing it (the
+// response is NACKed) keeps the config in force and names the cause.
+func unknownPolicyFields(spec, path string, ds []*rlsconf.RateLimitDescriptor, errs *descriptors.Errors) {
+	for i, d := range ds {
+		at := path + "[" + strconv.Itoa(i) + "]"
+		if p := d.GetRateLimit(); p != nil {
+			if nums := unknownNumbers(p.ProtoReflect().GetUnknown()); len(nums) > 0 {
+				*errs = append(*errs, &descriptors.ConfigError{File: spec, Field: at + ".rate_limit",
+					Msg: fmt.Sprintf("has protobuf field(s) %v that this rls does not know (a newer RateLimitPolicy?); "+
+						"refused rather than ignored, since one could change the limit (periods of several units are set in config files: unit_multiplier)", nums)})
+			}
+		}
+		unknownPolicyFields(spec, at+".descriptors", d.GetDescriptors(), errs)
+	}
+}
+
+// unknownNumbers returns the field numbers of b, a message's unknown
+// fields, in order and without repeats; what cannot be parsed ends it.
+func unknownNumbers(b []byte) []protowire.Number {
+	var nums []protowire.Number
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+		if !slices.Contains(nums, num) {
+			nums = append(nums, num)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			break
+		}
+		b = b[m:]
+	}
+	return nums
 }

@@ -31,13 +31,13 @@ func TestVectors(t *testing.T) {
 		// rate = 82*0.6 + 30 = 79.2, R = ceil(20.8) = 21, one hit leaves 20.
 		key := "rl:{seed}:route"
 		win := t0/1_000_000 + 5
-		rc.Set(ctx, key, lua.State{Algorithm: lua.AlgSliding, Window: float64(win), Count: 30, Prev: 82}.Encode(), 0)
+		rc.Set(ctx, key, lua.State{Algorithm: store.SlidingWindow, Window: float64(win), Count: 30, Prev: 82}.Encode(), 0)
 		clk.Set(win*1_000_000 + 400_000)
 		r := decide(t, s, store.Check{Key: key, Limit: 100, Window: time.Second, Hits: 1})[0]
 		if want := (store.Result{Allowed: true, Remaining: 20, Reset: 600 * time.Millisecond, Consumed: true}); r != want {
 			t.Errorf("got %+v, want %+v", r, want)
 		}
-		if st := stateOf(t, rc, key); !reflect.DeepEqual(st, lua.State{Algorithm: lua.AlgSliding, Window: float64(win), Count: 31, Prev: 82}) {
+		if st := stateOf(t, rc, key); !reflect.DeepEqual(st, lua.State{Algorithm: store.SlidingWindow, Window: float64(win), Count: 31, Prev: 82}) {
 			t.Errorf("state %+v, want window %d, count 31, prev 82", st, win)
 		}
 	})
@@ -63,7 +63,7 @@ func TestVectors(t *testing.T) {
 		// RetryAfter = 400001 µs.
 		key := "rl:{vec}:retry"
 		win := t0/1_000_000 + 20
-		rc.Set(ctx, key, lua.State{Algorithm: lua.AlgSliding, Window: float64(win - 1), Count: 10}.Encode(), 0)
+		rc.Set(ctx, key, lua.State{Algorithm: store.SlidingWindow, Window: float64(win - 1), Count: 10}.Encode(), 0)
 		clk.Set(win * 1_000_000)
 		r := decide(t, s, store.Check{Key: key, Limit: 10, Window: time.Second, Hits: 5})[0]
 		if want := (store.Result{RetryAfter: 400_001 * time.Microsecond, Reset: time.Second}); r != want {
@@ -485,11 +485,5 @@ func TestCompactMatchesTagged(t *testing.T) {
 			time.Sleep(time.Second)
 			same("the window after", 3)
 		})
-	}
-}
-
-func TestMaxPrecisionAgrees(t *testing.T) {
-	if lua.MaxPrecision != store.MaxPrecision {
-		t.Errorf("lua.MaxPrecision %d, store.MaxPrecision %d", lua.MaxPrecision, store.MaxPrecision)
 	}
 }

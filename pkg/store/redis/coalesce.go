@@ -15,7 +15,8 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// Coalescing (issue #7). Every slot group's script call goes through the
+// Coalescing: one script call per hash slot for every request queued for
+// it, so Redis runs one script, not one per request. Every slot group's script call goes through the
 // coalescer of the node that owns it (one node outside cluster mode; the
 // master owning the slot in cluster mode, keyed by its address).
 //

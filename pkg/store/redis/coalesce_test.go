@@ -252,7 +252,7 @@ func TestPipelineNoScript(t *testing.T) {
 			if i%2 == 1 {
 				now = clock
 			}
-			cl.args = append(cl.args, now, lua.ModeDecide, lua.AppendCheck(nil, lua.AlgSliding, 0, 100_000, 3600, 0, uint64(i+1)))
+			cl.args = append(cl.args, now, lua.ModeDecide, lua.AppendCheck(nil, &store.Check{Algorithm: store.SlidingWindow, Limit: 100_000, Window: time.Hour, Hits: uint64(i + 1)}))
 			cl.ctx = cctx
 			batch[i] = cl
 		}

@@ -24,7 +24,7 @@ import (
 //     breaker counts the round trip as a failure.
 //   - A protocol error: the node answered, with something rls cannot use.
 //     Any other error reply (a Lua error, WRONGTYPE from a key holding
-//     another type than the script's hashes, an unknown command), and a
+//     another type than the script's strings, an unknown command), and a
 //     reply of the wrong shape or type. It is a bug or corrupt data, not an
 //     outage: the error wraps store.ErrProtocol, not ErrUnavailable, and
 //     the breaker counts the round trip as a success.

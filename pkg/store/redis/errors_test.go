@@ -286,7 +286,7 @@ func (argCutter) cut(cmd redis.Cmder) {
 		return
 	}
 	args := cmd.Args()
-	if b, ok := args[len(args)-1].([]byte); ok && len(b) == lua.CheckBytes && b[len(b)-1] == lua.AppendCheck(nil, 0, 0, 0, 0, 0, 3)[lua.CheckBytes-1] {
+	if b, ok := args[len(args)-1].([]byte); ok && len(b) == lua.CheckBytes && b[len(b)-1] == lua.AppendCheck(nil, &store.Check{Hits: 3})[lua.CheckBytes-1] {
 		args[len(args)-1] = b[:len(b)-1]
 	}
 }

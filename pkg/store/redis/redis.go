@@ -316,37 +316,10 @@ func (c *call) encode(mode string, now any) {
 	}
 	for _, ch := range c.checks {
 		keys = append(keys, ch.Key)
-		blob = lua.AppendCheck(blob, algorithmCode(ch.Algorithm), flags(ch), ch.Limit, uint64(ch.Window/time.Second), burstArg(ch), ch.Hits)
+		blob = lua.AppendCheck(blob, ch)
 	}
 	c.keys, c.blob = keys, blob
 	c.args = append(c.args[:0], now, modeArg, blob)
-}
-
-// algorithmCode is a's code in the script; unknown algorithms act as the
-// default, sliding window, as in the memory store.
-func algorithmCode(a store.Algorithm) byte {
-	switch a {
-	case store.TokenBucket:
-		return lua.AlgTokenBucket
-	case store.FixedWindow:
-		return lua.AlgFixed
-	}
-	return lua.AlgSliding
-}
-
-// flags is ch's flags value in the script.
-func flags(ch *store.Check) byte {
-	var f byte
-	if ch.Refund {
-		f |= lua.FlagRefund
-	}
-	if ch.Shadow {
-		f |= lua.FlagShadow
-	}
-	if ch.Force {
-		f |= lua.FlagForce
-	}
-	return f
 }
 
 // decode stores the script's reply in c's results. When decided (not
@@ -507,19 +480,4 @@ func (s *Store) BreakerStates() map[string]breaker.State {
 		return true
 	})
 	return m
-}
-
-// burstArg is a check's burst field in decide.lua: a token bucket's
-// capacity, a sliding window's precision (0 or 1: two counters).
-func burstArg(ch *store.Check) uint64 {
-	switch ch.Algorithm {
-	case store.TokenBucket:
-		return ch.Burst
-	case store.FixedWindow:
-		return 0
-	}
-	if ch.Precision >= 2 { // sliding window, and unknown algorithms acting as it
-		return uint64(ch.Precision)
-	}
-	return 0
 }

@@ -96,7 +96,7 @@ func cs(checks ...store.Check) []store.Check { return checks }
 // before floor(x)+1; times are relative to T0.
 var vectors = []vector{
 	{
-		// seed-lld.md's walk: 100/s; the previous window counted 82, the
+		// The worked example of the sliding window: 100/s; the previous window counted 82, the
 		// current one 30, and a request arrives 400 ms into the window.
 		name: "sliding/seed worked example",
 		steps: []step{

@@ -1,0 +1,195 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/integration/redistest"
+)
+
+// Reservations for hot keys, on the real binary with default flags (on by
+// default on Redis). A day's window keeps every test inside one window.
+const rsConfig = `domain: exact
+descriptors:
+  - key: sliding_window
+    rate_limit: {unit: day, requests_per_unit: 3000}
+  - key: token_bucket
+    rate_limit: {unit: day, requests_per_unit: 3000, algorithm: token_bucket}
+  - key: fixed_window
+    rate_limit: {unit: day, requests_per_unit: 3000, algorithm: fixed_window}
+  - key: no_reserve
+    rate_limit: {unit: day, requests_per_unit: 3000, reserve: false}
+`
+
+// rsDrive sends total requests over the replicas from clients goroutines
+// at once and returns how many were OK.
+func rsDrive(t *testing.T, ps []*rlsProc, clients, total int, d *rlcommon.RateLimitDescriptor) int {
+	t.Helper()
+	return exBurst(t, ps, clients, total, d)
+}
+
+// rsUsed is what the store has counted for d, read through p with a
+// check-only request (hits_addend 0): the limit less limit_remaining.
+func rsUsed(t *testing.T, p *rlsProc, d *rlcommon.RateLimitDescriptor, limit uint32) uint32 {
+	t.Helper()
+	zero := rlcommon.RateLimitDescriptor{Entries: d.Entries}
+	zero.HitsAddend = wrapperspb.UInt64(0)
+	r, err := p.client().ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "exact",
+		Descriptors: []*rlcommon.RateLimitDescriptor{&zero}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return limit - r.Statuses[0].LimitRemaining
+}
+
+func rsReserved(t *testing.T, ps []*rlsProc, result string) float64 {
+	t.Helper()
+	n := 0.0
+	for _, p := range ps {
+		n += exMetric(t, p, "rls_reserved_hits_total", `result="`+result+`"`)
+	}
+	return n
+}
+
+// TestReserveWarmKeyExact: a key warmed into reservations on both replicas,
+// then driven to its limit from both at once, admits exactly the limit, for
+// each algorithm, on a single node and on a 3-master Cluster; and a rule
+// with reserve: false never reserves.
+func TestReserveWarmKeyExact(t *testing.T) {
+	dir := writeConfig(t, map[string]string{"exact.yaml": rsConfig})
+	topologies := map[string]func(t *testing.T) []string{
+		"single": func(t *testing.T) []string {
+			srv := redistest.StartServer(t)
+			return []string{"--store", "redis", "--redis-url", srv.URL()}
+		},
+		"cluster": func(t *testing.T) []string {
+			c := redistest.StartCluster(t, 3, 0)
+			return []string{"--store", "redis-cluster", "--redis-url", c.Seeds()}
+		},
+	}
+	for _, topo := range []string{"single", "cluster"} {
+		t.Run(topo, func(t *testing.T) {
+			ps := rdStartReplicas(t, 2, dir, topologies[topo](t)...)
+			for _, alg := range exAlgorithms {
+				d := desc(alg, fmt.Sprintf("%s-%d", topo, time.Now().UnixNano()))
+				usedBefore := rsReserved(t, ps, "used")
+				// Warm: 1,000 requests from 16 clients, far from the limit.
+				warm := rsDrive(t, ps, 16, 1000, d)
+				if warm != 1000 {
+					t.Fatalf("%s: %d of 1000 warm-up requests OK on a limit of 3000", alg, warm)
+				}
+				if rsReserved(t, ps, "used")-usedBefore == 0 {
+					t.Fatalf("%s: no request was decided from a reserved slice while warming", alg)
+				}
+				// Then to the limit from both at once, and beyond.
+				ok := warm + rsDrive(t, ps, 64, 4000, d)
+				want := 3000
+				if alg == "token_bucket" { // it refills 3000 a day: a few hits over the test's seconds
+					if ok < want || ok > want+2 {
+						t.Errorf("%s: %d OK, want %d (+2 for the refill)", alg, ok, want)
+					}
+					continue
+				}
+				if ok != want {
+					t.Errorf("%s: %d OK on a limit of %d, want exactly the limit", alg, ok, want)
+				}
+			}
+			// reserve: false: the same traffic never reserves.
+			granted := rsReserved(t, ps, "used") + rsReserved(t, ps, "returned") + rsReserved(t, ps, "expired")
+			d := desc("no_reserve", fmt.Sprintf("%s-%d", topo, time.Now().UnixNano()))
+			if ok := rsDrive(t, ps, 16, 1000, d); ok != 1000 {
+				t.Fatalf("no_reserve: %d of 1000 OK", ok)
+			}
+			if n := rsReserved(t, ps, "used") + rsReserved(t, ps, "returned") + rsReserved(t, ps, "expired"); n != granted {
+				t.Errorf("a reserve: false rule moved the reserved hits from %v to %v", granted, n)
+			}
+		})
+	}
+}
+
+// TestReserveReturnedOnStop: SIGTERM a replica holding an unused slice in
+// the middle of a window: its unused hits go back to Redis, and the other
+// replica can use them in the same window.
+func TestReserveReturnedOnStop(t *testing.T) {
+	dir := writeConfig(t, map[string]string{"exact.yaml": rsConfig})
+	srv := redistest.StartServer(t)
+	args := []string{"--store", "redis", "--redis-url", srv.URL()}
+	a, b := startRLS(t, dir, args...), startRLS(t, dir, args...)
+	d := desc("fixed_window", fmt.Sprintf("stop-%d", time.Now().UnixNano()))
+	admitted := 0
+	held := uint32(0)
+	for range 20 { // until a's last request left it holding a slice
+		admitted += rsDrive(t, []*rlsProc{a}, 16, 200, d)
+		if used := rsUsed(t, b, d, 3000); used > uint32(admitted) {
+			held = used - uint32(admitted)
+			break
+		}
+	}
+	if held == 0 {
+		t.Fatal("replica a never held reserved hits after 4,000 requests")
+	}
+	a.stop(t)
+	if !strings.Contains(a.Log.String(), "reserved hits returned") {
+		t.Errorf("no \"reserved hits returned\" line in a's log:\n%s", a.Log.String())
+	}
+	if used := rsUsed(t, b, d, 3000); used != uint32(admitted) {
+		t.Fatalf("after a stopped, Redis counts %d hits; %d were admitted (a held %d)", used, admitted, held)
+	}
+	// b can use every hit a did not: the window admits exactly the limit.
+	if ok := admitted + rsDrive(t, []*rlsProc{b}, 16, 4000, d); ok != 3000 {
+		t.Errorf("%d admitted in the window, want the limit, 3000", ok)
+	}
+}
+
+// TestReserveSkewedDemand: two replicas, demand split 90 % / 10 % and then
+// the reverse, on a hot key offered twice its limit in each window: the
+// fleet never admits more than the limit, and at least the limit less the
+// stated bound (the slices the replicas can hold at once: at most what is
+// left / 8 in all) in every window where it was offered enough.
+func TestReserveSkewedDemand(t *testing.T) {
+	const limit = 3000
+	dir := writeConfig(t, map[string]string{"exact.yaml": rsConfig})
+	srv := redistest.StartServer(t)
+	ps := rdStartReplicas(t, 2, dir, "--store", "redis", "--redis-url", srv.URL())
+	for _, share := range []float64{0.9, 0.1} {
+		d := desc("sliding_window", fmt.Sprintf("skew-%v-%d", share, time.Now().UnixNano()))
+		var ok, sent atomic.Int64
+		var wg sync.WaitGroup
+		const clients, total = 64, 2 * limit
+		req := &rlsv3.RateLimitRequest{Domain: "exact", Descriptors: []*rlcommon.RateLimitDescriptor{d}}
+		for g := range clients {
+			p := ps[0]
+			if float64(g) >= share*clients {
+				p = ps[1]
+			}
+			c := p.client()
+			wg.Go(func() {
+				for sent.Add(1) <= total {
+					r, err := c.ShouldRateLimit(context.Background(), req)
+					if err != nil {
+						t.Errorf("ShouldRateLimit: %v", err)
+						return
+					}
+					if r.OverallCode == rlsv3.RateLimitResponse_OK {
+						ok.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		// Every request was sent in the window (a day): the fleet must admit
+		// the limit less at most an eighth of it held in slices, and never more.
+		if n := ok.Load(); n > limit || n < limit-limit/8 {
+			t.Errorf("share %v: %d of %d admitted on a limit of %d, want %d to %d", share, n, total, limit, limit-limit/8, limit)
+		}
+	}
+}
