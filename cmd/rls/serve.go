@@ -223,6 +223,9 @@ func (a *app) buildStore() error {
 		telemetry.RegisterBreakers(a.reg, rs)
 	}
 	a.rawStore = raw
+	if rs, ok := raw.(*redisstore.Store); ok && a.cfg.EnvCompat == "upstream" {
+		raw = redisstore.NewUpstreamKeys(rs, a.cfg.KeyPrefix) // fixed windows in upstream's keys
+	}
 	a.st = telemetry.NewMeteredStore(raw, a.reg)
 	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: ready, OnChange: a.setStoreHealth, Log: a.log})
 	return nil
@@ -374,6 +377,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		Tracing:          a.tracing.Service(),
 		Observer:         a.upstream.Observer(),
 		KeyPrefix:        cfg.KeyPrefix,
+		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis",
 	})
 	if cfg.Admin {
 		adminv1.RegisterAdminServiceServer(a.grpcSrv, service.NewAdmin(a.svc, a.st, a.lim))

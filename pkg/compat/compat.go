@@ -162,6 +162,8 @@ func (r *reader) server() {
 	r.env("RLS_RESPONSE_METADATA", strconv.FormatBool(r.bool("RESPONSE_DYNAMIC_METADATA")))
 	r.env("RLS_MERGE_DOMAINS", strconv.FormatBool(r.bool("MERGE_DOMAIN_CONFIG")))
 	r.set.QuotaMode = r.bool("QUOTA_MODE")
+	// Upstream counts every rule in a fixed window, in keys rls then shares.
+	r.env("RLS_DEFAULT_ALGORITHM", "fixed_window")
 }
 
 func (r *reader) tls() {

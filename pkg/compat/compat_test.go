@@ -18,20 +18,21 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		"RLS_HTTP_ADDR":        "0.0.0.0:8080",
-		"RLS_DEBUG_ADDR":       "0.0.0.0:6070",
-		"RLS_GRPC_ADDR":        "0.0.0.0:8081",
-		"RLS_LOG_LEVEL":        "warn",
-		"RLS_LOG_FORMAT":       "text",
-		"RLS_CONFIG_SOURCE":    "file",
-		"RLS_CONFIG_DIR":       "/srv/runtime_data/current/config",
-		"RLS_STORE":            "redis",
-		"RLS_REDIS_URL":        "unix:///var/run/nutcracker/ratelimit.sock",
-		"RLS_STATSD_ADDR":      "udp://localhost:8125?flush_interval=10s",
-		"RLS_OVER_LIMIT_CACHE": "false",
-		"RLS_RESPONSE_HEADERS": "false",
-		"RLS_SHADOW_MODE":      "false",
-		"OTEL_SDK_DISABLED":    "true",
+		"RLS_HTTP_ADDR":         "0.0.0.0:8080",
+		"RLS_DEBUG_ADDR":        "0.0.0.0:6070",
+		"RLS_GRPC_ADDR":         "0.0.0.0:8081",
+		"RLS_LOG_LEVEL":         "warn",
+		"RLS_LOG_FORMAT":        "text",
+		"RLS_CONFIG_SOURCE":     "file",
+		"RLS_CONFIG_DIR":        "/srv/runtime_data/current/config",
+		"RLS_STORE":             "redis",
+		"RLS_REDIS_URL":         "unix:///var/run/nutcracker/ratelimit.sock",
+		"RLS_STATSD_ADDR":       "udp://localhost:8125?flush_interval=10s",
+		"RLS_OVER_LIMIT_CACHE":  "false",
+		"RLS_RESPONSE_HEADERS":  "false",
+		"RLS_SHADOW_MODE":       "false",
+		"OTEL_SDK_DISABLED":     "true",
+		"RLS_DEFAULT_ALGORITHM": "fixed_window",
 	}
 	for k, v := range want {
 		if s.Env[k] != v {

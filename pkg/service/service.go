@@ -111,6 +111,10 @@ type Options struct {
 	// CACHE_KEY_PREFIX), before the key's hash tag, so that a Redis Cluster
 	// still keeps a request's counters together; it has no '{' or '}'.
 	KeyPrefix string
+	// UpstreamKeys counts fixed-window rules of one unit in
+	// envoyproxy/ratelimit's own keys (prefix, domain, entries; the store
+	// appends the window, see redisstore.UpstreamKeys).
+	UpstreamKeys bool
 	// Observer is told every config and decision (envoyproxy/ratelimit's
 	// stats, pkg/upstreamstats); nil tells nobody.
 	Observer Observer
