@@ -103,7 +103,7 @@ clean: ## remove build output
 FUZZTIME     ?= 5m
 FUZZ_TARGETS ?= ./pkg/descriptors:FuzzParse ./pkg/descriptors:FuzzKeyInjective \
                 ./pkg/service:FuzzShouldRateLimit ./pkg/service:FuzzDecodeRequest \
-                ./pkg/store/redis:FuzzDifferential
+                ./pkg/store/redis:FuzzDifferential ./pkg/limiter:FuzzCacheAgreesWithTheStore
 
 .PHONY: fuzz soak
 

@@ -228,7 +228,7 @@ func ftScriptCalls(t *testing.T, s *redistest.Server) int64 {
 	if st == nil {
 		t.Fatalf("INFO commandstats on %s failed", s.Addr)
 	}
-	return st["evalsha"] + st["eval"]
+	return st["evalsha"] + st["eval"] + st["fcall"] + st["fcall_ro"]
 }
 
 // TestFaultFloodOverLimitKey: 20,000 concurrent requests at one key already

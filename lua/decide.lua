@@ -63,8 +63,25 @@
 -- (MIGRATING), a script may only touch keys that exist on the node, so DEL
 -- then SET would fail half-way with the count lost.
 --
+-- State written by anything else is checked as it is read: a count or a
+-- token count that is negative, NaN or infinite (or a window index or
+-- refill time that is not finite) starts fresh, as a missing key would;
+-- and a check that is denied (and so writes nothing) on a key that has no
+-- TTL gives it the TTL a write would, so that no such value can deny a key
+-- forever.
+--
+-- One text, two ways to run it. As a script (EVAL/EVALSHA) it runs whole
+-- on every call and ends with `return rls_decide(KEYS, ARGV)`. As a Redis
+-- Function library (lua/library.go: this text without the line that
+-- requests effects replication and without that last line, plus the
+-- functions' registration) its top level runs once, when loaded, and each
+-- FCALL runs rls_decide alone: the functions below are defined once, not
+-- per call. The top level touches no global (a library's top level runs
+-- where none exists): bind() takes the libraries on the first call, and
+-- every per-call variable is set afresh by rls_decide.
+--
 -- TIME before writes needs effects replication, the default since Redis 5
--- and requested below for 3.2-4.
+-- and requested below for 3.2-4 (scripts only; Functions need Redis 7).
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
@@ -76,35 +93,41 @@ local TAG_SLIDING, TAG_TOKEN_BUCKET, TAG_FIXED, TAG_PRECISE = 's', 't', 'f', 'p'
 local MAX_PRECISION = 60
 local COMPACT_COUNTS, COMPACT_FIXED = 16777216, 281474976710656
 local US = 1000000
+local INF = 1 / 0
+local DIGIT_9 = 57 -- '9': a value starting with a digit (or '-') is compact
 
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * US + tonumber(t[2])
+-- The libraries, bound on the first call (see the header).
+local floor, ceil, min, max, pack, sunpack, format
+local BYTE_SLIDING, BYTE_TOKEN_BUCKET, BYTE_FIXED, BYTE_PRECISE
+local function bind()
+  floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+  pack, sunpack, format = struct.pack, struct.unpack, string.format
+  BYTE_SLIDING, BYTE_TOKEN_BUCKET = TAG_SLIDING:byte(), TAG_TOKEN_BUCKET:byte()
+  BYTE_FIXED, BYTE_PRECISE = TAG_FIXED:byte(), TAG_PRECISE:byte()
 end
-local peek = ARGV[2] == MODE_PEEK
--- Compact values rely on keys expiring on the clock of `now`: only with
--- Redis's own (a test clock jumps where TTLs do not follow).
-local compact = ARGV[1] == ''
 
-local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
-local pack, sunpack = struct.pack, struct.unpack
-local BYTE_SLIDING, BYTE_TOKEN_BUCKET, BYTE_FIXED = TAG_SLIDING:byte(), TAG_TOKEN_BUCKET:byte(), TAG_FIXED:byte()
-local BYTE_PRECISE = TAG_PRECISE:byte()
-local DIGIT_9 = 57 -- '9': a value starting with a digit is compact
+-- The call: its keys, now (microseconds), peek, and compact (compact
+-- values rely on keys expiring on the clock of `now`: only with Redis's
+-- own, as a test clock jumps where TTLs do not follow).
+local K, now, peek, compact
 
-local function fmt_int(x) return string.format('%.0f', x) end
+-- finite reports whether x is a number that is neither NaN nor infinite.
+local function finite(x) return x > -INF and x < INF end
+
+-- count_ok reports whether x is a count this script could have written:
+-- not negative, not NaN, not infinite.
+local function count_ok(x) return x >= 0 and x < INF end
 
 -- ttl_arg returns the whole number of milliseconds x as a PX argument, a
--- decimal string, formatted once per value and call: handing Redis a Lua
--- number costs as much as the rest of a write.
-local ttl_args = {}
+-- decimal string, formatted once per value and call (ttl_args; nil on the
+-- short path, which writes once): handing Redis a Lua number costs as much
+-- as the rest of a write.
+local ttl_args
 local function ttl_arg(x)
+  if not ttl_args then return format('%.0f', x) end
   local a = ttl_args[x]
   if not a then
-    a = fmt_int(x)
+    a = format('%.0f', x)
     ttl_args[x] = a
   end
   return a
@@ -114,13 +137,14 @@ end
 -- with one MGET per 256 keys before anything else, and the tentative
 -- state of this call. A check of another algorithm than the state's
 -- starts from a fresh state, as in the memory store.
-local stored, states = {}, {}
-do
-  local n = #KEYS
+local stored, states
+local function read_all()
+  stored, states = {}, {}
+  local n = #K
   for from = 1, n, 256 do
     local to = min(n, from + 255)
-    local vs = redis.call('MGET', unpack(KEYS, from, to))
-    for i = from, to do stored[KEYS[i]] = vs[i - from + 1] end
+    local vs = redis.call('MGET', unpack(K, from, to))
+    for i = from, to do stored[K[i]] = vs[i - from + 1] end
   end
 end
 
@@ -146,11 +170,15 @@ local jn = 0
 -- stored.
 local replaced
 local req = 0
-local wrote = {}
+local wrote
 
 -- Keys to write at the end, in first-touch order: refunded, forced, or
 -- consumed by a request that stood.
-local dirty, dirty_keys = {}, {}
+local dirty, dirty_keys
+
+-- The states of denied checks, by key (nil until one is denied): at the
+-- end, those of keys nothing wrote get their TTL back if they lost it.
+local denied
 
 -- precise_format returns the struct format of a precision-n state.
 local precise_formats = {}
@@ -175,9 +203,16 @@ local function load_precise(key, alg, w, v, pn, req_)
   local cur, win = 0, sub
   if v and #v == 25 + 8 * pn and v:byte(1) == BYTE_PRECISE then
     local t = { sunpack(precise_format(pn), v) }
-    if t[2] == pn then
+    if t[2] == pn and finite(t[3]) and count_ok(t[4]) then
       win, cur = t[3], t[4]
-      for i = 1, pn do old[i] = t[4 + i] end
+      for i = 1, pn do
+        local c = t[4 + i]
+        if not count_ok(c) then
+          old = {}
+          break
+        end
+        old[i] = c
+      end
     end
   end
   if #old ~= pn then
@@ -206,15 +241,91 @@ local function load_precise(key, alg, w, v, pn, req_)
     pn = pn, win = sub, cur = cur, old = old }
 end
 
+-- precision returns the sub-windows of a check (0: not a sliding window of
+-- precision 2 or more).
+local function precision(alg, burst)
+  if alg ~= ALG_SLIDING or burst < 2 then return 0 end
+  if burst > MAX_PRECISION or burst ~= floor(burst) then
+    error('decide.lua: precision ' .. burst .. ' is not a whole number in [2, ' .. MAX_PRECISION .. ']')
+  end
+  return burst
+end
+
+-- build returns the state of a check at key from its stored value v
+-- (false when absent), moved to now; born is the request's serial number.
+local function build(key, alg, w, limit, burst, pn, v, born)
+  if pn > 0 then return load_precise(key, alg, w, v, pn, born) end
+  local s
+  local wus = w * US
+  local cur_win = floor(now / wus)
+  local start = cur_win * wus
+  if alg == ALG_TOKEN_BUCKET then
+    local b = burst
+    if b == 0 then b = limit end
+    local r = limit / wus
+    local _, tokens, last
+    if v and #v == 17 and v:byte(1) == BYTE_TOKEN_BUCKET then
+      _, tokens, last = sunpack('<Bdd', v)
+      if not (count_ok(tokens) and finite(last)) then tokens, last = b, now end
+    else
+      tokens, last = b, now
+    end
+    s = { key = key, alg = alg, w = w, wus = wus, start = start, born = born,
+      b = b, r = r, tokens = min(b, tokens + (now - last) * r), last = now }
+  elseif alg == ALG_FIXED then
+    local _, win, count = nil, nil, 0
+    local b1 = v and v:byte(1)
+    if b1 and b1 <= DIGIT_9 then
+      -- Compact: count * 8 + 4 + window mod 4. The key expires when its
+      -- window ends, so only the current window's value is ever read.
+      local x = tonumber(v)
+      if x and count_ok(x) and x % 8 >= 4 and (cur_win - x) % 4 == 0 then
+        win, count = cur_win, floor(x / 8)
+      end
+    elseif b1 == BYTE_FIXED and #v == 17 then
+      _, win, count = sunpack('<Bdd', v)
+      if not count_ok(count) then count = 0 end
+    end
+    if win ~= cur_win then count = 0 end
+    s = { key = key, alg = alg, w = w, wus = wus, start = start, born = born,
+      win = cur_win, count = count }
+  else
+    local _, win, cur, prev
+    local b1 = v and v:byte(1)
+    local x = b1 and b1 <= DIGIT_9 and tonumber(v)
+    if x and not count_ok(x) then
+      cur, prev = 0, 0
+    elseif x and x % 8 < 4 then
+      -- Compact: (count * 2^24 + previous count) * 8 + window mod 4. The
+      -- key expires two windows after its last write, so the value read
+      -- is of the current window or one of the two before.
+      local back = (cur_win - x) % 4
+      x = floor(x / 8)
+      cur, prev = floor(x / COMPACT_COUNTS), x % COMPACT_COUNTS
+      if back == 1 then
+        prev, cur = cur, 0
+      elseif back ~= 0 then
+        cur, prev = 0, 0
+      end
+    elseif b1 == BYTE_SLIDING and #v == 25 then
+      _, win, cur, prev = sunpack('<Bddd', v)
+      if not (count_ok(cur) and count_ok(prev)) then cur, prev, win = 0, 0, cur_win end
+      if win ~= cur_win then
+        if win == cur_win - 1 then prev = cur else prev = 0 end
+        cur = 0
+      end
+    else
+      cur, prev = 0, 0
+    end
+    s = { key = key, alg = alg, w = w, wus = wus, start = start, born = born,
+      win = cur_win, cur = cur, prev = prev }
+  end
+  return s
+end
+
 local function load(key, alg, w, limit, burst)
   local s = states[key]
-  local pn = 0
-  if alg == ALG_SLIDING and burst >= 2 then
-    if burst > MAX_PRECISION or burst ~= floor(burst) then
-      error('decide.lua: precision ' .. burst .. ' is not a whole number in [2, ' .. MAX_PRECISION .. ']')
-    end
-    pn = burst
-  end
+  local pn = precision(alg, burst)
   if s and s.alg == alg and (s.pn or 0) == pn then return s end
   if s then
     if in_tentative then
@@ -229,70 +340,7 @@ local function load(key, alg, w, limit, burst)
   -- request wrote is the stored value, so read that again.
   local v = false
   if not s or (s.born ~= req and not dirty[key]) then v = stored[key] end
-  if pn > 0 then
-    s = load_precise(key, alg, w, v, pn, req)
-    states[key] = s
-    return s
-  end
-  local wus = w * US
-  local cur_win = floor(now / wus)
-  local start = cur_win * wus
-  if alg == ALG_TOKEN_BUCKET then
-    local b = burst
-    if b == 0 then b = limit end
-    local r = limit / wus
-    local _, tokens, last
-    if v and #v == 17 and v:byte(1) == BYTE_TOKEN_BUCKET then
-      _, tokens, last = sunpack('<Bdd', v)
-    else
-      tokens, last = b, now
-    end
-    s = { key = key, alg = alg, w = w, wus = wus, start = start, born = req,
-      b = b, r = r, tokens = min(b, tokens + (now - last) * r), last = now }
-  elseif alg == ALG_FIXED then
-    local _, win, count = nil, nil, 0
-    local b1 = v and v:byte(1)
-    if b1 and b1 <= DIGIT_9 then
-      -- Compact: count * 8 + 4 + window mod 4. The key expires when its
-      -- window ends, so only the current window's value is ever read.
-      local x = tonumber(v)
-      if x and x % 8 >= 4 and (cur_win - x) % 4 == 0 then
-        win, count = cur_win, floor(x / 8)
-      end
-    elseif b1 == BYTE_FIXED and #v == 17 then
-      _, win, count = sunpack('<Bdd', v)
-    end
-    if win ~= cur_win then count = 0 end
-    s = { key = key, alg = alg, w = w, wus = wus, start = start, born = req,
-      win = cur_win, count = count }
-  else
-    local _, win, cur, prev
-    local b1 = v and v:byte(1)
-    local x = b1 and b1 <= DIGIT_9 and tonumber(v)
-    if x and x % 8 < 4 then
-      -- Compact: (count * 2^24 + previous count) * 8 + window mod 4. The
-      -- key expires two windows after its last write, so the value read
-      -- is of the current window or one of the two before.
-      local back = (cur_win - x) % 4
-      x = floor(x / 8)
-      cur, prev = floor(x / COMPACT_COUNTS), x % COMPACT_COUNTS
-      if back == 1 then
-        prev, cur = cur, 0
-      elseif back ~= 0 then
-        cur, prev = 0, 0
-      end
-    elseif b1 == BYTE_SLIDING and #v == 25 then
-      _, win, cur, prev = sunpack('<Bddd', v)
-      if win ~= cur_win then
-        if win == cur_win - 1 then prev = cur else prev = 0 end
-        cur = 0
-      end
-    else
-      cur, prev = 0, 0
-    end
-    s = { key = key, alg = alg, w = w, wus = wus, start = start, born = req,
-      win = cur_win, cur = cur, prev = prev }
-  end
+  s = build(key, alg, w, limit, burst, pn, v, req)
   states[key] = s
   return s
 end
@@ -329,36 +377,48 @@ local function undo()
   end
 end
 
-local function write(s)
+-- ttl_ms returns the TTL of s's key, in whole milliseconds, set on every
+-- write.
+local function ttl_ms(s)
   if s.alg == ALG_TOKEN_BUCKET then
-    local ttl_us = ceil(s.b / s.r) + US
     -- A bucket refilling over centuries would pass PX's range and Redis
     -- would reject the whole script: 2^53 ms is "never" enough.
-    redis.call('SET', s.key, pack('<Bdd', BYTE_TOKEN_BUCKET, s.tokens, s.last),
-      'PX', ttl_arg(min(ceil(ttl_us / 1000), 9007199254740992)))
+    return min(ceil((ceil(s.b / s.r) + US) / 1000), 9007199254740992)
   elseif s.alg == ALG_FIXED then
-    local reset = s.wus - (now - s.start)
+    return ceil((s.wus - (now - s.start)) / 1000)
+  end
+  return 2 * s.w * 1000
+end
+
+local function write(s)
+  local v
+  if s.alg == ALG_TOKEN_BUCKET then
+    v = pack('<Bdd', BYTE_TOKEN_BUCKET, s.tokens, s.last)
+  elseif s.alg == ALG_FIXED then
     local c = s.count
-    local v
     if compact and c < COMPACT_FIXED and c == floor(c) then
       v = c * 8 + 4 + s.win % 4
     else
       v = pack('<Bdd', BYTE_FIXED, s.win, c)
     end
-    redis.call('SET', s.key, v, 'PX', ttl_arg(ceil(reset / 1000)))
   elseif s.pn then
-    redis.call('SET', s.key, pack(precise_format(s.pn), BYTE_PRECISE, s.pn, s.win, s.cur, unpack(s.old)),
-      'PX', ttl_arg(2 * s.w * 1000))
+    v = pack(precise_format(s.pn), BYTE_PRECISE, s.pn, s.win, s.cur, unpack(s.old))
   else
     local c, p = s.cur, s.prev
-    local v
     if compact and c < COMPACT_COUNTS and p < COMPACT_COUNTS and c == floor(c) and p == floor(p) then
       v = (c * COMPACT_COUNTS + p) * 8 + s.win % 4
     else
       v = pack('<Bddd', BYTE_SLIDING, s.win, c, p)
     end
-    redis.call('SET', s.key, v, 'PX', ttl_arg(2 * s.w * 1000))
   end
+  redis.call('SET', s.key, v, 'PX', ttl_arg(ttl_ms(s)))
+end
+
+-- restore_ttl gives s's key, which a denied check found and nothing wrote,
+-- its TTL back when it has none (a value written without one would
+-- otherwise deny the key for ever, since denials never write).
+local function restore_ttl(s)
+  if redis.call('PTTL', s.key) == -1 then redis.call('PEXPIRE', s.key, ttl_arg(ttl_ms(s))) end
 end
 
 -- precise_rate returns the rate of precision state s at sub-window x, into
@@ -550,7 +610,7 @@ local IS_REFUND = { [0] = false, true, false, true, false, true, false, true }
 local IS_SHADOW = { [0] = false, false, true, true, false, false, true, true }
 local IS_FORCE = { [0] = false, false, false, false, true, true, true, true }
 
-local reply = {}
+local reply
 local function result(i, allowed, remaining, retry, rst)
   reply[i] = pack('<Bddd', allowed and 1 or 0, remaining, retry, rst)
 end
@@ -569,6 +629,14 @@ local C_ALG, C_LIMIT, C_W, C_BURST, C_HITS = {}, {}, {}, {}, {}
 local C_REFUND, C_FORCE, C_SHADOW = {}, {}, {}
 local CONSUMED = {} -- the request's checks that consumed, by index in KEYS
 
+-- deny notes s, the state of a denied check, for restore_ttl at the end
+-- (the first state denied per key; a peek never writes).
+local function deny(s)
+  if peek then return end
+  denied = denied or {}
+  if not denied[s.key] then denied[s.key] = s end
+end
+
 -- check decides tentative check i (h hits, not a refund or forced
 -- write-back) against s and answers it: consumed when its hits fit (the
 -- journal records s first when the request keeps one), denied when they
@@ -580,6 +648,7 @@ local function check(i, s, limit, h)
       result(i, true, r, 0, reset(s))
     else
       result(i, false, r, retry_after(s, limit, 1), reset(s))
+      deny(s)
     end
     return false, false
   elseif h <= r then
@@ -589,6 +658,7 @@ local function check(i, s, limit, h)
     return true, false
   end
   result(i, false, r, retry_after(s, limit, h), reset(s))
+  deny(s)
   return false, true
 end
 
@@ -598,7 +668,7 @@ end
 local function decide_one(i, alg, limit, w, burst, h)
   req = req + 1
   replaced = nil
-  local key = KEYS[i]
+  local key = K[i]
   if alg == ALG_TOKEN_BUCKET and limit == 0 then
     result(i, false, 0, w * US, 0)
     return
@@ -621,9 +691,9 @@ local function decide_request(first, last)
       if C_ALG[i] == ALG_TOKEN_BUCKET and C_LIMIT[i] == 0 then
         result(i, true, 0, 0, 0)
       else
-        local s = load(KEYS[i], C_ALG[i], C_W[i], C_LIMIT[i], C_BURST[i])
+        local s = load(K[i], C_ALG[i], C_W[i], C_LIMIT[i], C_BURST[i])
         if C_REFUND[i] then refund(s, C_HITS[i]) else force(s, C_HITS[i]) end
-        touch(KEYS[i])
+        touch(K[i])
         result(i, true, budget(s, C_LIMIT[i]), 0, reset(s))
       end
     else
@@ -640,11 +710,11 @@ local function decide_request(first, last)
         if h > 0 and not C_SHADOW[i] then veto = true end
         result(i, false, 0, C_W[i] * US, 0)
       else
-        local consumed, denied = check(i, load(KEYS[i], C_ALG[i], C_W[i], limit, C_BURST[i]), limit, h)
+        local consumed, vetoes = check(i, load(K[i], C_ALG[i], C_W[i], limit, C_BURST[i]), limit, h)
         if consumed then
           nconsumed = nconsumed + 1
           CONSUMED[nconsumed] = i
-        elseif denied and not C_SHADOW[i] then
+        elseif vetoes and not C_SHADOW[i] then
           veto = true
         end
       end
@@ -657,7 +727,7 @@ local function decide_request(first, last)
     end
     undo()
   else
-    for k = 1, nconsumed do touch(KEYS[CONSUMED[k]]) end
+    for k = 1, nconsumed do touch(K[CONSUMED[k]]) end
     if replaced then
       for key, s in pairs(replaced) do
         if wrote[key] ~= req then states[key] = s end
@@ -667,35 +737,101 @@ local function decide_request(first, last)
   in_tentative, journaling, jn = false, false, 0
 end
 
--- Decode each request's checks and decide it, in order.
-local n = 0
-for a = HEADER + 1, #ARGV do
-  local blob = ARGV[a]
-  local m = #blob / CHECK_BYTES
-  if m ~= floor(m) or n + m > #KEYS then
-    error('decide.lua: a request of ' .. #blob .. ' bytes after ' .. n .. ' of ' .. #KEYS .. ' checks')
+-- decide_all decides a call of any shape: each request's checks decoded
+-- and decided, in order, then every changed key written once.
+local function decide_all(A)
+  read_all()
+  ttl_args, wrote, dirty, dirty_keys, reply, denied = {}, {}, {}, {}, {}, nil
+  req, replaced, in_tentative, journaling, jn = 0, nil, false, false, 0
+  local n = 0
+  for a = HEADER + 1, #A do
+    local blob = A[a]
+    local m = #blob / CHECK_BYTES
+    if m ~= floor(m) or n + m > #K then
+      error('decide.lua: a request of ' .. #blob .. ' bytes after ' .. n .. ' of ' .. #K .. ' checks')
+    end
+    local first = n + 1
+    local alone = false
+    for j = 0, m - 1 do
+      local alg, fl, limit, w, burst, hits = sunpack('<BBdddd', blob, j * CHECK_BYTES + 1)
+      fl = fl % 8
+      if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
+      local rf, fo = IS_REFUND[fl], IS_FORCE[fl] and not IS_REFUND[fl]
+      if peek then hits, rf, fo = 0, false, false end
+      n = n + 1
+      if m == 1 and not (rf or fo) then
+        alone = true
+        decide_one(n, alg, limit, w, burst, hits)
+      else
+        C_ALG[n], C_LIMIT[n], C_W[n], C_BURST[n], C_HITS[n] = alg, limit, w, burst, hits
+        C_REFUND[n], C_FORCE[n], C_SHADOW[n] = rf, fo, IS_SHADOW[fl]
+      end
+    end
+    if m > 0 and not alone then decide_request(first, n) end
   end
-  local first = n + 1
-  for j = 0, m - 1 do
-    local alg, fl, limit, w, burst, hits = sunpack('<BBdddd', blob, j * CHECK_BYTES + 1)
-    fl = fl % 8
-    if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
-    local rf, fo = IS_REFUND[fl], IS_FORCE[fl] and not IS_REFUND[fl]
-    if peek then hits, rf, fo = 0, false, false end
-    n = n + 1
-    if m == 1 and not (rf or fo) then
-      decide_one(n, alg, limit, w, burst, hits)
-    else
-      C_ALG[n], C_LIMIT[n], C_W[n], C_BURST[n], C_HITS[n] = alg, limit, w, burst, hits
-      C_REFUND[n], C_FORCE[n], C_SHADOW[n] = rf, fo, IS_SHADOW[fl]
+  if n ~= #K then error('decide.lua: ' .. n .. ' checks for ' .. #K .. ' keys') end
+
+  if not peek then
+    for _, key in ipairs(dirty_keys) do write(states[key]) end
+    if denied then
+      for key, s in pairs(denied) do
+        if not dirty[key] and stored[key] then restore_ttl(s) end
+      end
     end
   end
-  if m > 1 or (m == 1 and (C_REFUND[n] or C_FORCE[n])) then decide_request(first, n) end
-end
-if n ~= #KEYS then error('decide.lua: ' .. n .. ' checks for ' .. #KEYS .. ' keys') end
-
-if not peek then
-  for _, key in ipairs(dirty_keys) do write(states[key]) end
+  return table.concat(reply)
 end
 
-return table.concat(reply)
+-- decide_single decides the usual call: one request of one check that is
+-- neither a refund nor a forced write-back (every check of a peek is
+-- neither). It reads the key with one MGET (as decide_all, so a key
+-- holding another type reads as absent), writes it at most once, and
+-- builds no table but the state: no journal, no dirty set, no reply parts.
+local function decide_single(key, alg, limit, w, burst, h)
+  if alg == ALG_TOKEN_BUCKET and limit == 0 then return pack('<Bddd', 0, 0, w * US, 0) end
+  local v = redis.call('MGET', key)[1]
+  local s = build(key, alg, w, limit, burst, precision(alg, burst), v, 0)
+  local r = budget(s, limit)
+  if h == 0 then
+    if r >= 1 then return pack('<Bddd', 1, r, 0, reset(s)) end
+    h = 1 -- denied: the retry time of one hit
+  elseif h <= r then
+    consume(s, h)
+    local rst = reset(s)
+    ttl_args = nil
+    write(s)
+    return pack('<Bddd', 1, r - h, 0, rst)
+  end
+  local out = pack('<Bddd', 0, r, retry_after(s, limit, h), reset(s))
+  if v and not peek then
+    ttl_args = nil
+    restore_ttl(s)
+  end
+  return out
+end
+
+-- rls_decide is the entry point: FCALL's function, and the script's last
+-- line. keys and args are KEYS and ARGV (see the header).
+local function rls_decide(keys, args)
+  if not floor then bind() end
+  K = keys
+  local clock = args[1]
+  if clock ~= '' then
+    now = tonumber(clock)
+  else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * US + tonumber(t[2])
+  end
+  peek = args[2] == MODE_PEEK
+  compact = clock == ''
+  if #keys == 1 and #args == HEADER + 1 and #args[HEADER + 1] == CHECK_BYTES then
+    local alg, fl, limit, w, burst, hits = sunpack('<BBdddd', args[HEADER + 1])
+    fl = fl % 8
+    if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
+    if peek then return decide_single(keys[1], alg, limit, w, burst, 0) end
+    if not (IS_REFUND[fl] or IS_FORCE[fl]) then return decide_single(keys[1], alg, limit, w, burst, hits) end
+  end
+  return decide_all(args)
+end
+
+return rls_decide(KEYS, ARGV)

@@ -16,8 +16,38 @@
 #   BENCH_DURATION=10s BENCH_ROUNDS=1 BENCH_STORES="memory redis cluster" BENCH_MICRO_COUNT=5 make bench
 #   BENCH_QUICK=1 make bench      # = make bench-quick: 3 s runs, one round, single Redis only, into bin/bench-quick/
 #   BENCH_PEER_ENV="REDIS_PIPELINE_WINDOW=150us" make bench   # extra env for the peer, recorded in the report
+#   BENCH_STORES=redis BENCH_SCENARIOS="a c d e f g" make bench   # some scenarios only
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# write_config DIR: the YAML both servers load (rls from --config-dir, the
+# peer from its runtime directory), one file per domain.
+write_config() {
+  mkdir -p "$1"
+  cat > "$1/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: api_key
+    rate_limit: {name: per-key, unit: second, requests_per_unit: 1000000000}
+    descriptors:
+      - key: route
+        rate_limit: {name: per-route, unit: second, requests_per_unit: 1000000000}
+YAML
+  cat > "$1/blocked.yaml" <<'YAML'
+domain: blocked
+descriptors:
+  - key: api_key
+    rate_limit: {name: tiny, unit: hour, requests_per_unit: 1}
+YAML
+  # (g): one hot key sent 5,000/s against a limit of 2,500/s.
+  cat > "$1/hot.yaml" <<'YAML'
+domain: hot
+descriptors:
+  - key: api_key
+    rate_limit: {name: hot, unit: second, requests_per_unit: 2500}
+YAML
+}
+# scripts/bench.sh --print-config DIR writes the config alone (scripts/redis_profile.sh uses it).
+if [ "${1:-}" = --print-config ]; then write_config "$2"; exit 0; fi
 QUICK=${BENCH_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
   DUR=${BENCH_DURATION:-3s}; WARMUP=${BENCH_WARMUP:-1s}; ROUNDS=${BENCH_ROUNDS:-1}
@@ -54,8 +84,16 @@ if [[ " $STORES " == *" redis "* ]] && [ ! -x "$PEER_BIN" ]; then
   GOBIN=$(cd "$(dirname "$PEER_BIN")" && pwd) GOFLAGS= go install "$PEER_MOD/src/service_cmd@$PEER_VERSION"
 fi
 # This run's stores are measured again: their old results go, so that no
-# figure of another run is rendered as one of this run.
-for st in $STORES; do rm -f "$OUT/$st"-*.json "$OUT/ghz-$st"-*.json "$OUT/meta-$st.json"; done
+# figure of another run is rendered as one of this run (with BENCH_SCENARIOS,
+# those of the scenarios it runs).
+for st in $STORES; do
+  if [ -n "${BENCH_SCENARIOS:-}" ]; then
+    for l in $BENCH_SCENARIOS; do rm -f "$OUT/$st-${l}_"*.json "$OUT/ghz-$st-${l}_"*.json; done
+  else
+    rm -f "$OUT/$st"-*.json "$OUT/ghz-$st"-*.json
+  fi
+  rm -f "$OUT/meta-$st.json"
+done
 # grpc-*.json were the rows of grpc-go's client when the generator's default
 # was a hand-written HTTP/2 client; there is one client now, and leftovers
 # would be rendered as rows of this run.
@@ -116,22 +154,7 @@ go test -run '^$' -bench 'BenchmarkDecision|BenchmarkHandler' -benchmem -count "
 go test -run '^$' -bench 'BenchmarkCachedDenial' -benchmem -count "$MICRO_COUNT" ./pkg/limiter/ | tee -a "$OUT/micro.txt"
 fi
 
-mkdir -p "$WORK/config"
-cat > "$WORK/config/bench.yaml" <<'YAML'
-domain: bench
-descriptors:
-  - key: api_key
-    rate_limit: {name: per-key, unit: second, requests_per_unit: 1000000000}
-    descriptors:
-      - key: route
-        rate_limit: {name: per-route, unit: second, requests_per_unit: 1000000000}
-YAML
-cat > "$WORK/config/blocked.yaml" <<'YAML'
-domain: blocked
-descriptors:
-  - key: api_key
-    rate_limit: {name: tiny, unit: hour, requests_per_unit: 1}
-YAML
+write_config "$WORK/config"
 # The peer reads the same files: with RUNTIME_WATCH_ROOT=false it loads
 # $RUNTIME_ROOT/$RUNTIME_SUBDIRECTORY/config/*.yaml.
 mkdir -p "$WORK/peer/ratelimit/config"
@@ -198,7 +221,11 @@ scenarios=(
   "c_1000_keys|-domain bench -dist roundrobin -keys 1000|{\"domain\":\"bench\",\"descriptors\":[{\"entries\":[{\"key\":\"api_key\",\"value\":\"k{{randomInt 0 1000}}\"}]}]}"
   "d_two_descriptors|-domain bench -dist roundrobin -keys 1000 -descriptors 2|{\"domain\":\"bench\",\"descriptors\":[{\"entries\":[{\"key\":\"api_key\",\"value\":\"k{{.RequestNumber}}\"}]},{\"entries\":[{\"key\":\"api_key\",\"value\":\"k{{.RequestNumber}}\"},{\"key\":\"route\",\"value\":\"/v1/search\"}]}]}"
   "e_fixed_5000|-domain bench -dist roundrobin -keys 1000 -rate 5000|"
+  "f_hot_40000|-domain bench -dist one -keys 1 -rate 40000|"
+  "g_hot_over_5000|-domain hot -dist one -keys 1 -rate 5000|"
 )
+# BENCH_SCENARIOS: run only these scenarios (their names' letters, e.g. "c e f g"; all when empty).
+ONLY=${BENCH_SCENARIOS:-}
 
 # meta STORE: how this store's results were taken, for the report.
 meta() {
@@ -234,6 +261,7 @@ for st in $STORES; do
     port=${REDIS_ADDR##*:}
     for sc in "${scenarios[@]}"; do
       IFS='|' read -r name flags _ <<<"$sc"
+      [ -n "$ONLY" ] && [[ " $ONLY " != *" ${name%%_*} "* ]] && continue
       n=0
       for _r in $(seq "$ROUNDS"); do
         for srv in peer rls rls peer; do
@@ -259,6 +287,7 @@ for st in $STORES; do
   start_rls "${REDIS_ARGS[@]}"
   for sc in "${scenarios[@]}"; do
     IFS='|' read -r name flags data <<<"$sc"
+    [ -n "$ONLY" ] && [[ " $ONLY " != *" ${name%%_*} "* ]] && continue
     extra=(-server-pid "$RLS" -metrics-url "http://127.0.0.1:$HTTP/metrics")
     [ -n "$REDIS_ADDR" ] && extra+=(-redis-addr "$REDIS_ADDR")
     # shellcheck disable=SC2086

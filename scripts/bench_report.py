@@ -25,6 +25,8 @@ SCEN = [
     ("c_1000_keys", "(c) 1,000 keys round-robin"),
     ("d_two_descriptors", "(d) two descriptors"),
     ("e_fixed_5000", "fixed 5,000/s (open loop)"),
+    ("f_hot_40000", "(f) one hot key under its limit, 40,000/s (open loop)"),
+    ("g_hot_over_5000", "(g) one hot key at twice its limit (2,500/s), 5,000/s (open loop)"),
 ]
 
 
@@ -117,7 +119,8 @@ def _mem_delta(r):
 
 
 # Distinct descriptor values each scenario rate-limits (keys × descriptors).
-ACTIVE = {"a_one_key": 1, "b_over_limit": 1, "c_1000_keys": 1000, "d_two_descriptors": 2000, "e_fixed_5000": 1000}
+ACTIVE = {"a_one_key": 1, "b_over_limit": 1, "c_1000_keys": 1000, "d_two_descriptors": 2000, "e_fixed_5000": 1000,
+          "f_hot_40000": 1, "g_hot_over_5000": 1}
 
 
 def _mem_per_active(r, key):
@@ -127,8 +130,15 @@ def _mem_per_active(r, key):
     return (a - b) / ACTIVE[key]
 
 
+def _admitted(r):
+    # Requests answered OK per second of the measured phase.
+    e = r.get("elapsed_seconds")
+    return r["ok"] / e if e else None
+
+
 METRICS = [
     ("decisions/s", lambda r: r["decisions_per_second"], 0),
+    ("admitted/s (answered OK)", _admitted, 0),
     ("server CPU µs/decision", lambda r: (r.get("server") or {}).get("cpu_us_per_decision"), 1),
     ("Redis CPU µs/decision", lambda r: _red(r, "cpu_us_per_decision"), 1),
     ("Redis commands/decision (INFO commandstats, all commands)", lambda r: _red(r, "commandstats_calls_per_decision"), 2),
@@ -151,10 +161,20 @@ TARGETS = [
     ("Redis CPU µs/decision", ["a_one_key", "c_1000_keys", "d_two_descriptors"], "<=", 0.75),
     ("latency p99 µs", ["e_fixed_5000"], "<=", 0.3),
     ("Redis memory per active key, B (MEMORY USAGE, mean of ≤1,000 SCANned keys)", ["c_1000_keys", "d_two_descriptors"], "<=", 1.0),
+    # Issue 25's.
+    ("Redis CPU µs/decision", ["e_fixed_5000"], "<=", 0.75),
+    ("server CPU µs/decision", ["e_fixed_5000"], "<=", 0.6),
+    ("Redis CPU µs/decision", ["f_hot_40000"], "<=", 0.1),
+    ("server CPU µs/decision", ["f_hot_40000"], "<=", 0.5),
+    ("decisions/s", ["f_hot_40000"], ">=", 1.5),
+    ("latency p99 µs", ["f_hot_40000"], "<=", 0.5),
+    ("Redis CPU µs/decision", ["g_hot_over_5000"], "<=", 0.5),
 ]
+# Absolute bounds: metric label, scenarios, bound (rls's median at most this).
+LIMITS = [("admitted/s (answered OK)", ["g_hot_over_5000"], 5000)]
 SHORT = {"decisions/s": "decisions/s", "server CPU µs/decision": "server CPU per decision",
          "Redis CPU µs/decision": "Redis CPU per decision", "latency p99 µs": "p99 latency",
-         METRICS[6][0]: "Redis memory per active key"}
+         "Redis memory per active key, B (MEMORY USAGE, mean of ≤1,000 SCANned keys)": "Redis memory per active key"}
 
 
 def side_by_side(out_dir, meta):
@@ -207,6 +227,18 @@ def side_by_side(out_dir, meta):
             dq = sum(disturbed(r) for _, r in runs[key, "rls"])
             out.append(f"| {SHORT[metric]} {'≥' if op == '>=' else '≤'} {bound:g}× | {label[key]} | {fmt_n(p, digits)} | "
                        f"{fmt_n(q, digits)} | {fmt_ratio(rt)} | {met} | {dp} / {dq} |")
+    for metric, keys, bound in LIMITS:
+        f, digits = mfun[metric]
+        for key in keys:
+            if not runs[key, "rls"]:
+                continue
+            p = med(f(r) for _, r in runs[key, "peer"])
+            q = med(f(r) for _, r in runs[key, "rls"])
+            met = "–" if q is None else ("**met**" if q <= bound else "not met")
+            dp = sum(disturbed(r) for _, r in runs[key, "peer"])
+            dq = sum(disturbed(r) for _, r in runs[key, "rls"])
+            out.append(f"| {metric} ≤ {bound:,} (rls) | {label[key]} | {fmt_n(p, digits)} | {fmt_n(q, digits)} | "
+                       f"{fmt_ratio(ratio(q, p, digits))} | {met} | {dp} / {dq} |")
     out.append("")
     allruns = [r for v in runs.values() for _, r in v]
     nd = sum(disturbed(r) for r in allruns)

@@ -14,8 +14,7 @@ func (c *Config) validateDropin() error {
 		func(s string) error { _, err := upstreamstats.ParseTarget(s); return err })
 }
 
-// buildUpstreamStats makes upstream's stats when --statsd-addr or
-// USE_PROMETHEUS asks for them; the initial config counts as a load.
+// buildUpstreamStats makes upstream's stats (--statsd-addr, USE_PROMETHEUS).
 func (a *app) buildUpstreamStats() (err error) {
 	sc := upstreamstats.Config{StatsdAddr: a.cfg.StatsdAddr, MaxDetailed: a.cfg.DetailedMetricMax,
 		NearLimitRatio: a.cfg.NearLimitRatio, Log: a.log}
@@ -27,20 +26,15 @@ func (a *app) buildUpstreamStats() (err error) {
 	return err
 }
 
-// startUpstreamPrometheus serves /metrics on PROMETHEUS_ADDR at
-// PROMETHEUS_PATH too, where upstream's USE_PROMETHEUS serves it, so that
-// scrapes configured for upstream keep working.
+// startUpstreamPrometheus serves /metrics where USE_PROMETHEUS serves it too.
 func (a *app) startUpstreamPrometheus() error {
-	c := a.cfg.Compat
-	if !c.UpstreamPrometheus || c.PrometheusAddr == a.cfg.HTTPAddr {
+	if c := a.cfg.Compat; !c.UpstreamPrometheus || c.PrometheusAddr == a.cfg.HTTPAddr {
 		return nil
 	}
-	return a.startHTTP("PROMETHEUS_ADDR", c.PrometheusAddr, upstreamstats.MetricsHandler(a.reg, c.PrometheusPath))
+	return a.startHTTP("PROMETHEUS_ADDR", a.cfg.Compat.PrometheusAddr, upstreamstats.MetricsHandler(a.reg, a.cfg.Compat.PrometheusPath))
 }
 
-// addJSON serves upstream's /json (ShouldRateLimit as JSON over HTTP) when
-// rls runs as upstream does: the gRPC message bound bounds the body, the
-// service its request, --redis-timeout the decision.
+// addJSON serves upstream's /json as ratelimit, bounded as gRPC calls are.
 func (a *app) addJSON(mux *http.ServeMux) {
 	if a.cfg.EnvCompat == "upstream" {
 		mux.Handle("POST /json", jsonapi.Handler(a.svc, jsonapi.Options{MaxBytes: grpcMaxRecvBytes, Timeout: a.cfg.RedisTimeout, Log: a.log}))

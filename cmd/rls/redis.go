@@ -45,6 +45,9 @@ func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
 	opts.OnBreakerChange = func(node string, from, to breaker.State) {
 		log.Warn("redis circuit breaker", "node", node, "from", from.String(), "to", to.String())
 	}
+	opts.OnScriptMode = func(node, mode, reason string) {
+		log.Info("redis decision script", "node", node, "mode", mode, "reason", reason)
+	}
 	s, err := redisstore.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("redis store: %w", userError(err))

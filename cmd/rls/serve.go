@@ -221,6 +221,7 @@ func (a *app) buildStore() error {
 	}
 	if rs, ok := raw.(*redisstore.Store); ok {
 		telemetry.RegisterBreakers(a.reg, rs)
+		telemetry.RegisterScriptMode(a.reg, rs)
 	}
 	a.rawStore = raw
 	if rs, ok := raw.(*redisstore.Store); ok && a.cfg.EnvCompat == "upstream" {
@@ -352,12 +353,12 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 	// One byte cap: each entry costs at least a byte, so a key cap equal
 	// to the bytes never binds first.
 	a.lim = limiter.New(a.tracing.Store(a.st), limiter.Options{
-		FleetSize:    a.fleet.Size,
-		CacheSize:    int(cfg.LocalMaxBytes / 2),
-		BucketsSize:  int(cfg.LocalMaxBytes / 4),
-		CacheBytes:   cfg.LocalMaxBytes / 2,
-		BucketsBytes: cfg.LocalMaxBytes / 4,
-		DisableCache: !cfg.OverLimitCache,
+		FleetSize:             a.fleet.Size,
+		OverLimitCacheSize:    int(cfg.LocalMaxBytes / 2),
+		BucketsSize:           int(cfg.LocalMaxBytes / 4),
+		OverLimitCacheBytes:   cfg.LocalMaxBytes / 2,
+		BucketsBytes:          cfg.LocalMaxBytes / 4,
+		DisableOverLimitCache: !cfg.OverLimitCache,
 		// The memory store is local: a slice would save nothing.
 		Reserve: cfg.Reserve && cfg.Store != "memory",
 		Log:     a.log,
@@ -591,12 +592,19 @@ func (a *app) shutdown(runErr error) {
 	a.writeBack()
 }
 
-// writeBack returns the unused hits of reserved slices, so other replicas
-// can use them in the same window, and hands the hits admitted locally
-// while the store could not answer to the store before it is closed, within
+// writeBack stops the limiter's background work (refund retries and
+// write-backs: what is not done is counted lost), then returns the unused
+// hits of reserved slices, so other replicas can use them in the same
+// window, and hands the hits admitted locally while the store could not
+// answer to the store before it is closed, each step within
 // ShutdownTimeout.
 func (a *app) writeBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := a.lim.Close(ctx); err != nil {
+		a.log.Warn("limiter background work not done at shutdown", "err", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
 	before := a.lim.Counters()
 	if err := a.lim.ReleaseReservations(ctx); err != nil {

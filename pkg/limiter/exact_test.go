@@ -7,18 +7,13 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // waitFor polls cond until it holds or two seconds pass.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 2s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, "condition", 2*time.Second, cond)
 }
 
 func hits(c store.Check, h uint64) store.Check {

@@ -24,6 +24,8 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 		}
 	}
 	vetoed := vetoes(items, func(i int) bool { return !items[i].Result.Allowed })
+	retry := !maybeSent(cause)
+	var refunds []store.Check
 	n := 0
 	for j := range sc.checks {
 		r, c := &sc.results[j], &sc.checks[j]
@@ -34,19 +36,33 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 		closed := items[sc.idx[j]].FailClosed
 		items[sc.idx[j]].Source = fallbackSource(closed)
 		l.sources[fallbackSource(closed)].Add(1)
-		if closed || c.Hits == 0 || !r.Allowed || (vetoed && !c.Refund) {
+		if retry && c.Refund && c.Hits > 0 {
+			// The store never saw it: it gets the refund later, and the
+			// local share does not (that would count it twice).
+			refunds = append(refunds, *c)
 			continue
 		}
-		b := l.bucket(c, fleet, now)
-		*r = b.take(c, now)
-		r.Undecided = true
-		if r.Allowed && !c.Refund {
-			l.wb.add(c, b, now)
+		if !closed && c.Hits > 0 && r.Allowed && (!vetoed || c.Refund) {
+			l.takeLocally(c, r, fleet, now)
 		}
+	}
+	if len(refunds) > 0 {
+		l.retryUndo(refunds)
 	}
 	l.causes[causeOf(cause)].Add(1)
 	l.lastFallbk.Store(now)
-	l.logFallback(now, n, cause)
+	l.logFallback(n, cause)
+}
+
+// takeLocally takes (or refunds) c's hits from its fail-open bucket,
+// setting r, and queues what it admitted for write-back.
+func (l *Limiter) takeLocally(c *store.Check, r *store.Result, fleet int, now int64) {
+	b := l.bucket(c, fleet, now)
+	*r = b.take(c, now)
+	r.Undecided = true
+	if r.Allowed && !c.Refund {
+		l.wb.add(c, b, now)
+	}
 }
 
 // markAllIfNone marks every result undecided when the store marked none:
@@ -89,16 +105,15 @@ func fallbackSource(failClosed bool) Source {
 	return FromFailOpen
 }
 
-// logFallback logs store trouble at most once every 10 seconds, with the
-// number of fallback decisions since the last line.
-func (l *Limiter) logFallback(now int64, n int, cause error) {
-	l.unloggedErr.Add(uint64(n))
-	last := l.lastLogged.Load()
-	if now-last < int64(10*time.Second) || !l.lastLogged.CompareAndSwap(last, now) {
+// logFallback logs store trouble at most once per logthrottle.Every, with
+// the number of fallback decisions since the last line.
+func (l *Limiter) logFallback(n int, cause error) {
+	held, ok := l.fallbackLog.AllowN(uint64(n))
+	if !ok {
 		return
 	}
 	l.opts.Log.Warn("store unavailable: deciding locally (fail_open rules at this replica's share, fail_closed rules deny)",
-		"err", cause, "cause", causeOf(cause).String(), "fallback_decisions", l.unloggedErr.Swap(0), "fleet_size", l.opts.FleetSize())
+		"err", cause, "cause", causeOf(cause).String(), "fallback_decisions", held+uint64(n), "fleet_size", l.opts.FleetSize())
 }
 
 // bucket returns the fail-open bucket of c's key at this replica's share.

@@ -25,10 +25,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/rls-project/rls/pkg/logthrottle"
 	"github.com/rls-project/rls/pkg/store"
 )
 
@@ -107,24 +109,25 @@ type Options struct {
 	// FleetSize returns how many replicas share the limits [always 1]. The
 	// fail-open share of a limit is limit / FleetSize().
 	FleetSize func() int
-	// CacheSize caps the entries of the table of what the store last said
-	// per key (the over-limit cache and the fail-open seeds) [100000].
-	CacheSize int
+	// OverLimitCacheSize caps the entries of the over-limit cache, what the
+	// store last said per key (its denials, and the fail-open seeds) [100000].
+	OverLimitCacheSize int
 	// BucketsSize caps the fail-open buckets' entries, and the keys waiting
 	// for their locally admitted hits to be written back [100000].
 	BucketsSize int
-	// CacheBytes caps the bytes of the table of what the store last said
-	// [DefaultCacheBytes]. An entry counts len(key) plus a per-entry overhead
-	// (the map slot, the node and the value) measured on linux/amd64.
-	CacheBytes int64
+	// OverLimitCacheBytes caps the bytes of the over-limit cache
+	// [DefaultOverLimitCacheBytes]. An entry counts len(key) plus a per-entry
+	// overhead (the map slot, the node and the value) measured on linux/amd64.
+	OverLimitCacheBytes int64
 	// BucketsBytes caps the bytes of the fail-open buckets, and separately
 	// those of the keys waiting for write-back [DefaultBucketsBytes each].
 	BucketsBytes int64
 	// FailClosedRetry is the retry time of a fail_closed denial [1s].
 	FailClosedRetry time.Duration
-	// DisableCache turns the over-limit cache off (every check goes to the
-	// store). What the store said is still remembered for the fallback.
-	DisableCache bool
+	// DisableOverLimitCache turns the over-limit cache's denials off (every
+	// check goes to the store). What the store said is still remembered for
+	// the fallback.
+	DisableOverLimitCache bool
 	// Reserve turns reservations for hot keys on (see reserve.go): a key
 	// this replica sees often, with far more left in the store than the
 	// fleet can use soon, is decided from a slice of hits reserved in the
@@ -132,6 +135,8 @@ type Options struct {
 	Reserve bool
 	// Now is the clock [time.Now].
 	Now func() time.Time
+	// After is the timer of the background retries' backoff [time.After].
+	After func(time.Duration) <-chan time.Time
 	// Log receives rate-limited fallback reports and write-back failures [discard].
 	Log *slog.Logger
 }
@@ -141,8 +146,8 @@ type Options struct {
 // for the fail-open buckets and the pending write-backs (filled only while
 // the store cannot answer).
 const (
-	DefaultCacheBytes   = 32 << 20
-	DefaultBucketsBytes = 16 << 20
+	DefaultOverLimitCacheBytes = 32 << 20
+	DefaultBucketsBytes        = 16 << 20
 )
 
 // What one entry of each local table costs beyond len(key), in bytes: the
@@ -152,9 +157,9 @@ const (
 // maps' growth; the constants are the largest figure rounded up.
 // TestLRUEntryOverhead measures them again.
 const (
-	knownOverhead     = 160 // measured 135-152
-	bucketOverhead    = 192 // measured 167-185
-	writeBackOverhead = 208 // measured 140-203 (the map holds the check inline)
+	overLimitCacheOverhead = 160 // measured 135-152
+	bucketOverhead         = 192 // measured 167-185
+	writeBackOverhead      = 208 // measured 140-203 (the map holds the check inline)
 )
 
 // Item is one check of a request as the limiter decides it: the check and
@@ -182,16 +187,17 @@ type Counters struct {
 	// WrittenBack counts hits admitted locally and then written to the store.
 	WrittenBack uint64
 	// WriteBackLost counts hits admitted locally that could not be written
-	// back (the table of pending write-backs was full, or the store refused
-	// them with a protocol error).
+	// back (the table of pending write-backs was full, or the store had not
+	// taken them when the limiter was closed).
 	WriteBackLost uint64
 	// ProtocolErrors counts store answers rls could not use (store.ErrProtocol).
 	ProtocolErrors uint64
 	// Undone counts the checks refunded because their request was denied
 	// after the store consumed them (another Cluster slot or the fallback
 	// denied it, or its quotas); UndoRetried those whose refund the store
-	// could not take at once, and UndoLost those it never took (their
-	// counters keep the consumption until their window passes).
+	// could not take at once, with the clients' refunds (is_negative_hits)
+	// it could not take, and UndoLost those it never took (their counters
+	// keep the consumption until their window passes).
 	Undone, UndoRetried, UndoLost uint64
 	// UndoUnknown counts the consuming checks of denied requests whose store
 	// call, or whose refund, timed out after it may have been sent: Redis
@@ -206,20 +212,23 @@ type Counters struct {
 
 // Limiter decides batches of checks. It is safe for concurrent use.
 type Limiter struct {
-	st    store.Store
-	opts  Options
-	known *lru[known]
-	local *lru[*bucket]
-	wb    writeBacks
-	res   *reservations // nil: reservations are off
-	pool  sync.Pool     // *scratch
+	st             store.Store
+	opts           Options
+	overLimitCache *lruMap[overLimitEntry]
+	local          *lruMap[*bucket]
+	wb             writeBacks
+	res            *reservations // nil: reservations are off
+	pool           sync.Pool     // *scratch
 
-	sources     [numSources]atomic.Uint64
-	causes      [numCauses]atomic.Uint64
-	protocol    atomic.Uint64
-	lastFallbk  atomic.Int64 // unix nanoseconds of the last fallback decision
-	lastLogged  atomic.Int64
-	unloggedErr atomic.Uint64
+	sources      [numSources]atomic.Uint64
+	causes       [numCauses]atomic.Uint64
+	protocol     atomic.Uint64
+	lastFallbk   atomic.Int64 // unix nanoseconds of the last fallback decision
+	fallbackLog  *logthrottle.Throttle
+	refundLog    *logthrottle.Throttle
+	writeBackLog *logthrottle.Throttle
+	bg           background
+	closed       atomic.Bool // Close has returned: no background work is left
 
 	undone, undoRetried, undoLost atomic.Uint64
 	undoUnknown                   atomic.Uint64
@@ -232,14 +241,14 @@ func New(st store.Store, opts Options) *Limiter {
 	if opts.FleetSize == nil {
 		opts.FleetSize = func() int { return 1 }
 	}
-	if opts.CacheSize <= 0 {
-		opts.CacheSize = 100_000
+	if opts.OverLimitCacheSize <= 0 {
+		opts.OverLimitCacheSize = 100_000
 	}
 	if opts.BucketsSize <= 0 {
 		opts.BucketsSize = 100_000
 	}
-	if opts.CacheBytes <= 0 {
-		opts.CacheBytes = DefaultCacheBytes
+	if opts.OverLimitCacheBytes <= 0 {
+		opts.OverLimitCacheBytes = DefaultOverLimitCacheBytes
 	}
 	if opts.BucketsBytes <= 0 {
 		opts.BucketsBytes = DefaultBucketsBytes
@@ -250,13 +259,20 @@ func New(st store.Store, opts Options) *Limiter {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.After == nil {
+		opts.After = time.After
+	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	l := &Limiter{st: st, opts: opts, undoBackoff: defaultUndoBackoff,
-		known: newLRU[known](opts.CacheSize, opts.CacheBytes, knownOverhead),
-		local: newLRU[*bucket](opts.BucketsSize, opts.BucketsBytes, bucketOverhead)}
+		overLimitCache: newLRU[overLimitEntry](opts.OverLimitCacheSize, opts.OverLimitCacheBytes, overLimitCacheOverhead),
+		local:          newLRU[*bucket](opts.BucketsSize, opts.BucketsBytes, bucketOverhead)}
 	l.wb.init(opts.BucketsSize, opts.BucketsBytes)
+	l.bg.init()
+	l.fallbackLog = logthrottle.New(logthrottle.Every, opts.Now)
+	l.refundLog = logthrottle.New(logthrottle.Every, opts.Now)
+	l.writeBackLog = logthrottle.New(logthrottle.Every, opts.Now)
 	if opts.Reserve {
 		l.res = newReservations()
 	}
@@ -304,7 +320,37 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 
 	sc := l.pool.Get().(*scratch)
 	defer l.pool.Put(sc)
-	sc.idx, sc.checks, sc.resv = sc.idx[:0], sc.checks[:0], sc.resv[:0]
+	if !sc.fill(items, vetoed) {
+		return nil
+	}
+	l.attachReservations(items, sc, vetoed, nowNs)
+	if l.wb.n.Load() > 0 {
+		l.attachWriteBacks(sc, nowNs)
+	}
+	sc.clearResults()
+
+	err := l.callStore(ctx, now, sc)
+	l.settleReservations(sc, err, nowNs)
+	if len(sc.wb) > 0 {
+		l.settleWriteBacks(sc, err, nowNs)
+		clear(sc.wb) // the pool must not keep buckets alive
+	}
+	if stop, err := l.storeFailed(ctx, err, nowNs, items, sc); stop {
+		return err
+	}
+	unknown := l.collect(items, sc, err, nowNs)
+	if vetoes(items, func(i int) bool { return !items[i].Result.Allowed }) {
+		l.undoUnknown.Add(uint64(unknown))
+		l.undo(ctx, items)
+	}
+	return nil
+}
+
+// fill makes sc the sub-batch of items the cache did not answer (only
+// checking, when the cache denied the request), and reports whether it
+// has any check.
+func (sc *scratch) fill(items []Item, vetoed bool) bool {
+	sc.idx, sc.checks, sc.wb, sc.resv = sc.idx[:0], sc.checks[:0], sc.wb[:0], sc.resv[:0]
 	for i := range items {
 		if items[i].Source == FromCache {
 			continue
@@ -317,44 +363,47 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 		sc.idx = append(sc.idx, i)
 		sc.checks = append(sc.checks, c)
 	}
-	if len(sc.checks) == 0 {
-		return nil
-	}
-	l.attachReservations(items, sc, vetoed, nowNs)
-	sc.wb = sc.wb[:0]
-	if l.wb.n.Load() > 0 {
-		l.attachWriteBacks(sc, nowNs)
-	}
+	return len(sc.checks) > 0
+}
+
+// clearResults sizes sc.results to sc.checks, zeroed.
+func (sc *scratch) clearResults() {
 	if cap(sc.results) < len(sc.checks) {
 		sc.results = make([]store.Result, len(sc.checks))
 	}
 	sc.results = sc.results[:len(sc.checks)]
 	clear(sc.results)
+}
 
-	err := l.callStore(ctx, now, sc)
-	l.settleReservations(sc, err, nowNs)
-	if len(sc.wb) > 0 {
-		l.settleWriteBacks(sc, err, nowNs)
-		clear(sc.wb) // the pool must not keep buckets alive
-	}
+// storeFailed handles the store call's err: nothing to do but start the
+// write-backs when it answered, the fallback when it could not, and stop
+// (with the error Decide returns) when no fallback covers it or the caller
+// is gone.
+func (l *Limiter) storeFailed(ctx context.Context, err error, now int64, items []Item, sc *scratch) (stop bool, _ error) {
 	switch {
 	case err == nil:
 		l.wb.kick(l)
+		return false, nil
 	case errors.Is(err, store.ErrProtocol):
 		l.protocol.Add(1)
-		return err
+		return true, err
 	case !errors.Is(err, store.ErrUnavailable):
-		return err
+		return true, err
 	case ctx.Err() != nil:
-		return ctx.Err() // the caller is gone; no fallback answer is wanted
-	default:
-		l.fallback(nowNs, items, sc, err)
+		return true, ctx.Err() // the caller is gone; no fallback answer is wanted
 	}
-	// A call that timed out may have reached Redis and run after all: its
-	// consumption is unknown, and is not refunded (a refund of what was not
-	// consumed would admit beyond the limit).
-	sent := err != nil && causeOf(err) == CauseDeadline && !errors.Is(err, errNoTime)
-	fromStore, unknown := 0, 0
+	l.fallback(now, items, sc, err)
+	return false, nil
+}
+
+// collect copies the sub-batch's results into items and learns what the
+// store decided. It returns the number of consuming checks whose call timed
+// out after it may have been sent: Redis may have run it after all, so
+// their consumption is unknown, and is not refunded (a refund of what was
+// not consumed would admit beyond the limit).
+func (l *Limiter) collect(items []Item, sc *scratch, err error, now int64) (unknown int) {
+	sent := err != nil && maybeSent(err)
+	fromStore := 0
 	for j, i := range sc.idx {
 		if i < 0 {
 			continue // a write-back riding along
@@ -369,14 +418,33 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 			continue
 		}
 		fromStore++
-		l.learn(&sc.checks[j], &it.Result, nowNs) // the check as sent (a vetoed one only checked)
+		l.learn(&sc.checks[j], &it.Result, sc, now) // the check as sent (a vetoed one only checked)
 	}
 	l.sources[FromStore].Add(uint64(fromStore))
-	if vetoes(items, func(i int) bool { return !items[i].Result.Allowed }) {
-		l.undoUnknown.Add(uint64(unknown))
-		l.undo(ctx, items)
+	return unknown
+}
+
+// keyHits returns the hits the sub-batch asks of key in all, a check-only
+// check counting one: the store decides a key's checks of one batch
+// against what the earlier ones took, so a denial of any of them is a
+// denial of this total, not of that check's hits alone.
+func (sc *scratch) keyHits(key string) uint64 {
+	var n uint64
+	for j := range sc.checks {
+		c := &sc.checks[j]
+		if sc.idx[j] >= 0 && c.Key == key && !c.Refund && !c.Force {
+			n += max(c.Hits, 1)
+		}
 	}
-	return nil
+	return n
+}
+
+// maybeSent reports whether a store call that failed with err may have
+// reached Redis and run after all: it timed out after it was sent (the
+// caller's deadline, or a socket's read timeout, which the net package
+// reports as os.ErrDeadlineExceeded).
+func maybeSent(err error) bool {
+	return (causeOf(err) == CauseDeadline && !errors.Is(err, errNoTime)) || errors.Is(err, os.ErrDeadlineExceeded)
 }
 
 // errNoTime is the store's answer when the caller's deadline leaves no time
@@ -451,7 +519,9 @@ func (l *Limiter) Counters() Counters {
 
 // Table is one local table's size, for metrics.
 type Table struct {
-	Name    string // last_answers, fail_open_buckets or write_backs
+	// Name is the table's metric label: last_answers (the over-limit
+	// cache), fail_open_buckets or write_backs.
+	Name    string
 	Entries int
 	Bytes   int64 // what the entries count against the table's byte cap
 	// Evictions counts the least recently used entries dropped at a cap
@@ -460,12 +530,12 @@ type Table struct {
 	Evictions int64
 }
 
-// Tables returns the sizes of the local tables: what the store last said
-// per key (the over-limit cache and the fail-open seeds), the fail-open
-// buckets, and the keys waiting for write-back. It locks every shard in
+// Tables returns the sizes of the local tables: the over-limit cache (what
+// the store last said per key: its denials and the fail-open seeds), the
+// fail-open buckets, and the keys waiting for write-back. It locks every shard in
 // turn: for scrapes, not for the decision path.
 func (l *Limiter) Tables() [3]Table {
-	kn, kb, ke := l.known.stats()
+	kn, kb, ke := l.overLimitCache.stats()
 	bn, bb, be := l.local.stats()
 	l.wb.mu.Lock()
 	wn, wb := len(l.wb.m), l.wb.bytes
@@ -482,7 +552,7 @@ func (l *Limiter) Tables() [3]Table {
 // an operator is not denied, nor charged, from stale local state.
 func (l *Limiter) Forget(keys ...string) {
 	for _, k := range keys {
-		lruWith(l.known, k, func(v known, _ bool) (known, bool, struct{}) { return v, false, struct{}{} })
+		lruWith(l.overLimitCache, k, func(v overLimitEntry, _ bool) (overLimitEntry, bool, struct{}) { return v, false, struct{}{} })
 		lruWith(l.local, k, func(b *bucket, _ bool) (*bucket, bool, struct{}) { return b, false, struct{}{} })
 		l.wb.drop(k)
 	}
@@ -497,4 +567,25 @@ func (l *Limiter) CachedDenial(c *store.Check) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(k.until - now), true
+}
+
+// Close stops the limiter's background work and waits for it, bounded by
+// ctx: no write-back or refund retry starts after it begins, the retries
+// waiting for their backoff make one last try at once, and what is in
+// flight finishes. When ctx ends first, the store calls still running are
+// cancelled and Close waits for them to return, so nothing the limiter
+// started runs, or calls the store, once Close returns; it then returns
+// ctx's error. A refund not taken by then is counted lost
+// (Counters.UndoLost) and logged. Hits admitted locally and not yet
+// written back stay queued: call WriteBack after Close to hand them over;
+// what that cannot write is counted lost. Decide still works after Close,
+// without background work. Close may be called more than once.
+func (l *Limiter) Close(ctx context.Context) error {
+	lostBefore := l.undoLost.Load()
+	err := l.bg.close(ctx)
+	l.closed.Store(true)
+	if lost := l.undoLost.Load() - lostBefore; lost > 0 {
+		l.opts.Log.Warn("limiter closed with refunds the store did not take: counted lost", "refunds_lost", lost)
+	}
+	return err
 }

@@ -247,12 +247,12 @@ func TestPartialOutage(t *testing.T) {
 
 func TestCacheIsBounded(t *testing.T) {
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	l := New(memory.New(memory.Options{Now: clk.now}), Options{Now: clk.now, CacheSize: 1000})
+	l := New(memory.New(memory.Options{Now: clk.now}), Options{Now: clk.now, OverLimitCacheSize: 1000})
 	for i := range 20_000 {
 		c := chk(fmt.Sprintf("rl:{d|k=%d}:s60", i), 0, time.Minute) // limit 0: always denied
 		decide(t, l, false, c)
 	}
-	if n := l.known.len(); n > 1000+lruShards {
+	if n := l.overLimitCache.len(); n > 1000+lruShards {
 		t.Fatalf("cache holds %d entries, cap 1000", n)
 	}
 }

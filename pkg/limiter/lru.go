@@ -3,15 +3,17 @@ package limiter
 import (
 	"hash/maphash"
 	"sync"
+
+	"github.com/rls-project/rls/pkg/lru"
 )
 
-// lru is a bounded map from store keys to V, split into shards that each
+// lruMap is a bounded map from store keys to V, split into shards that each
 // evict their least recently used entries beyond their share of the caps:
 // a number of entries and a number of bytes. An entry costs len(key) plus a
 // per-entry overhead measured for V (the map slot, the node and the value:
 // see the *Overhead constants and TestLRUEntryOverhead). It is safe for
 // concurrent use; with locks held per shard, f must not block.
-type lru[V any] struct {
+type lruMap[V any] struct {
 	seed       maphash.Seed
 	shards     []lruShard[V]
 	shardCap   int
@@ -20,17 +22,9 @@ type lru[V any] struct {
 }
 
 type lruShard[V any] struct {
-	mu         sync.Mutex
-	m          map[string]*lruNode[V]
-	head, tail *lruNode[V] // head is the most recently used
-	bytes      int64       // the entries' cost
-	evicted    uint64      // entries dropped at a cap, since start
-}
-
-type lruNode[V any] struct {
-	key        string
-	val        V
-	prev, next *lruNode[V]
+	mu      sync.Mutex
+	list    *lru.List[V]
+	evicted uint64 // entries dropped at a cap, since start
 }
 
 const lruShards = 32
@@ -38,55 +32,46 @@ const lruShards = 32
 // newLRU returns a map holding at most about capacity entries and maxBytes
 // bytes, an entry costing len(key)+overhead (at least one entry per shard
 // whatever its cost).
-func newLRU[V any](capacity int, maxBytes, overhead int64) *lru[V] {
+func newLRU[V any](capacity int, maxBytes, overhead int64) *lruMap[V] {
 	per := (capacity + lruShards - 1) / lruShards
 	if per < 1 {
 		per = 1
 	}
-	l := &lru[V]{seed: maphash.MakeSeed(), shards: make([]lruShard[V], lruShards), shardCap: per,
+	l := &lruMap[V]{seed: maphash.MakeSeed(), shards: make([]lruShard[V], lruShards), shardCap: per,
 		shardBytes: maxBytes / lruShards, overhead: overhead}
 	for i := range l.shards {
-		l.shards[i].m = make(map[string]*lruNode[V])
+		l.shards[i].list = lru.New[V](0)
 	}
 	return l
 }
 
-func (l *lru[V]) shard(key string) *lruShard[V] {
+func (l *lruMap[V]) shard(key string) *lruShard[V] {
 	return &l.shards[maphash.String(l.seed, key)%lruShards]
 }
 
-// with runs f on the entry of key under its shard's lock. f gets the value
-// and whether it exists, and returns the value to keep, whether to keep it
-// (false deletes it), and a result passed back to the caller.
-func lruWith[V, R any](l *lru[V], key string, f func(v V, ok bool) (V, bool, R)) R {
+// lruWith runs f on the entry of key under its shard's lock. f gets the
+// value and whether it exists, and returns the value to keep, whether to
+// keep it (false deletes it), and a result passed back to the caller.
+func lruWith[V, R any](l *lruMap[V], key string, f func(v V, ok bool) (V, bool, R)) R {
 	s := l.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := s.m[key]
+	n := s.list.Get(key)
 	var v V
 	if n != nil {
-		v = n.val
+		v = n.Value
 	}
 	nv, keep, r := f(v, n != nil)
 	switch {
 	case !keep && n != nil:
-		s.unlink(n)
-		delete(s.m, key)
-		s.bytes -= l.cost(key)
+		s.list.Remove(n)
 	case keep && n != nil:
-		n.val = nv
-		s.unlink(n)
-		s.pushFront(n)
+		n.Value = nv
+		s.list.Touch(n)
 	case keep:
-		n = &lruNode[V]{key: key, val: nv}
-		s.m[key] = n
-		s.pushFront(n)
-		s.bytes += l.cost(key)
-		for (len(s.m) > l.shardCap || s.bytes > l.shardBytes) && s.tail != n {
-			old := s.tail
-			s.unlink(old)
-			delete(s.m, old.key)
-			s.bytes -= l.cost(old.key)
+		n = s.list.Add(key, nv, l.cost(key))
+		for (s.list.Len() > l.shardCap || s.list.Bytes() > l.shardBytes) && s.list.Oldest() != n {
+			s.list.Remove(s.list.Oldest())
 			s.evicted++
 		}
 	}
@@ -94,15 +79,15 @@ func lruWith[V, R any](l *lru[V], key string, f func(v V, ok bool) (V, bool, R))
 }
 
 // cost is what an entry of key counts against the byte cap.
-func (l *lru[V]) cost(key string) int64 { return int64(len(key)) + l.overhead }
+func (l *lruMap[V]) cost(key string) int64 { return int64(len(key)) + l.overhead }
 
 // size returns the number of bytes the entries count for.
-func (l *lru[V]) size() int64 {
+func (l *lruMap[V]) size() int64 {
 	var n int64
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
-		n += s.bytes
+		n += s.list.Bytes()
 		s.mu.Unlock()
 	}
 	return n
@@ -110,49 +95,24 @@ func (l *lru[V]) size() int64 {
 
 // stats returns the number of entries, what they cost and how many were
 // evicted since start, in one pass over the shards.
-func (l *lru[V]) stats() (n int, bytes int64, evicted uint64) {
+func (l *lruMap[V]) stats() (n int, bytes int64, evicted uint64) {
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
-		n, bytes, evicted = n+len(s.m), bytes+s.bytes, evicted+s.evicted
+		n, bytes, evicted = n+s.list.Len(), bytes+s.list.Bytes(), evicted+s.evicted
 		s.mu.Unlock()
 	}
 	return n, bytes, evicted
 }
 
 // len returns the number of entries.
-func (l *lru[V]) len() int {
+func (l *lruMap[V]) len() int {
 	n := 0
 	for i := range l.shards {
 		s := &l.shards[i]
 		s.mu.Lock()
-		n += len(s.m)
+		n += s.list.Len()
 		s.mu.Unlock()
 	}
 	return n
-}
-
-func (s *lruShard[V]) unlink(n *lruNode[V]) {
-	if n.prev != nil {
-		n.prev.next = n.next
-	} else {
-		s.head = n.next
-	}
-	if n.next != nil {
-		n.next.prev = n.prev
-	} else {
-		s.tail = n.prev
-	}
-	n.prev, n.next = nil, nil
-}
-
-func (s *lruShard[V]) pushFront(n *lruNode[V]) {
-	n.next = s.head
-	if s.head != nil {
-		s.head.prev = n
-	}
-	s.head = n
-	if s.tail == nil {
-		s.tail = n
-	}
 }

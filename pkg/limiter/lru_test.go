@@ -24,15 +24,15 @@ func bigKey(i int) string {
 	return fmt.Sprintf("bounds|api_key=%08d|%s", i, strings.Repeat("v", 4096))
 }
 
-func put[V any](l *lru[V], key string, v V) {
+func put[V any](l *lruMap[V], key string, v V) {
 	lruWith(l, key, func(V, bool) (V, bool, struct{}) { return v, true, struct{}{} })
 }
 
-func has[V any](l *lru[V], key string) bool {
+func has[V any](l *lruMap[V], key string) bool {
 	s := l.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.m[key] != nil
+	return s.list.Get(key) != nil
 }
 
 // TestLRUMaxBytes feeds the three local tables of a Limiter 4 KB keys far
@@ -40,11 +40,11 @@ func has[V any](l *lru[V], key string) bool {
 func TestLRUMaxBytes(t *testing.T) {
 	const cacheBytes, bucketsBytes = 8 << 20, 4 << 20
 	base := heapInUse()
-	l := New(nil, Options{CacheBytes: cacheBytes, BucketsBytes: bucketsBytes})
+	l := New(nil, Options{OverLimitCacheBytes: cacheBytes, BucketsBytes: bucketsBytes})
 	const n = 20_000 // 80 MB of keys per table
 	for i := range n {
 		c := store.Check{Key: bigKey(i), Limit: 10, Window: 3600e9, Hits: 1}
-		l.learn(&c, &store.Result{Allowed: true, Remaining: 9}, 1)
+		l.learn(&c, &store.Result{Allowed: true, Remaining: 9}, nil, 1)
 		b := l.bucket(&c, 1, 1)
 		b.take(&c, 1)
 		l.wb.add(&c, b, 1)
@@ -56,7 +56,7 @@ func TestLRUMaxBytes(t *testing.T) {
 		overhead   int64
 		lruShards  int64
 	}{
-		{"known", l.known.size(), cacheBytes, knownOverhead, lruShards},
+		{"over_limit_cache", l.overLimitCache.size(), cacheBytes, overLimitCacheOverhead, lruShards},
 		{"buckets", l.local.size(), bucketsBytes, bucketOverhead, lruShards},
 		{"write-backs", l.wb.bytes, bucketsBytes, writeBackOverhead, 1},
 	} {
@@ -64,13 +64,13 @@ func TestLRUMaxBytes(t *testing.T) {
 			t.Errorf("%s: %d bytes after %d keys of %d bytes, want at most %d and within a key per shard of it", tb.name, tb.got, n, cost, tb.limit)
 		}
 	}
-	if got, want := int64(l.known.len())*(cost+knownOverhead), l.known.size(); got != want {
-		t.Errorf("known: len*cost = %d, size() = %d", got, want)
+	if got, want := int64(l.overLimitCache.len())*(cost+overLimitCacheOverhead), l.overLimitCache.size(); got != want {
+		t.Errorf("overLimitCache: len*cost = %d, size() = %d", got, want)
 	}
 	// Tables (what /metrics shows) reports the same sizes, and every key
 	// a cap pushed out as an eviction.
 	want := [3]Table{
-		{"last_answers", l.known.len(), l.known.size(), int64(n - l.known.len())},
+		{"last_answers", l.overLimitCache.len(), l.overLimitCache.size(), int64(n - l.overLimitCache.len())},
 		{"fail_open_buckets", l.local.len(), l.local.size(), int64(n - l.local.len())},
 		{"write_backs", len(l.wb.m), l.wb.bytes, -1},
 	}
@@ -79,8 +79,8 @@ func TestLRUMaxBytes(t *testing.T) {
 	}
 	heap := heapInUse() - base
 	limit := int64(cacheBytes+2*bucketsBytes) * 5 / 4 // a 4,120-byte key takes a 4,864-byte allocation (size classes)
-	t.Logf("%d keys of %d bytes: known %d keys (%.2f MiB), buckets %d (%.2f MiB), write-backs %d (%.2f MiB); heap %.2f MiB (caps %d MiB)",
-		n, cost, l.known.len(), float64(l.known.size())/(1<<20), l.local.len(), float64(l.local.size())/(1<<20),
+	t.Logf("%d keys of %d bytes: over-limit cache %d keys (%.2f MiB), buckets %d (%.2f MiB), write-backs %d (%.2f MiB); heap %.2f MiB (caps %d MiB)",
+		n, cost, l.overLimitCache.len(), float64(l.overLimitCache.size())/(1<<20), l.local.len(), float64(l.local.size())/(1<<20),
 		len(l.wb.m), float64(l.wb.bytes)/(1<<20), float64(heap)/(1<<20), (cacheBytes+2*bucketsBytes)>>20)
 	if heap > limit {
 		t.Errorf("heap grew by %d bytes, over %d (the caps plus size-class rounding)", heap, limit)
@@ -97,9 +97,9 @@ func TestLRUMaxBytes(t *testing.T) {
 // TestLRUBytesEvictsLeastRecentlyUsed checks the byte cap evicts in LRU
 // order within a shard.
 func TestLRUBytesEvictsLeastRecentlyUsed(t *testing.T) {
-	cost := int64(len(bigKey(0))) + knownOverhead
+	cost := int64(len(bigKey(0))) + overLimitCacheOverhead
 	const fit = 10
-	l := newLRU[int](1<<20, lruShards*fit*cost, knownOverhead)
+	l := newLRU[int](1<<20, lruShards*fit*cost, overLimitCacheOverhead)
 	// Keys of one shard.
 	var keys []string
 	want := l.shard(bigKey(0))
@@ -149,9 +149,9 @@ func TestLRUEntryOverhead(t *testing.T) {
 			keys[i] = fmt.Sprintf("k%015d", i) // 16 bytes: no size-class rounding
 		}
 		h0 := heapInUse()
-		kn := newLRU[known](1<<30, 1<<40, knownOverhead)
+		kn := newLRU[overLimitEntry](1<<30, 1<<40, overLimitCacheOverhead)
 		for _, k := range keys {
-			put(kn, k, known{})
+			put(kn, k, overLimitEntry{})
 		}
 		h1 := heapInUse()
 		lb := newLRU[*bucket](1<<30, 1<<40, bucketOverhead)
@@ -171,7 +171,7 @@ func TestLRUEntryOverhead(t *testing.T) {
 			per      float64
 			overhead int
 		}{
-			{"known", float64(h1-h0) / float64(n), knownOverhead},
+			{"over_limit_cache", float64(h1-h0) / float64(n), overLimitCacheOverhead},
 			{"bucket", float64(h2-h1) / float64(n), bucketOverhead},
 			{"write-back", float64(h3-h2) / float64(n), writeBackOverhead},
 		} {

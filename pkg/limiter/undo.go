@@ -15,8 +15,9 @@ import (
 // denied after a slot consumed, and a request only its quota checks deny.
 // What the store consumed for such a request (store.Result.Consumed) is
 // refunded before the answer leaves; a refund the store refused (its node
-// down, its breaker open) is retried in the background for a few seconds
-// (Counters.UndoRetried, UndoLost). A call that timed out after it may have
+// down, its breaker open), this one or a client's own (is_negative_hits),
+// is retried in the background for a few seconds (Counters.UndoRetried,
+// UndoLost; Close gives it a last try and counts it lost if that fails). A call that timed out after it may have
 // been sent is never retried or refunded (Counters.UndoUnknown): Redis may
 // still run it, and refunding twice, or refunding what was not consumed,
 // would admit beyond a limit. Until a refund lands, a concurrent request can
@@ -53,7 +54,7 @@ func vetoes(items []Item, denied func(i int) bool) bool {
 const undoRetries = 256
 
 // defaultUndoBackoff is the wait before each background retry of a refund
-// (Limiter.undoBackoff; tests shorten it).
+// (Limiter.undoBackoff), on the clock of Options.After.
 var defaultUndoBackoff = []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
 
 // undo refunds the consumption the store wrote for items, a request that
@@ -91,7 +92,7 @@ func failedRefunds(refunds []store.Check, results []store.Result, err error) (fa
 	if err == nil {
 		return nil, false
 	}
-	maybeRan = errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, errNoTime)
+	maybeRan = maybeSent(err)
 	if !errors.Is(err, store.ErrUnavailable) {
 		return refunds, maybeRan
 	}
@@ -107,32 +108,77 @@ func failedRefunds(refunds []store.Check, results []store.Result, err error) (fa
 }
 
 // retryUndo retries refunds in the background, a few times over a few
-// seconds, and counts what never lands as lost.
+// seconds, and counts what never lands as lost: at once when too many are
+// being retried already or the limiter is closed.
 func (l *Limiter) retryUndo(refunds []store.Check) {
 	l.undoRetried.Add(uint64(len(refunds)))
 	if l.undoInFlight.Add(1) > undoRetries {
 		l.undoInFlight.Add(-1)
-		l.undoLost.Add(uint64(len(refunds)))
+		l.loseRefunds(refunds)
 		return
 	}
-	go func() {
+	started := l.bg.start(func() {
 		defer l.undoInFlight.Add(-1)
-		for _, wait := range l.undoBackoff {
-			time.Sleep(wait)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			results := make([]store.Result, len(refunds))
-			err := l.st.Decide(ctx, refunds, results)
-			cancel()
-			var maybeRan bool
-			if refunds, maybeRan = failedRefunds(refunds, results, err); len(refunds) == 0 {
-				return
-			} else if maybeRan {
-				l.undoUnknown.Add(uint64(len(refunds)))
-				return
-			}
+		l.retryRefunds(refunds)
+	})
+	if !started {
+		l.undoInFlight.Add(-1)
+		l.loseRefunds(refunds)
+	}
+}
+
+// retryRefunds tries refunds after each backoff wait until the store takes
+// them. Close ends the wait at once: the refunds then get one last try.
+func (l *Limiter) retryRefunds(refunds []store.Check) {
+	for _, wait := range l.undoBackoff {
+		closing := !l.waitBackoff(wait)
+		var done bool
+		if refunds, done = l.tryRefunds(refunds); done {
+			return
 		}
-		l.undoLost.Add(uint64(len(refunds)))
-		l.opts.Log.Warn("could not refund a denied request's consumption: its counters keep it until their window passes",
-			"refunds", len(refunds), "key", refunds[0].Key)
-	}()
+		if closing {
+			break
+		}
+	}
+	l.loseRefunds(refunds)
+}
+
+// waitBackoff waits d on the limiter's clock, and reports false when Close
+// ended the wait first.
+func (l *Limiter) waitBackoff(d time.Duration) bool {
+	select {
+	case <-l.bg.stop.Done():
+		return false
+	case <-l.opts.After(d):
+		return true
+	}
+}
+
+// tryRefunds sends refunds to the store once and returns those it did not
+// take; done reports that nothing is left to retry: all landed, or the call
+// timed out after it may have been sent (counted unknown, never retried).
+func (l *Limiter) tryRefunds(refunds []store.Check) (left []store.Check, done bool) {
+	ctx, cancel := context.WithTimeout(l.bg.work, time.Second)
+	defer cancel()
+	results := make([]store.Result, len(refunds))
+	err := l.st.Decide(ctx, refunds, results)
+	failed, maybeRan := failedRefunds(refunds, results, err)
+	switch {
+	case len(failed) == 0 || err == nil:
+		return nil, true
+	case maybeRan:
+		l.undoUnknown.Add(uint64(len(failed)))
+		return nil, true
+	}
+	return failed, false
+}
+
+// loseRefunds counts refunds the store never took as lost, and logs it at
+// most once per logthrottle.Every.
+func (l *Limiter) loseRefunds(refunds []store.Check) {
+	l.undoLost.Add(uint64(len(refunds)))
+	if held, ok := l.refundLog.AllowN(uint64(len(refunds))); ok {
+		l.opts.Log.Warn("refunds the store could not take are lost: their counters keep the hits until their window passes",
+			"refunds_lost", uint64(len(refunds))+held, "key", refunds[0].Key)
+	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // slotStore decides each "slot" (the key's text before '|') of a batch in
@@ -55,11 +56,33 @@ func (s *slotStore) Decide(ctx context.Context, checks []store.Check, results []
 }
 
 func newSlotted(t *testing.T) (*Limiter, *slotStore, *memory.Store) {
+	l, ss, mem, _ := newSlottedClock(t)
+	return l, ss, mem
+}
+
+// newSlottedClock is newSlotted on a clock the test moves, whose After
+// times the refund retries' backoff.
+func newSlottedClock(t *testing.T) (*Limiter, *slotStore, *memory.Store, *testkit.Clock) {
 	t.Helper()
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	mem := memory.New(memory.Options{Now: clk.now})
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	mem := memory.New(memory.Options{Now: clk.Now})
 	ss := &slotStore{Store: mem}
-	return New(ss, Options{Now: clk.now, DisableCache: true}), ss, mem
+	return New(ss, Options{Now: clk.Now, After: clk.After, DisableOverLimitCache: true}), ss, mem, clk
+}
+
+// advanceUntil moves clk past each backoff wait the limiter's retries are
+// in, until cond holds (within 5 s of real time).
+func advanceUntil(t *testing.T, clk *testkit.Clock, cond func() bool) {
+	t.Helper()
+	testkit.WaitFor(t, "condition", 5*time.Second, func() bool {
+		if cond() {
+			return true
+		}
+		if clk.Waiters() > 0 {
+			clk.Advance(2 * time.Second)
+		}
+		return cond()
+	})
 }
 
 func hourly(key string, limit uint64) store.Check {
@@ -129,7 +152,7 @@ func TestUndoFallbackDenial(t *testing.T) {
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
 	mem := memory.New(memory.Options{Now: clk.now})
 	cs := &countingStore{Store: mem, undecided: map[string]bool{"down|k=1": true}}
-	l := New(cs, Options{Now: clk.now, DisableCache: true})
+	l := New(cs, Options{Now: clk.now, DisableOverLimitCache: true})
 	up := hourly("up|k=1", 100)
 	items := []Item{{Check: up}, {Check: hourly("down|k=1", 100), FailClosed: true}}
 	if err := l.Decide(context.Background(), items); err != nil {
@@ -146,14 +169,13 @@ func TestUndoFallbackDenial(t *testing.T) {
 // TestUndoRetried: a refund the store cannot take at once is retried in
 // the background until it lands; one that never lands is counted lost.
 func TestUndoRetried(t *testing.T) {
-	l, ss, mem := newSlotted(t)
-	l.undoBackoff = []time.Duration{time.Millisecond, time.Millisecond, time.Millisecond}
+	l, ss, mem, clk := newSlottedClock(t)
 	a, b := hourly("a|k=1", 0), hourly("b|k=1", 100)
 	ss.refundsFail.Store(2) // the first try and the first retry fail
 	if err := l.Decide(context.Background(), []Item{{Check: a}, {Check: b}}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, func() bool { return remaining(t, mem, b) == 100 })
+	advanceUntil(t, clk, func() bool { return remaining(t, mem, b) == 100 })
 	if c := l.Counters(); c.Undone != 1 || c.UndoRetried != 1 || c.UndoLost != 0 {
 		t.Errorf("counters %+v, want 1 undone, 1 retried, 0 lost", c)
 	}
@@ -162,19 +184,8 @@ func TestUndoRetried(t *testing.T) {
 	if err := l.Decide(context.Background(), []Item{{Check: a}, {Check: b}}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, func() bool { return l.Counters().UndoLost == 1 })
+	advanceUntil(t, clk, func() bool { return l.Counters().UndoLost == 1 })
 	if got := remaining(t, mem, b); got != 99 {
 		t.Errorf("remaining %d after a lost refund, want 99 (the metric says one was lost)", got)
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -151,10 +151,13 @@ func (w *writeBacks) kick(l *Limiter) {
 		return
 	}
 	w.last.Store(now)
-	go func() {
+	started := l.bg.start(func() {
 		defer w.running.Store(false)
-		_ = l.WriteBack(context.Background())
-	}()
+		_ = l.WriteBack(l.bg.work)
+	})
+	if !started {
+		w.running.Store(false)
+	}
 }
 
 // WriteBack writes the hits admitted locally while the store could not
@@ -162,7 +165,9 @@ func (w *writeBacks) kick(l *Limiter) {
 // hits that still count in their rule's trailing window are written. What
 // the store cannot take now (store.ErrUnavailable) stays queued; it returns
 // the first error. It runs by itself after the store answers again; call it
-// on shutdown to hand over what is pending. The call is bounded by ctx's
+// on shutdown, after Close, to hand over what is pending: once Close has
+// returned nothing would write what stays queued, so it is counted lost
+// (Counters.WriteBackLost) and logged. The call is bounded by ctx's
 // deadline, or the store's own timeout.
 func (l *Limiter) WriteBack(ctx context.Context) error {
 	pending := l.wb.take()
@@ -170,6 +175,9 @@ func (l *Limiter) WriteBack(ctx context.Context) error {
 		return nil
 	}
 	now := l.opts.Now().UnixNano()
+	if l.closed.Load() {
+		defer l.abandonWriteBacks(now)
+	}
 	var firstErr error
 	checks := make([]store.Check, 0, writeBackBatch)
 	flights := make([]flight, 0, writeBackBatch)
@@ -183,7 +191,9 @@ func (l *Limiter) WriteBack(ctx context.Context) error {
 			l.settle(flights[i], &checks[i], &results[i], err, anyUndecided(results), now)
 		}
 		if err != nil && !errors.Is(err, store.ErrUnavailable) {
-			l.opts.Log.Error("write-back of locally admitted hits failed; they stay queued", "err", err, "keys", len(checks))
+			if held, ok := l.writeBackLog.Allow(); ok {
+				l.opts.Log.Error("write-back of locally admitted hits failed; they stay queued", "err", err, "keys", len(checks), "failures_not_logged", held)
+			}
 		}
 		if err != nil && firstErr == nil {
 			firstErr = err
@@ -205,6 +215,20 @@ func (l *Limiter) WriteBack(ctx context.Context) error {
 	}
 	flush()
 	return firstErr
+}
+
+// abandonWriteBacks counts the hits still queued for write-back as lost and
+// logs them once: the limiter is closed and nothing will write them.
+func (l *Limiter) abandonWriteBacks(now int64) {
+	var lost uint64
+	for _, e := range l.wb.take() {
+		lost += e.b.drain(now)
+	}
+	if lost == 0 {
+		return
+	}
+	l.wb.lost.Add(lost)
+	l.opts.Log.Warn("hits admitted locally could not be written back at shutdown: counted lost", "hits_lost", lost)
 }
 
 // settle accounts for one write-back the store answered with r and err:

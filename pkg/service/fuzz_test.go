@@ -184,7 +184,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 	}
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
 	st := memory.New(memory.Options{Now: clk.now, MaxKeys: 10000})
-	lim := limiter.New(st, limiter.Options{Now: clk.now, CacheSize: 1000, BucketsSize: 1000})
+	lim := limiter.New(st, limiter.Options{Now: clk.now, OverLimitCacheSize: 1000, BucketsSize: 1000})
 	svcs := []*Service{
 		New(cfg, lim, Options{}),
 		New(cfg, lim, Options{ResponseHeaders: true, FailClosed: true, Metrics: NewMetrics(prometheus.NewRegistry(), 5)}),

@@ -220,7 +220,7 @@ descriptors:
 				t.Fatal(err)
 			}
 			clk := &clock{t: time.Unix(1_751_540_400, 0)}
-			svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now, DisableCache: true}), Options{})
+			svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now, DisableOverLimitCache: true}), Options{})
 			req := func(ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse {
 				r, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "q", Descriptors: ds})
 				if err != nil {

@@ -108,6 +108,18 @@ func RegisterBreakers(reg prometheus.Registerer, st *redisstore.Store) {
 		[]string{"node", "state"}, nil)})
 }
 
+// RegisterScriptMode exposes how many Redis nodes run decide.lua as a
+// Function library (FCALL) and how many as a script (EVALSHA, where
+// FUNCTION is missing or refused), as rls_redis_script_mode{mode}: outside
+// cluster mode, 1 for the mode in use.
+func RegisterScriptMode(reg prometheus.Registerer, st *redisstore.Store) {
+	const help = "Redis nodes running the decision script in each mode: function (a Redis Function library, FCALL) or eval (EVALSHA, where FUNCTION is missing or refused)."
+	for _, mode := range []string{redisstore.ScriptFunction, redisstore.ScriptEval} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rls_redis_script_mode", Help: help,
+			ConstLabels: prometheus.Labels{"mode": mode}}, func() float64 { return float64(st.ScriptModes()[mode]) }))
+	}
+}
+
 // breakerCollector reports each Redis node's circuit breaker state.
 type breakerCollector struct {
 	st   *redisstore.Store

@@ -97,8 +97,19 @@ func (b *Buffer) Reset() {
 }
 
 // Clock is a clock that only the test moves, safe for concurrent use. The
-// zero value reads the Unix epoch; NewClock starts it elsewhere.
-type Clock struct{ ns atomic.Int64 }
+// zero value reads the Unix epoch; NewClock starts it elsewhere. Its After
+// is a timer on that clock, for code that waits (a retry's backoff): the
+// test moves the clock past the wait instead of sleeping through it.
+type Clock struct {
+	ns     atomic.Int64
+	mu     sync.Mutex
+	timers []clockTimer // After's channels not fired yet
+}
+
+type clockTimer struct {
+	at int64 // unix nanoseconds
+	ch chan time.Time
+}
 
 // NewClock returns a Clock reading start.
 func NewClock(start time.Time) *Clock {
@@ -111,11 +122,55 @@ func NewClock(start time.Time) *Clock {
 // c.Now is what an Options.Now or a now field takes.
 func (c *Clock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
 
-// Advance moves the clock d forward (backward when d is negative) and
-// returns the new reading.
+// Advance moves the clock d forward (backward when d is negative), fires
+// the After channels that are due, and returns the new reading.
 func (c *Clock) Advance(d time.Duration) time.Time {
-	return time.Unix(0, c.ns.Add(int64(d)))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.ns.Add(int64(d))
+	c.fire(now)
+	return time.Unix(0, now)
 }
 
-// Set moves the clock to t.
-func (c *Clock) Set(t time.Time) { c.ns.Store(t.UnixNano()) }
+// Set moves the clock to t and fires the After channels that are due.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ns.Store(t.UnixNano())
+	c.fire(t.UnixNano())
+}
+
+// After returns a channel that receives the clock's reading once Advance or
+// Set moves it d or more past its reading now (at once when d <= 0). It has
+// the signature of time.After.
+func (c *Clock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	c.timers = append(c.timers, clockTimer{at: c.ns.Load() + int64(d), ch: ch})
+	c.fire(c.ns.Load())
+	return ch
+}
+
+// Waiters returns how many After channels have not fired yet: a test
+// polls it to know that the code under test is waiting before it moves
+// the clock.
+func (c *Clock) Waiters() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
+
+// fire sends now on every timer due at now and forgets them. c.mu is held.
+func (c *Clock) fire(now int64) {
+	kept := c.timers[:0]
+	for _, t := range c.timers {
+		if t.at <= now {
+			t.ch <- time.Unix(0, now)
+			continue
+		}
+		kept = append(kept, t)
+	}
+	clear(c.timers[len(kept):])
+	c.timers = kept
+}

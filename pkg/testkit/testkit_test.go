@@ -84,3 +84,34 @@ func TestClock(t *testing.T) {
 		t.Fatal("zero clock is not the epoch")
 	}
 }
+
+func TestClockAfter(t *testing.T) {
+	c := NewClock(time.Unix(1_751_540_400, 0))
+	ch := c.After(time.Second)
+	if c.Waiters() != 1 {
+		t.Fatalf("waiters = %d, want 1", c.Waiters())
+	}
+	c.Advance(999 * time.Millisecond)
+	select {
+	case <-ch:
+		t.Fatal("fired before its time")
+	default:
+	}
+	want := c.Advance(time.Millisecond)
+	select {
+	case got := <-ch:
+		if !got.Equal(want) {
+			t.Fatalf("fired with %v, want %v", got, want)
+		}
+	default:
+		t.Fatal("not fired at its time")
+	}
+	if c.Waiters() != 0 {
+		t.Fatalf("waiters = %d after firing, want 0", c.Waiters())
+	}
+	select {
+	case <-c.After(0):
+	default:
+		t.Fatal("After(0) did not fire at once")
+	}
+}

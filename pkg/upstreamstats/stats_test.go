@@ -79,7 +79,7 @@ func newService(t *testing.T, st *Stats) *service.Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := limiter.New(memory.New(memory.Options{}), limiter.Options{DisableCache: true})
+	lim := limiter.New(memory.New(memory.Options{}), limiter.Options{DisableOverLimitCache: true})
 	return service.New(cfg, lim, service.Options{Observer: st})
 }
 

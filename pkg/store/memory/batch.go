@@ -143,13 +143,13 @@ func load(slots []slot, now int64, peek bool) {
 		s := &slots[j]
 		s.st.alg = algNone
 		s.now = now
-		e := s.shard.keys[s.key]
+		e := s.shard.list.Get(s.key)
 		if e == nil {
 			continue
 		}
-		s.now = max(now, e.seen)
-		if e.expires > s.now {
-			s.ent, s.st = e, e.st.clone()
+		s.now = max(now, e.Value.seen)
+		if e.Value.expires > s.now {
+			s.ent, s.st = e, e.Value.st.clone()
 		} else if !peek {
 			s.shard.remove(e)
 		}

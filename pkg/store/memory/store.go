@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rls-project/rls/pkg/lru"
 	"github.com/rls-project/rls/pkg/store"
 )
 
@@ -84,30 +85,25 @@ type Store struct {
 
 var _ store.Store = (*Store)(nil)
 
-// shard is one lock and map of keys, with the keys in a doubly linked list
-// from the most recently written (head) to the least (tail).
+// shard is one lock and list of keys, from the most recently written to
+// the least.
 type shard struct {
 	mu     sync.Mutex
-	keys   map[string]*entry
-	head   *entry
-	tail   *entry
-	cursor *entry // next entry the sweep examines, walking tail to head
-	free   *entry // entries to reuse, linked by older
-	nfree  int
+	list   *lru.List[counter]
+	cursor *entry // next entry the sweep examines, walking oldest to newest
 	cap    int
-	bytes  int64 // len(key)+EntryOverhead per key
 	maxB   int64
 	_      [64]byte // keep hot shards on separate cache lines
 }
 
-// entry is the state of one key.
-type entry struct {
-	key     string
+// entry is one key's node in its shard's list.
+type entry = lru.Node[counter]
+
+// counter is the state of one key.
+type counter struct {
 	st      state
 	expires int64 // Unix microseconds; the state is absent from then on
 	seen    int64 // Unix microseconds of the last write: the key's time never goes below it
-	newer   *entry
-	older   *entry
 }
 
 // New returns an empty Store configured by opts.
@@ -135,7 +131,7 @@ func New(opts Options) *Store {
 		shards: make([]shard, n),
 	}
 	for i := range m.shards {
-		m.shards[i].keys = make(map[string]*entry)
+		m.shards[i].list = lru.New[counter](maxFree)
 		m.shards[i].cap = maxKeys / n
 		m.shards[i].maxB = maxBytes / int64(n)
 	}
@@ -162,7 +158,7 @@ func (m *Store) Delete(_ context.Context, keys ...string) error {
 	for _, key := range keys {
 		sh := &m.shards[maphash.String(m.seed, key)&m.mask]
 		sh.mu.Lock()
-		if e := sh.keys[key]; e != nil {
+		if e := sh.list.Get(key); e != nil {
 			sh.remove(e)
 		}
 		sh.mu.Unlock()
@@ -177,7 +173,7 @@ func (m *Store) Len() int {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n += len(sh.keys)
+		n += sh.list.Len()
 		sh.mu.Unlock()
 	}
 	return n
@@ -191,7 +187,7 @@ func (m *Store) Bytes() int64 {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n += sh.bytes
+		n += sh.list.Bytes()
 		sh.mu.Unlock()
 	}
 	return n
@@ -206,67 +202,29 @@ func (m *Store) Close() error { return nil }
 // expiry exp and write time seen, and makes the key the most recently
 // written. The shard must be locked.
 func (sh *shard) write(e *entry, key string, st state, exp, seen int64) {
+	c := counter{st: st, expires: exp, seen: seen}
+	cost := int64(len(key)) + EntryOverhead + st.extraBytes()
 	if e == nil {
-		cost := int64(len(key)) + EntryOverhead + st.extraBytes()
-		for (len(sh.keys) >= sh.cap || sh.bytes+cost > sh.maxB) && sh.tail != nil {
-			sh.remove(sh.tail)
+		for (sh.list.Len() >= sh.cap || sh.list.Bytes()+cost > sh.maxB) && sh.list.Oldest() != nil {
+			sh.remove(sh.list.Oldest())
 		}
-		sh.bytes += cost
-		e = sh.free
-		if e != nil {
-			sh.free, sh.nfree = e.older, sh.nfree-1
-			e.older = nil
-		} else {
-			e = new(entry)
-		}
-		e.key = key
-		sh.keys[key] = e
-	} else {
-		sh.bytes += st.extraBytes() - e.st.extraBytes()
-		if e == sh.head {
-			e.st, e.expires, e.seen = st, exp, seen
-			return
-		}
-		sh.unlink(e)
+		sh.list.Add(key, c, cost)
+		return
 	}
-	e.st, e.expires, e.seen = st, exp, seen
-	e.older = sh.head
-	if sh.head != nil {
-		sh.head.newer = e
+	e.Value = c
+	sh.list.SetCost(e, cost)
+	if sh.cursor == e && e.Newer() != nil {
+		sh.cursor = e.Newer() // the sweep moves past it
 	}
-	sh.head = e
-	if sh.tail == nil {
-		sh.tail = e
-	}
+	sh.list.Touch(e)
 }
 
-// unlink takes e out of the list, moving the sweep cursor past it.
-func (sh *shard) unlink(e *entry) {
-	if sh.cursor == e {
-		sh.cursor = e.newer
-	}
-	if e.newer != nil {
-		e.newer.older = e.older
-	} else {
-		sh.head = e.older
-	}
-	if e.older != nil {
-		e.older.newer = e.newer
-	} else {
-		sh.tail = e.newer
-	}
-	e.newer, e.older = nil, nil
-}
-
-// remove deletes e's key and keeps e for reuse unless enough are kept.
+// remove deletes e's key, moving the sweep cursor past it.
 func (sh *shard) remove(e *entry) {
-	sh.unlink(e)
-	delete(sh.keys, e.key)
-	sh.bytes -= int64(len(e.key)) + EntryOverhead + e.st.extraBytes()
-	if sh.nfree < maxFree {
-		*e = entry{older: sh.free}
-		sh.free, sh.nfree = e, sh.nfree+1
+	if sh.cursor == e {
+		sh.cursor = e.Newer()
 	}
+	sh.list.Remove(e)
 }
 
 // sweep examines the next few entries from the cursor (which walks from the
@@ -276,12 +234,12 @@ func (sh *shard) sweep(now int64) {
 	for i := 0; i < sweepPerShard; i++ {
 		e := sh.cursor
 		if e == nil {
-			if e = sh.tail; e == nil {
+			if e = sh.list.Oldest(); e == nil {
 				return
 			}
 		}
-		sh.cursor = e.newer
-		if e.expires <= now {
+		sh.cursor = e.Newer()
+		if e.Value.expires <= now {
 			sh.remove(e)
 		}
 	}

@@ -193,11 +193,16 @@ func TestEveryWriteHasTTL(t *testing.T) {
 	}
 }
 
-// TestOneCallPerBatch checks that a same-tenant batch is one EVALSHA, that
-// the script text is not re-sent while cached, and that SCRIPT FLUSH and a
-// restart to an empty server cost no failed decision.
+// TestOneCallPerBatch checks, where FUNCTION is refused, that a
+// same-tenant batch is one EVALSHA, that the script text is not re-sent
+// while cached, and that SCRIPT FLUSH and a restart to an empty server cost
+// no failed decision. (TestScriptModeFunction and TestScriptModeReload
+// check the same with Functions.)
 func TestOneCallPerBatch(t *testing.T) {
-	s, srv := newStore(t, nil)
+	srv := startNoFunctions(t)
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	s := mustNew(t, Options{Client: c, Timeout: time.Second})
 	ctx := context.Background()
 	batch := []store.Check{
 		{Key: "rl:{acme}:a", Limit: 100, Window: time.Second, Hits: 1},

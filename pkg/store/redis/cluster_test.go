@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
 )
 
@@ -25,6 +28,18 @@ func TestCluster(t *testing.T) {
 	defer s.Close()
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("Ping: %v", err)
+	}
+	// Ping loaded the Function library on every master.
+	if got := s.ScriptModes(); got[ScriptFunction] != 3 {
+		t.Errorf("ScriptModes() = %v after Ping, want 3 masters on functions", got)
+	}
+	for _, n := range c.Nodes {
+		nc := n.Client()
+		libs, err := nc.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: lua.LibraryName}).Result()
+		nc.Close()
+		if err != nil || len(libs) != 1 {
+			t.Errorf("node %s: FUNCTION LIST = %+v, %v; want the library", n.Addr, libs, err)
+		}
 	}
 
 	// Two tenants whose slots live on different masters.
@@ -58,7 +73,7 @@ func TestCluster(t *testing.T) {
 		m := map[*redistest.Server]int64{}
 		for _, n := range c.Nodes {
 			st := n.CommandStats(ctx)
-			m[n] = st["evalsha"] + st["eval"]
+			m[n] = st["evalsha"] + st["eval"] + st["fcall"]
 		}
 		return m
 	}

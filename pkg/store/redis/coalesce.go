@@ -112,11 +112,13 @@ type coalescer struct {
 	br *breaker.Breaker
 	// direct sends a call alone from the caller's goroutine; batch is the
 	// node's own client, used for pipelines.
-	direct redis.Scripter
+	direct redis.Cmdable
 	batch  atomic.Pointer[redis.Client] // nil outside cluster mode: use single
 	single redis.UniversalClient
 	limit  int
 	cap    int
+
+	scripts scripts // FCALL or EVALSHA (scripts.go)
 
 	mu       sync.Mutex
 	inflight int
@@ -129,7 +131,7 @@ type coalescer struct {
 	wg   sync.WaitGroup
 }
 
-func newCoalescer(br *breaker.Breaker, direct redis.Scripter, single redis.UniversalClient, limit, batch int) *coalescer {
+func newCoalescer(br *breaker.Breaker, direct redis.Cmdable, single redis.UniversalClient, limit, batch int) *coalescer {
 	co := &coalescer{
 		br:     br,
 		direct: direct,
@@ -165,7 +167,7 @@ func (co *coalescer) do(ctx context.Context, c *call) (string, error) {
 			co.release(nil)
 			return "", errOpen
 		}
-		reply, err := runDecide(ctx, co.direct, c.keys, c.args)
+		reply, err := co.run(ctx, co.direct, c.keys, c.args)
 		co.br.Done(tk, outcome(ctx, err))
 		co.release(nil)
 		return reply, err
@@ -330,14 +332,14 @@ func (co *coalescer) send(b []*call, sc *scratch) {
 	// last of them, its own deadline.
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	var cl redis.Scripter = co.single
+	var cl redis.Cmdable = co.single
 	batch := co.batch.Load()
 	if batch != nil {
 		cl = batch
 	}
 	if len(b) == 1 {
 		c := b[0]
-		reply, err := runDecide(ctx, cl, c.keys, c.args)
+		reply, err := co.run(ctx, cl, c.keys, c.args)
 		co.br.Done(tk, outcome(ctx, err))
 		co.deliver(c, reply, err)
 		return
@@ -346,7 +348,7 @@ func (co *coalescer) send(b []*call, sc *scratch) {
 	defer releaseUnits(us)
 	if len(us) == 1 {
 		u := &us[0]
-		reply, err := runDecide(ctx, cl, u.keys, u.args)
+		reply, err := co.run(ctx, cl, u.keys, u.args)
 		co.br.Done(tk, outcome(ctx, err))
 		co.split(u, reply, err)
 		return
@@ -399,19 +401,26 @@ func (co *coalescer) split(u *unit, reply string, err error) {
 	}
 }
 
-// sendPipeline sends us (two units or more) as one pipeline, re-sends once
-// the units that met NOSCRIPT (the script cache was flushed or the node is
-// new: the first as EVAL, which caches the script, and the rest as EVALSHA
-// behind it in the same pipeline), delivers every reply and returns the
-// round trip's outcome for the breaker.
+// sendPipeline sends us (two units or more) as one pipeline, in the
+// node's script mode, re-sends once the units that met NOSCRIPT (the script
+// cache was flushed or the node is new: the first as EVAL, which caches the
+// script, and the rest as EVALSHA behind it in the same pipeline) or
+// "Function not found" (after loading the library again), delivers every
+// reply and returns the round trip's outcome for the breaker.
 func (co *coalescer) sendPipeline(ctx context.Context, us []unit, sc *scratch) breaker.Outcome {
 	o := breaker.Success
-	cmds := co.pipeline(ctx, us, sc.cmds, false)
-	retry := 0
+	functions := co.scripts.mode.Load() == modeFunction
+	cmds := co.pipeline(ctx, us, sc.cmds, functions, false)
+	retry, missing := 0, false
 	for i := range us {
-		if err := cmds[i].Err(); !noScript(err) {
+		err := cmds[i].Err()
+		if fcallRefused(err) {
+			co.scripts.set(modeEval, "FCALL refused: "+err.Error())
+		}
+		if !noScript(err) && !functionMissing(err) && !fcallRefused(err) {
 			o = worse(o, outcome(ctx, err))
 		} else {
+			missing = missing || functionMissing(err)
 			us[retry], us[i] = us[i], us[retry]
 			cmds[retry], cmds[i] = cmds[i], cmds[retry]
 			retry++
@@ -422,7 +431,12 @@ func (co *coalescer) sendPipeline(ctx context.Context, us []unit, sc *scratch) b
 		co.split(&us[i], reply, err)
 	}
 	if retry > 0 {
-		cmds = co.pipeline(ctx, us[:retry], cmds, true)
+		if missing {
+			functions = co.scripts.reload(ctx, co.loader())
+		} else {
+			functions = co.scripts.mode.Load() == modeFunction
+		}
+		cmds = co.pipeline(ctx, us[:retry], cmds, functions, true)
 		for i := 0; i < retry; i++ {
 			reply, err := scriptReply(cmds[i])
 			o = worse(o, outcome(ctx, err))
@@ -449,9 +463,10 @@ func worse(a, b breaker.Outcome) breaker.Outcome {
 	return breaker.Success
 }
 
-// pipeline sends us's script calls in one pipeline (the first as EVAL when
-// eval is set) and returns their commands, in us's order, in cmds.
-func (co *coalescer) pipeline(ctx context.Context, us []unit, cmds []*redis.Cmd, eval bool) []*redis.Cmd {
+// pipeline sends us's script calls in one pipeline, as FCALLs when
+// functions is set, else as EVALSHAs (the first as EVAL when again is set,
+// to cache the script), and returns their commands, in us's order, in cmds.
+func (co *coalescer) pipeline(ctx context.Context, us []unit, cmds []*redis.Cmd, functions, again bool) []*redis.Cmd {
 	var p redis.Pipeliner
 	if cl := co.batch.Load(); cl != nil {
 		p = cl.Pipeline()
@@ -461,9 +476,12 @@ func (co *coalescer) pipeline(ctx context.Context, us []unit, cmds []*redis.Cmd,
 	cmds = cmds[:0]
 	for i := range us {
 		u := &us[i]
-		if i == 0 && eval {
+		switch {
+		case functions:
+			cmds = append(cmds, fcall(ctx, p, u.keys, u.args))
+		case i == 0 && again:
 			cmds = append(cmds, p.Eval(ctx, lua.DecideSource, u.keys, u.args...))
-		} else {
+		default:
 			cmds = append(cmds, p.EvalSha(ctx, lua.Decide.Hash(), u.keys, u.args...))
 		}
 	}
@@ -526,10 +544,10 @@ func redirected(err error) bool {
 		redis.IsTryAgainError(err) || errors.Is(err, redis.ErrClosed)
 }
 
-// runDecide runs decide.lua by its SHA, sending the source only when the
+// runEval runs decide.lua by its SHA, sending the source only when the
 // node answers NOSCRIPT, as redis.Script.Run does, without its allocation
 // per call for an error that is nil.
-func runDecide(ctx context.Context, c redis.Scripter, keys []string, args []any) (string, error) {
+func runEval(ctx context.Context, c redis.Scripter, keys []string, args []any) (string, error) {
 	cmd := c.EvalSha(ctx, lua.Decide.Hash(), keys, args...)
 	if noScript(cmd.Err()) {
 		cmd = c.Eval(ctx, lua.DecideSource, keys, args...)

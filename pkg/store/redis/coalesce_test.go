@@ -105,8 +105,8 @@ func TestCoalescing(t *testing.T) {
 			}
 		}
 		after, statsAfter := sent.stats(), srv.CommandStats(ctx)
-		if d := statsAfter["evalsha"] - statsBefore["evalsha"]; d != 3 {
-			t.Errorf("EVALSHA calls: %d, want 3 (2 alone, then 1 deciding the other %d)", d, n-2)
+		if d := statsAfter["fcall"] - statsBefore["fcall"]; d != 3 {
+			t.Errorf("FCALL calls: %d, want 3 (2 alone, then 1 deciding the other %d)", d, n-2)
 		}
 		sends := after.Sends() - before.Sends()
 		if sends != 3 {
@@ -115,7 +115,7 @@ func TestCoalescing(t *testing.T) {
 		if d := after.Merged - before.Merged; d != 1 || after.MaxMerged != n-2 || after.Requests-before.Requests != n {
 			t.Errorf("merged script calls %d (largest %d requests, %d in all), want 1 of %d", d, after.MaxMerged, after.Requests-before.Requests, n-2)
 		}
-		t.Logf("%d concurrent calls: %d round trips, %d EVALSHA", n, sends, statsAfter["evalsha"]-statsBefore["evalsha"])
+		t.Logf("%d concurrent calls: %d round trips, %d FCALL", n, sends, statsAfter["fcall"]-statsBefore["fcall"])
 	})
 
 	t.Run("batch cap", func(t *testing.T) {
@@ -223,7 +223,7 @@ func TestCoalescedDeadline(t *testing.T) {
 // a new node) re-sends those script calls once, loading the script with one
 // EVAL, and that flushing the script cache mid-traffic fails no decision.
 func TestPipelineNoScript(t *testing.T) {
-	srv := redistest.StartServer(t)
+	srv := startNoFunctions(t)
 	c, sent := counted(srv.Addr)
 	defer c.Close()
 	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 128})

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
@@ -215,9 +217,10 @@ func FuzzDifferential(f *testing.F) {
 		f.Add(s)
 	}
 
-	srv := redistest.StartServer(f)
-	client := srv.Client()
-	f.Cleanup(func() { client.Close() })
+	// Both ways the store runs decide.lua: as a Function library, and as a
+	// script where FUNCTION is refused.
+	fnClient, evalClient := redistest.StartServer(f).Client(), startNoFunctions(f).Client()
+	f.Cleanup(func() { fnClient.Close(); evalClient.Close() })
 	var nonce [6]byte
 	if _, err := rand.Read(nonce[:]); err != nil {
 		f.Fatal(err)
@@ -225,77 +228,94 @@ func FuzzDifferential(f *testing.F) {
 	prefix := "fz" + hex.EncodeToString(nonce[:])
 
 	f.Fuzz(func(t *testing.T, data []byte) {
-		ctx := context.Background()
-		tag := fmt.Sprintf("%s-%d", prefix, diffRun.Add(1))
-		start, keys, steps, advances := decodeDiff(data, tag)
-		clk := newClock(start)
-		rs := mustNew(t, Options{Client: client, Clock: clk.Now, Timeout: 2 * time.Second})
-		ms := memory.New(memory.Options{Now: clk.Now, MaxKeys: 1000})
-		names := make([]string, len(keys))
-		for i, k := range keys {
-			names[i] = k.key
-		}
-		defer client.Del(ctx, names...)
-
-		var history strings.Builder
-		for i := 0; i < len(steps); {
-			clk.Set(advances[i](clk.Now().UnixMicro()))
-			// Steps at the same instant after a Decide step are decided in
-			// one script call by Redis, as the coalescer merges concurrent
-			// requests, and one by one by the memory store.
-			n := 1
-			for !steps[i].peek && i+n < len(steps) && n < 4 && !steps[i+n].peek && steps[i+n].advance == "+0" {
-				n++
-			}
-			group := steps[i : i+n]
-			got := make([][]store.Result, n)
-			want := make([][]store.Result, n)
-			for g, st := range group {
-				got[g] = make([]store.Result, len(st.checks))
-				want[g] = make([]store.Result, len(st.checks))
-			}
-			var gerr, werr error
-			switch {
-			case group[0].peek:
-				gerr, werr = rs.Peek(ctx, group[0].checks, got[0]), ms.Peek(ctx, group[0].checks, want[0])
-			case n == 1:
-				gerr, werr = rs.Decide(ctx, group[0].checks, got[0]), ms.Decide(ctx, group[0].checks, want[0])
-			default:
-				reqs := make([][]store.Check, n)
-				for g, st := range group {
-					reqs[g] = st.checks
-				}
-				gerr = decideMerged(ctx, rs, strconv.FormatInt(clk.Now().UnixMicro(), 10), reqs, got)
-				for g, st := range group {
-					if err := ms.Decide(ctx, st.checks, want[g]); err != nil {
-						werr = err
-					}
-				}
-			}
-			for g, st := range group {
-				fmt.Fprintf(&history, "step %d (%s, now %d, peek %v, merged %v): %+v\n  -> %+v\n", i+g, st.advance, clk.Now().UnixMicro(), st.peek, n > 1, st.checks, want[g])
-			}
-			if gerr != nil || werr != nil {
-				t.Fatalf("step %d: redis err %v, memory err %v\n%s", i, gerr, werr, history.String())
-			}
-			for g, st := range group {
-				for j := range got[g] {
-					if got[g][j] != want[g][j] {
-						t.Fatalf("step %d check %d %+v:\nredis  %+v\nmemory %+v\nkeys %+v\nhistory:\n%s",
-							i+g, j, st.checks[j], got[g][j], want[g][j], keys, history.String())
-					}
-				}
-			}
-			pipe := client.Pipeline()
-			for _, k := range names {
-				pipe.Persist(ctx, k)
-			}
-			if _, err := pipe.Exec(ctx); err != nil {
-				t.Fatalf("persist: %v", err)
-			}
-			i += n
+		for _, m := range []struct {
+			mode   string
+			client *redis.Client
+		}{{ScriptFunction, fnClient}, {ScriptEval, evalClient}} {
+			diffOnce(t, data, prefix, m.mode, m.client)
 		}
 	})
+}
+
+// diffOnce runs one fuzz input against the memory store and a Redis store
+// on client, which must run decide.lua in mode.
+func diffOnce(t *testing.T, data []byte, prefix, mode string, client *redis.Client) {
+	ctx := context.Background()
+	tag := fmt.Sprintf("%s-%d", prefix, diffRun.Add(1))
+	start, keys, steps, advances := decodeDiff(data, tag)
+	clk := newClock(start)
+	rs := mustNew(t, Options{Client: client, Clock: clk.Now, Timeout: 2 * time.Second})
+	if err := rs.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := rs.ScriptModes()[mode]; got != 1 {
+		t.Fatalf("script modes %v, want one node in %s mode", rs.ScriptModes(), mode)
+	}
+	ms := memory.New(memory.Options{Now: clk.Now, MaxKeys: 1000})
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = k.key
+	}
+	defer client.Del(ctx, names...)
+
+	var history strings.Builder
+	for i := 0; i < len(steps); {
+		clk.Set(advances[i](clk.Now().UnixMicro()))
+		// Steps at the same instant after a Decide step are decided in
+		// one script call by Redis, as the coalescer merges concurrent
+		// requests, and one by one by the memory store.
+		n := 1
+		for !steps[i].peek && i+n < len(steps) && n < 4 && !steps[i+n].peek && steps[i+n].advance == "+0" {
+			n++
+		}
+		group := steps[i : i+n]
+		got := make([][]store.Result, n)
+		want := make([][]store.Result, n)
+		for g, st := range group {
+			got[g] = make([]store.Result, len(st.checks))
+			want[g] = make([]store.Result, len(st.checks))
+		}
+		var gerr, werr error
+		switch {
+		case group[0].peek:
+			gerr, werr = rs.Peek(ctx, group[0].checks, got[0]), ms.Peek(ctx, group[0].checks, want[0])
+		case n == 1:
+			gerr, werr = rs.Decide(ctx, group[0].checks, got[0]), ms.Decide(ctx, group[0].checks, want[0])
+		default:
+			reqs := make([][]store.Check, n)
+			for g, st := range group {
+				reqs[g] = st.checks
+			}
+			gerr = decideMerged(ctx, rs, strconv.FormatInt(clk.Now().UnixMicro(), 10), reqs, got)
+			for g, st := range group {
+				if err := ms.Decide(ctx, st.checks, want[g]); err != nil {
+					werr = err
+				}
+			}
+		}
+		for g, st := range group {
+			fmt.Fprintf(&history, "step %d (%s, now %d, peek %v, merged %v): %+v\n  -> %+v\n", i+g, st.advance, clk.Now().UnixMicro(), st.peek, n > 1, st.checks, want[g])
+		}
+		if gerr != nil || werr != nil {
+			t.Fatalf("%s: step %d: redis err %v, memory err %v\n%s", mode, i, gerr, werr, history.String())
+		}
+		for g, st := range group {
+			for j := range got[g] {
+				if got[g][j] != want[g][j] {
+					t.Fatalf("%s: step %d check %d %+v:\nredis  %+v\nmemory %+v\nkeys %+v\nhistory:\n%s",
+						mode, i+g, j, st.checks[j], got[g][j], want[g][j], keys, history.String())
+				}
+			}
+		}
+		pipe := client.Pipeline()
+		for _, k := range names {
+			pipe.Persist(ctx, k)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatalf("persist: %v", err)
+		}
+		i += n
+	}
 }
 
 // decideMerged decides each batch in reqs as a request of its own, all in
@@ -311,12 +331,15 @@ func decideMerged(ctx context.Context, rs *Store, now any, reqs [][]store.Check,
 		c.encode(lua.ModeDecide, now)
 		calls[i] = c
 	}
-	co := &coalescer{}
+	co, _, err := rs.coalescer(ctx, calls[0].keys[0])
+	if err != nil {
+		return err
+	}
 	us := co.merge(calls, &scratch{}, false)
 	if len(us) != 1 {
 		return fmt.Errorf("%d requests made %d script calls, want 1", len(reqs), len(us))
 	}
-	reply, err := runDecide(ctx, rs.client, us[0].keys, us[0].args)
+	reply, err := co.run(ctx, rs.client, us[0].keys, us[0].args)
 	co.split(&us[0], reply, err)
 	for _, c := range calls {
 		if c.err != nil {

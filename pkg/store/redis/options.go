@@ -86,6 +86,11 @@ type Options struct {
 	// state (for logs and metrics). node is the node's address ("" outside
 	// cluster mode).
 	OnBreakerChange func(node string, from, to breaker.State)
+	// OnScriptMode, when set, is called when a node's script mode is found
+	// or changes: mode is ScriptFunction or ScriptEval, reason says why
+	// (the library loaded, FUNCTION refused and Redis's answer). For one
+	// log line per node at startup.
+	OnScriptMode func(node, mode, reason string)
 
 	// Client, when set, is the go-redis client the store uses instead of
 	// making one from URL; the store does not close it. A

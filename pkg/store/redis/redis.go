@@ -60,9 +60,10 @@ type Store struct {
 	now      func() time.Time // test clock; nil means Redis TIME
 	fleetKey string           // KeyPrefix + FleetKey
 
-	brOpts   breaker.Options
-	onChange func(node string, from, to breaker.State)
-	breakers sync.Map // node address ("" outside cluster mode) -> *breaker.Breaker
+	brOpts       breaker.Options
+	onChange     func(node string, from, to breaker.State)
+	onScriptMode func(node, mode, reason string)
+	breakers     sync.Map // node address ("" outside cluster mode) -> *breaker.Breaker
 
 	maxInFlight, maxBatch int
 	coMu                  sync.Mutex
@@ -81,7 +82,7 @@ func New(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{client: o.Client, timeout: o.Timeout, now: o.Clock, brOpts: o.Breaker, onChange: o.OnBreakerChange,
-		maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch, fleetKey: o.KeyPrefix + FleetKey}
+		onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch, fleetKey: o.KeyPrefix + FleetKey}
 	if s.client == nil {
 		p, err := o.clientOptions()
 		if err != nil {
@@ -141,16 +142,31 @@ func (s *Store) Delete(ctx context.Context, keys ...string) error {
 }
 
 // Ping checks that Redis answers (every master in cluster mode), for
-// readiness probes. It is bounded by ctx only. Errors wrap
-// store.ErrUnavailable.
+// readiness probes, and on a node that answers and whose script mode is
+// not known yet loads the Function library (see scripts.go): so the
+// library is on every master before the first request, and on a new
+// master after a failover or resharding once the probe has seen it. It is
+// bounded by ctx only. Errors wrap store.ErrUnavailable.
 func (s *Store) Ping(ctx context.Context) error {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return c.Ping(ctx).Err()
+			if err := c.Ping(ctx).Err(); err != nil {
+				return err
+			}
+			if co, err := s.newCoalescer(c.Options().Addr, c); err == nil {
+				co.prepare(ctx)
+			}
+			return nil
 		})
 		return s.wrap(ctx, "ping", err)
 	}
-	return s.wrap(ctx, "ping", s.client.Ping(ctx).Err())
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return s.wrap(ctx, "ping", err)
+	}
+	if co, _, err := s.coalescer(ctx, ""); err == nil {
+		co.prepare(ctx)
+	}
+	return nil
 }
 
 // Close stops the coalescers' flushers (calls still queued fail with
@@ -289,7 +305,7 @@ func (s *Store) send(ctx context.Context, c *call) (string, error) {
 	if br := co.br; br.State() == breaker.Closed {
 		reply, err = co.do(ctx, c)
 	} else if tk, ok := br.Allow(); ok {
-		reply, err = runDecide(ctx, s.client, c.keys, c.args)
+		reply, err = co.run(ctx, s.client, c.keys, c.args)
 		br.Done(tk, outcome(ctx, err))
 	} else {
 		err = errOpen
@@ -299,8 +315,10 @@ func (s *Store) send(ctx context.Context, c *call) (string, error) {
 	}
 	if s.cluster && redirected(err) && ctx.Err() == nil {
 		// The slot moved or is moving (resharding): the cluster client
-		// follows MOVED and ASK and refreshes its slot map.
-		reply, err = runDecide(ctx, s.client, c.keys, c.args)
+		// follows MOVED and ASK and refreshes its slot map. By EVALSHA,
+		// which any node runs: the node the slot went to may not have the
+		// library yet.
+		reply, err = runEval(ctx, s.client, c.keys, c.args)
 	}
 	return reply, err
 }
@@ -451,6 +469,7 @@ func (s *Store) newCoalescer(node string, c *redis.Client) (*coalescer, error) {
 		return nil, redis.ErrClosed
 	}
 	co := newCoalescer(s.breaker(node), s.client, s.client, s.maxInFlight, s.maxBatch)
+	co.scripts.node, co.scripts.onMode = node, s.onScriptMode
 	if c != nil {
 		co.batch.Store(c)
 	}

@@ -38,7 +38,7 @@ type sendStats struct {
 // requests counts the requests a script call decides: its ARGV values
 // after the header, one per request.
 func requests(cmd redis.Cmder) int64 {
-	args := cmd.Args() // evalsha sha numkeys keys... argv...
+	args := cmd.Args() // evalsha sha (fcall function) numkeys keys... argv...
 	nk, _ := strconv.Atoi(fmt.Sprint(args[2]))
 	return int64(len(args) - 3 - nk - lua.HeaderArgs)
 }
@@ -63,8 +63,11 @@ func (h *sendCounter) stats() sendStats {
 }
 
 func isScript(cmd redis.Cmder) bool {
-	n := cmd.Name()
-	return n == "evalsha" || n == "eval"
+	switch cmd.Name() {
+	case "evalsha", "eval", "fcall", "fcall_ro":
+		return true
+	}
+	return false
 }
 
 func isRedirect(err error) bool {

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -10,13 +11,18 @@ import (
 )
 
 // TestConformance runs the shared store vectors against the Lua script with
-// the suite's clock: the Redis store gives the memory store's numbers.
+// the suite's clock, called as a Redis Function (TestConformanceEval: as a
+// script): the Redis store gives the memory store's numbers.
 func TestConformance(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
 	storetest.Run(t, func(t *testing.T, now func() time.Time) store.Store {
-		return mustNew(t, Options{Client: c, Clock: now, Timeout: time.Second})
+		s := mustNew(t, Options{Client: c, Clock: now, Timeout: time.Second})
+		if err := s.Ping(context.Background()); err != nil || s.ScriptModes()[ScriptFunction] != 1 {
+			t.Fatalf("Ping: %v; ScriptModes() = %v, want function", err, s.ScriptModes())
+		}
+		return s
 	})
 }
 

@@ -6,10 +6,10 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// known is what the store last said about one key, for the rule it was
+// overLimitEntry is what the store last said about one key, for the rule it was
 // checked with: the budget it reported and when, and the last denial with
 // the hits it denied and until when (the over-limit cache).
-type known struct {
+type overLimitEntry struct {
 	limit, burst uint64
 	window       time.Duration
 	remaining    uint64 // the budget the store reported
@@ -19,7 +19,7 @@ type known struct {
 }
 
 // sameRule reports whether k was learned under c's limit.
-func (k *known) sameRule(c *store.Check) bool {
+func (k *overLimitEntry) sameRule(c *store.Check) bool {
 	return k.limit == c.Limit && k.burst == c.Burst && k.window == c.Window
 }
 
@@ -28,20 +28,20 @@ func (k *known) sameRule(c *store.Check) bool {
 // said they would not pass before k.until. Time only helps a request and
 // other traffic only hurts it, so the store would deny c too. Refunds clear
 // the denial, since they give budget back.
-func (k *known) denies(c *store.Check, now int64) bool {
+func (k *overLimitEntry) denies(c *store.Check, now int64) bool {
 	return k.deniedHits > 0 && now < k.until && max(c.Hits, 1) >= k.deniedHits && k.sameRule(c)
 }
 
 // lookup returns what the store last said about c's key under c's rule.
-func (l *Limiter) lookup(c *store.Check) (known, bool) {
-	s := l.known.shard(c.Key)
+func (l *Limiter) lookup(c *store.Check) (overLimitEntry, bool) {
+	s := l.overLimitCache.shard(c.Key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := s.m[c.Key]
-	if n == nil || !n.val.sameRule(c) {
-		return known{}, false
+	n := s.list.Get(c.Key)
+	if n == nil || !n.Value.sameRule(c) {
+		return overLimitEntry{}, false
 	}
-	return n.val, true
+	return n.Value, true
 }
 
 // fromCache answers the items the over-limit cache denies, marks the others
@@ -49,11 +49,12 @@ func (l *Limiter) lookup(c *store.Check) (known, bool) {
 // consuming, non-shadow check was denied).
 func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
 	hits := 0
+	credits := givesBack(items)
 	for i := range items {
 		it := &items[i]
 		it.Source, it.Result = FromStore, store.Result{}
 		c := &it.Check
-		if l.opts.DisableCache || c.Refund || c.Force {
+		if l.opts.DisableOverLimitCache || c.Refund || c.Force || (credits && givesBackTo(items, c.Key)) {
 			continue
 		}
 		k, ok := l.lookup(c)
@@ -74,21 +75,51 @@ func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
 	return vetoed
 }
 
-// learn records a result the store decided for c at now.
-func (l *Limiter) learn(c *store.Check, r *store.Result, now int64) {
-	lruWith(l.known, c.Key, func(k known, ok bool) (known, bool, struct{}) {
+// givesBack reports whether items hold a refund: the store applies refunds
+// before the other checks, so a denial it answered before need not hold
+// for their keys.
+func givesBack(items []Item) bool {
+	for i := range items {
+		if c := &items[i].Check; c.Hits > 0 && c.Refund {
+			return true
+		}
+	}
+	return false
+}
+
+// givesBackTo reports whether items refund key.
+func givesBackTo(items []Item, key string) bool {
+	for i := range items {
+		if c := &items[i].Check; c.Hits > 0 && c.Refund && c.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// learn records a result the store decided for c, a check of the
+// sub-batch sc, at now. A denial is remembered for the hits the sub-batch
+// asked of c's key in all (see keyHits): that much was denied, and a
+// request asking for less may pass.
+func (l *Limiter) learn(c *store.Check, r *store.Result, sc *scratch, now int64) {
+	denied := !c.Refund && !c.Force && !r.Allowed && r.RetryAfter > 0 && !l.opts.DisableOverLimitCache
+	var total uint64
+	if denied {
+		total = sc.keyHits(c.Key)
+	}
+	lruWith(l.overLimitCache, c.Key, func(k overLimitEntry, ok bool) (overLimitEntry, bool, struct{}) {
 		if !ok || !k.sameRule(c) {
-			k = known{limit: c.Limit, burst: c.Burst, window: c.Window}
+			k = overLimitEntry{limit: c.Limit, burst: c.Burst, window: c.Window}
 		}
 		k.remaining, k.at = r.Remaining, now
 		switch {
-		case c.Refund || c.Force:
-			// A refund gives budget back; a write-back is not a denial.
-			if c.Refund {
-				k.deniedHits = 0
-			}
-		case !r.Allowed && r.RetryAfter > 0 && !l.opts.DisableCache:
-			k.deniedHits, k.until = max(c.Hits, 1), now+int64(r.RetryAfter)
+		case c.Refund:
+			k.deniedHits = 0 // a refund gives budget back
+		case c.Force: // a write-back is not a denial
+		case denied:
+			k.deniedHits, k.until = total, now+int64(r.RetryAfter)
+		case r.Allowed && max(c.Hits, 1) >= k.deniedHits:
+			k.deniedHits = 0 // the store let as many pass: the denial is over
 		}
 		return k, true, struct{}{}
 	})

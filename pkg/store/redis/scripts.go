@@ -1,0 +1,218 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/lua"
+)
+
+// How a node runs decide.lua. With Redis Functions (Redis 7 and later) the
+// library is loaded once per node (FUNCTION LOAD REPLACE, lua.Library) and
+// every call is an FCALL (FCALL_RO for a peek), so the script's helper
+// functions are defined once per node, not on every call. Where FUNCTION
+// is missing or refused (Redis before 7, an ACL without it, a managed
+// service that renames or disables it) the node runs the script with
+// EVALSHA, and EVAL on NOSCRIPT, as before. Both run the same text, so
+// they decide alike.
+//
+// A node's mode is found on its first call (or first readiness Ping) by
+// loading the library: loaded, it is ScriptFunction; refused (an error
+// reply other than an outage's), ScriptEval; an outage leaves it unknown
+// and the call goes by EVALSHA, to be tried again a second later. A
+// node that later answers FCALL with "Function not found" (restarted
+// without persistence, a failover to a node that never had the library,
+// FUNCTION FLUSH) gets the library again and the call is retried once; a
+// node that refuses FCALL (a failover to an older Redis) falls back to
+// EVALSHA for good.
+
+// The script modes, as Store.ScriptModes and OnScriptMode name them.
+const (
+	// ScriptFunction is a node that runs decide.lua as a Function library.
+	ScriptFunction = "function"
+	// ScriptEval is a node that runs decide.lua with EVALSHA.
+	ScriptEval = "eval"
+)
+
+const (
+	modeUnknown int32 = iota
+	modeFunction
+	modeEval
+)
+
+// scripts is one node's script mode.
+type scripts struct {
+	mode    atomic.Int32
+	loading atomic.Bool  // a FUNCTION LOAD is under way
+	retryAt atomic.Int64 // unix nanoseconds: after an outage, no load before
+	node    string
+	onMode  func(node, mode, reason string)
+}
+
+// set records mode m and reports it when it changed.
+func (sc *scripts) set(m int32, reason string) {
+	if old := sc.mode.Swap(m); old != m && sc.onMode != nil {
+		name := ScriptEval
+		if m == modeFunction {
+			name = ScriptFunction
+		}
+		sc.onMode(sc.node, name, reason)
+	}
+}
+
+// functions reports whether the node runs Functions, finding out first
+// when nobody has yet (one caller loads; the others use EVALSHA meanwhile).
+func (sc *scripts) functions(ctx context.Context, node redis.Cmdable) bool {
+	switch sc.mode.Load() {
+	case modeFunction:
+		return true
+	case modeEval:
+		return false
+	}
+	if time.Now().UnixNano() < sc.retryAt.Load() {
+		return false
+	}
+	return sc.load(ctx, node, "")
+}
+
+// load loads the library on node and reports whether it did: the node
+// runs Functions now. It reports false, and the caller goes by EVALSHA,
+// when the node refused (it runs scripts from now on), had an outage (the
+// next call tries again) or another call is loading the library. why says
+// what prompted a reload ("" the first time).
+func (sc *scripts) load(ctx context.Context, node redis.Cmdable, why string) bool {
+	if node == nil || !sc.loading.CompareAndSwap(false, true) {
+		return false // another call is loading it: this one goes by EVALSHA
+	}
+	defer sc.loading.Store(false)
+	err := node.FunctionLoadReplace(ctx, lua.Library).Err()
+	switch {
+	case err == nil:
+		reason := "library " + lua.LibraryName + " loaded"
+		if why != "" {
+			reason += " again (" + why + ")"
+		}
+		sc.set(modeFunction, reason)
+		return true
+	case refused(err):
+		sc.set(modeEval, "FUNCTION LOAD refused: "+err.Error())
+		return false
+	}
+	// An outage: try again on a call after loadRetry, and go by EVALSHA
+	// until then, so that a node that is down or out of memory does not
+	// cost every call a second round trip.
+	sc.retryAt.Store(time.Now().Add(loadRetry).UnixNano())
+	return false
+}
+
+// loadRetry is how long a node whose FUNCTION LOAD met an outage goes by
+// EVALSHA before the library is tried again.
+const loadRetry = time.Second
+
+// reload loads the library again on a node that answered "Function not
+// found", unless a load met an outage less than loadRetry ago, and reports
+// whether it did.
+func (sc *scripts) reload(ctx context.Context, node redis.Cmdable) bool {
+	if time.Now().UnixNano() < sc.retryAt.Load() {
+		return false
+	}
+	return sc.load(ctx, node, "the node did not have it")
+}
+
+// refused reports whether err is Redis refusing a command, not failing to
+// serve it: an error reply other than an outage's (unknown command or
+// subcommand, a library it cannot load), or NOPERM (an ACL without it).
+func refused(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	word, _, _ := strings.Cut(re.Error(), " ")
+	return word == "NOPERM" || !outageReplies[word]
+}
+
+// functionMissing reports whether err is FCALL's answer on a node that does
+// not have the function.
+func functionMissing(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "Function not found")
+}
+
+// fcallRefused reports whether err is a node refusing FCALL itself (unknown
+// command, NOPERM): it must run scripts.
+func fcallRefused(err error) bool {
+	if err == nil || functionMissing(err) {
+		return false
+	}
+	return redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "unknown command")
+}
+
+// fcall queues or sends the FCALL of a call with args (decide.lua's ARGV):
+// FCALL_RO of the peek function for a peek.
+func fcall(ctx context.Context, c redis.Cmdable, keys []string, args []any) *redis.Cmd {
+	if len(args) > 1 && args[1] == argModePeek {
+		return c.FCallRo(ctx, lua.PeekFunction, keys, args...)
+	}
+	return c.FCall(ctx, lua.DecideFunction, keys, args...)
+}
+
+// run runs one script call on c (the node's client, or the cluster client
+// that routes by key) in the node's mode and returns its reply.
+func (co *coalescer) run(ctx context.Context, c redis.Cmdable, keys []string, args []any) (string, error) {
+	sc := &co.scripts
+	if sc.functions(ctx, co.loader()) {
+		cmd := fcall(ctx, c, keys, args)
+		err := cmd.Err()
+		switch {
+		case functionMissing(err):
+			if !sc.reload(ctx, co.loader()) {
+				return runEval(ctx, c, keys, args)
+			}
+			cmd = fcall(ctx, c, keys, args)
+		case fcallRefused(err):
+			sc.set(modeEval, "FCALL refused: "+err.Error())
+			return runEval(ctx, c, keys, args)
+		}
+		return scriptReply(cmd)
+	}
+	return runEval(ctx, c, keys, args)
+}
+
+// loader is the client that loads the library on the coalescer's node:
+// the node's own in cluster mode, else the store's.
+func (co *coalescer) loader() redis.Cmdable {
+	if b := co.batch.Load(); b != nil {
+		return b
+	}
+	if co.single != nil {
+		return co.single
+	}
+	return nil
+}
+
+// ScriptModes returns how many Redis nodes seen so far run decide.lua in
+// each mode, by ScriptFunction and ScriptEval (a node not called yet is in
+// neither).
+func (s *Store) ScriptModes() map[string]int {
+	m := map[string]int{ScriptFunction: 0, ScriptEval: 0}
+	s.coalescers.Range(func(_, v any) bool {
+		switch v.(*coalescer).scripts.mode.Load() {
+		case modeFunction:
+			m[ScriptFunction]++
+		case modeEval:
+			m[ScriptEval]++
+		}
+		return true
+	})
+	return m
+}
+
+// prepare finds the script mode of the node behind co, for Ping: at
+// startup, the readiness probe loads the library before the first request.
+func (co *coalescer) prepare(ctx context.Context) {
+	co.scripts.functions(ctx, co.loader())
+}
