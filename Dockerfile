@@ -26,9 +26,14 @@ COPY . .
 RUN CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH go build -trimpath \
       -ldflags="-s -w -X github.com/rls-project/rls/pkg/buildinfo.Version=$VERSION -X github.com/rls-project/rls/pkg/buildinfo.Commit=$COMMIT -X github.com/rls-project/rls/pkg/buildinfo.Date=$DATE" \
       -o /out/rls ./cmd/rls && mkdir -p /out/config
+# /bin/ratelimit is the upstream image's entrypoint: run under that name, rls
+# reads envoyproxy/ratelimit's environment (docs/MIGRATING.md). A directory
+# copy keeps the link a link.
+RUN mkdir -p /out/bin && ln -s /usr/local/bin/rls /out/bin/ratelimit
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/rls /usr/local/bin/rls
+COPY --from=build /out/bin/ /bin/
 COPY --from=build /out/config /config
 USER nonroot:nonroot
 EXPOSE 8080 8081

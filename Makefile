@@ -49,6 +49,8 @@ deps: ## install what the tests need (redis-server from Debian) when missing
 	@redis-server --version
 	@command -v grpcurl >/dev/null || { echo "installing grpcurl (the README's examples are run by a test)"; \
 	  $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4; }
+	@command -v service_cmd >/dev/null || test -x "$(GOBIN)/service_cmd" || { echo "installing envoyproxy/ratelimit's service_cmd (the mixed-fleet test runs it beside rls)"; \
+	  $(GO) install github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36; }
 
 test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit and integration tests with the race detector
 	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v /integration$$)

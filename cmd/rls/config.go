@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/connguard"
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
@@ -63,8 +65,13 @@ type Config struct {
 	TraceDescriptorValues bool
 	OTLP                  telemetry.OTLPEnv
 
-	// envoyproxy/ratelimit compatibility (docs/MIGRATING.md).
+	// envoyproxy/ratelimit compatibility (docs/MIGRATING.md). EnvCompat
+	// "upstream" reads its environment (pkg/compat); Compat holds what it read.
 	ShadowMode, ResponseMetadata, MergeDomains bool
+	EnvCompat, StatsdAddr, GRPCUDS, KeyPrefix  string
+	DetailedMetricMax                          int
+	GRPCTLSClientSAN                           string
+	Compat                                     compat.Settings
 	// No flag: quota_mode on the descriptors says what QuotaMode does.
 	QuotaMode                                 bool
 	NearLimitRatio                            float64
@@ -145,6 +152,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate (chain) for TLS on the gRPC port, with --grpc-tls-key")
 	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert")
 	fs.StringVar(&c.GRPCTLSClientCA, "grpc-tls-client-ca", "", "PEM CA bundle gRPC clients' certificates must chain to (mutual TLS)")
+	fs.StringVar(&c.GRPCTLSClientSAN, "grpc-tls-client-san", "", "admit only client certificates naming this DNS, IP or URI SAN")
 	fs.StringVar(&c.RedisTLSCA, "redis-tls-ca", "", "PEM CA bundle to trust for rediss:// instead of the system roots")
 	fs.StringVar(&c.RedisTLSCert, "redis-tls-cert", "", "PEM client certificate for Redis, with --redis-tls-key")
 	fs.StringVar(&c.RedisTLSKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert")
@@ -156,6 +164,11 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.ShadowMode, "shadow-mode", false, "answer OK to every request; statuses and metrics still show denials")
 	fs.BoolVar(&c.ResponseMetadata, "response-metadata", false, "return the request and its descriptors' metadata as dynamic_metadata")
 	fs.BoolVar(&c.MergeDomains, "merge-domains", false, "let several files of --config-dir define one domain")
+	fs.StringVar(&c.EnvCompat, "env-compat", "", "upstream: read envoyproxy/ratelimit's variables (default as ratelimit)")
+	fs.StringVar(&c.GRPCUDS, "grpc-uds", "", "serve gRPC on this Unix socket path instead of --grpc-addr")
+	fs.StringVar(&c.KeyPrefix, "key-prefix", "", "begin every Redis key with this (several deployments on one Redis)")
+	fs.StringVar(&c.StatsdAddr, "statsd-addr", "", "statsd for upstream's stats: host:port or udp://host:port?tags=...")
+	fs.IntVar(&c.DetailedMetricMax, "detailed-metric-max", 100, "most values a detailed_metric or value_to_metric rule counts by")
 	return fs
 }
 
@@ -176,13 +189,14 @@ var helpGroups = []helpGroup{
 		[][2]string{{redisPasswordEnv, "Redis password, overriding the URL's (never a flag: ps shows flags)"}}},
 	{"Limits", []string{"on-store-error", "default-algorithm", "fleet-size", "min-fleet-size", "over-limit-cache", "reserve", "local-max-bytes",
 		"memory-max-bytes", "response-headers", "allow-negative-hits"}, nil},
-	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
+	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "grpc-tls-client-san", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
 	{"xDS", []string{"config-source", "xds-server", "xds-node-id", "xds-tls-ca", "xds-tls-cert", "xds-tls-key"}, nil},
 	{"Tracing", []string{"trace-descriptor-values"}, [][2]string{
 		{telemetry.EnvTracesEndpoint + ", " + telemetry.EnvEndpoint, "an http(s):// collector URL turns tracing on"},
 		{telemetry.EnvTracesProtocol + ", " + telemetry.EnvProtocol, "grpc (the default) or http/protobuf"},
 		{"OTEL_*", "the other OpenTelemetry variables, read by its SDK"}}},
-	{"Compatibility with envoyproxy/ratelimit", []string{"shadow-mode", "response-metadata", "merge-domains"}, nil},
+	{"Compatibility with envoyproxy/ratelimit", []string{"shadow-mode", "response-metadata", "merge-domains", "env-compat",
+		"statsd-addr", "detailed-metric-max", "grpc-uds", "key-prefix"}, nil},
 }
 
 const usageHead = `usage: rls [serve] [flags]
@@ -245,6 +259,10 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*Con
 func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	getenv, err := c.readCompat(set["env-compat"], getenv)
+	if err != nil {
+		return err
+	}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] {
@@ -263,6 +281,20 @@ func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 	c.OTLP = telemetry.ReadOTLPEnv(getenv)
 	c.GOGC, c.GOMEMLIMIT = getenv("GOGC"), getenv("GOMEMLIMIT")
 	return errors.Join(errs...)
+}
+
+// readCompat reads upstream's environment in upstream mode (pkg/compat)
+// into c, and returns the getenv where its values stand in for unset RLS_*
+// variables.
+func (c *Config) readCompat(flagSet bool, getenv func(string) string) (func(string) string, error) {
+	s, getenv, err := compat.Mode(c.EnvCompat, flagSet, getenv)
+	if s != nil {
+		c.EnvCompat, c.Compat, c.QuotaMode, c.NearLimitRatio = "upstream", *s, s.QuotaMode, s.NearLimitRatio
+		c.HeaderLimit, c.HeaderRemaining, c.HeaderReset = s.HeaderLimit, s.HeaderRemaining, s.HeaderReset
+		c.XDSNodeMetadata, c.XDSTLSServerName = s.XDSNodeMetadata, s.XDSTLSServerName
+		c.XDSMaxRecvBytes = cmp.Or(s.XDSMaxRecvBytes, c.XDSMaxRecvBytes)
+	}
+	return getenv, err
 }
 
 // valueError says what a flag's value must look like, where the flag

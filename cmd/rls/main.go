@@ -11,16 +11,16 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
 	"syscall"
 
 	"github.com/rls-project/rls/pkg/buildinfo"
+	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/descriptors"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], compat.AsRatelimit(os.Args[0], os.Getenv), os.Stdout, os.Stderr)
 	stop()
 	if errors.Is(err, flag.ErrHelp) { // help was asked for and printed
 		return
@@ -89,19 +89,5 @@ func validate(args []string, out io.Writer) error {
 		return errors.New("usage: rls validate [--merge-domains] [--allow-empty-config] DIR (rls validate --help)")
 	}
 	cfg.ConfigDir = fs.Arg(0)
-	rules, err := loadRules(cfg, func(note string) { fmt.Fprintln(out, note) })
-	if err != nil {
-		var list descriptors.Errors
-		if errors.As(err, &list) {
-			for _, e := range list {
-				fmt.Fprintln(out, e.Error())
-			}
-			return fmt.Errorf("%s: %d error(s)", cfg.ConfigDir, len(list))
-		}
-		return err
-	}
-	domains := rules.Domains()
-	sort.Strings(domains)
-	fmt.Fprintf(out, "%s: ok, %d domain(s) %v\n", cfg.ConfigDir, len(domains), domains)
-	return nil
+	return descriptors.Report(cfg.ConfigDir, loadOptions(cfg), out)
 }

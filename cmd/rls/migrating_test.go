@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/rls-project/rls/pkg/compat"
 )
 
 // docs/MIGRATING.md maps every setting of envoyproxy/ratelimit to rls. These
@@ -105,8 +107,8 @@ func readUpstreamSettings(t *testing.T) (settings []upstreamSetting, version str
 
 // tableRow is one row of MIGRATING.md's table of upstream settings.
 type tableRow struct {
-	line            int
-	def, rls, notes string
+	line                    int
+	def, rls, compat, notes string
 }
 
 // migratingRows returns MIGRATING.md's text and its table rows: the lines
@@ -125,15 +127,15 @@ func migratingRows(t *testing.T) (string, map[string]tableRow) {
 			continue
 		}
 		cells := splitRow(line)
-		if len(cells) != 4 {
-			t.Errorf("MIGRATING.md:%d: row `%s` has %d cells, want 4 (variable, upstream default, rls, notes)", i+1, m[1], len(cells))
+		if len(cells) != 5 {
+			t.Errorf("MIGRATING.md:%d: row `%s` has %d cells, want 5 (variable, upstream default, rls, as `ratelimit`, notes)", i+1, m[1], len(cells))
 			continue
 		}
 		if prev, dup := rows[m[1]]; dup {
 			t.Errorf("MIGRATING.md:%d: a second row for `%s` (first at line %d)", i+1, m[1], prev.line)
 			continue
 		}
-		rows[m[1]] = tableRow{line: i + 1, def: cells[1], rls: cells[2], notes: cells[3]}
+		rows[m[1]] = tableRow{line: i + 1, def: cells[1], rls: cells[2], compat: cells[3], notes: cells[4]}
 	}
 	return string(doc), rows
 }
@@ -227,6 +229,39 @@ func TestMigratingCoversEveryUpstreamSetting(t *testing.T) {
 		}
 		if row, ok := rows[upstream]; ok && !strings.Contains(row.rls, "`--"+name+"`") {
 			t.Errorf("MIGRATING.md:%d: pending --%s belongs in `%s`'s rls cell", row.line, name, upstream)
+		}
+	}
+}
+
+// TestMigratingCompatColumn: the table's "as `ratelimit`" column says what
+// pkg/compat does with each variable when rls runs as ratelimit (read,
+// warned, refused), and pkg/compat knows exactly upstream's variables, with
+// upstream's defaults.
+func TestMigratingCompatColumn(t *testing.T) {
+	settings, _, _ := readUpstreamSettings(t)
+	settings = append(settings, newerUpstreamSettings...)
+	want := map[string]string{}
+	for _, s := range settings {
+		want[s.name] = s.def
+	}
+	_, rows := migratingRows(t)
+	seen := map[string]bool{}
+	for _, v := range compat.Vars {
+		seen[v.Name] = true
+		def, ok := want[v.Name]
+		switch {
+		case !ok:
+			t.Errorf("pkg/compat reads %s, which is not an upstream setting", v.Name)
+		case def != v.Default:
+			t.Errorf("pkg/compat's default of %s is %q, upstream's %q", v.Name, v.Default, def)
+		}
+		if row, ok := rows[v.Name]; ok && row.compat != v.Kind.String() {
+			t.Errorf("MIGRATING.md:%d: `%s` is %q as ratelimit, the table says %q", row.line, v.Name, v.Kind, row.compat)
+		}
+	}
+	for name := range want {
+		if !seen[name] {
+			t.Errorf("pkg/compat does not know upstream's %s", name)
 		}
 	}
 }

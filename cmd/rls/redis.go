@@ -1,19 +1,12 @@
 package main
 
 import (
-	"context"
-	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
-	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/limiter"
-	"github.com/rls-project/rls/pkg/logthrottle"
 	"github.com/rls-project/rls/pkg/store"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
 	"github.com/rls-project/rls/pkg/tlsconfig"
@@ -29,11 +22,12 @@ func (c *Config) redisOptions() redisstore.Options {
 		Password:   c.RedisPassword,
 		PoolSize:   c.RedisPoolSize,
 		Timeout:    c.RedisTimeout,
+		KeyPrefix:  c.KeyPrefix,
 	}
 }
 
 func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
-	redis.SetLogger(&redisLogger{log: log, th: logthrottle.New(logthrottle.Every, nil)})
+	redisstore.SetLogger(log)
 	opts := c.redisOptions()
 	skip := false
 	if u, err := url.Parse(c.RedisURL); err == nil && u.Query().Get("skip_verify") == "true" {
@@ -73,47 +67,8 @@ func redactURL(raw string) string {
 // newFleet returns the fleet-size source: --fleet-size when set, 1 on the
 // memory store, else heartbeats in Redis.
 func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
-	rs, ok := st.(*redisstore.Store)
-	if cfg.FleetSize > 0 || !ok {
-		return limiter.FixedFleet(cfg.FleetSize)
+	if rs, ok := st.(*redisstore.Store); ok && cfg.FleetSize == 0 {
+		return rs.Fleet(cfg.MinFleetSize, log)
 	}
-	id := replicaID()
-	return limiter.NewFleet(limiter.FleetOptions{
-		Beat:     func(ctx context.Context) (int, error) { return rs.Heartbeat(ctx, id, heartbeatTTL) },
-		Leave:    func(ctx context.Context) error { return rs.Leave(ctx, id) },
-		Interval: heartbeatInterval,
-		Hold:     2 * heartbeatInterval, // every live replica beats within one interval
-		Min:      cfg.MinFleetSize,
-		Log:      log,
-	})
-}
-
-// Heartbeats: each replica refreshes its own entry every heartbeatInterval;
-// an entry not refreshed for heartbeatTTL is no longer counted.
-const (
-	heartbeatInterval = 2 * time.Second
-	heartbeatTTL      = 6 * time.Second
-)
-
-// replicaID names this process in the fleet: host name, PID and a random
-// suffix, so a restarted replica never counts twice for long.
-func replicaID() string {
-	host, _ := os.Hostname()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s/%d/%x", host, os.Getpid(), b)
-}
-
-// redisLogger routes go-redis's own messages (dial failures and the like,
-// one per attempt while Redis is down) to the log, throttled.
-type redisLogger struct {
-	log *slog.Logger
-	th  *logthrottle.Throttle
-}
-
-func (l *redisLogger) Printf(_ context.Context, format string, v ...any) {
-	if held, ok := l.th.Allow(); ok {
-		l.log.Warn("go-redis: "+fmt.Sprintf(format, v...), "not_logged_since", held,
-			"note", "go-redis messages logged at most every "+l.th.Interval().String())
-	}
+	return limiter.FixedFleet(cfg.FleetSize)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/connguard"
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/gctune"
@@ -35,6 +36,7 @@ import (
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
 	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/tlsconfig"
+	"github.com/rls-project/rls/pkg/upstreamstats"
 	"github.com/rls-project/rls/pkg/xds"
 )
 
@@ -95,7 +97,8 @@ type app struct {
 	rawStore store.Store             // as opened (the fleet's heartbeats need Redis itself)
 	st       *telemetry.MeteredStore // rawStore with metrics; closed last
 
-	tracing *telemetry.Tracing // nil when tracing is off
+	tracing  *telemetry.Tracing   // nil when tracing is off
+	upstream *upstreamstats.Stats // envoyproxy/ratelimit's stats; nil when off
 
 	fleet   *limiter.Fleet
 	lim     *limiter.Limiter
@@ -159,6 +162,9 @@ func (a *app) build() error {
 	if err := a.buildTracing(); err != nil {
 		return err
 	}
+	if err := a.buildUpstreamStats(); err != nil {
+		return err
+	}
 	if err := a.buildGRPC(); err != nil {
 		return err
 	}
@@ -181,6 +187,9 @@ func (a *app) logStart() {
 	if cfg.fromXDS() {
 		source = []any{"xds_server", cfg.XDSServer, "xds_node_id", cfg.XDSNodeID}
 	}
+	for _, w := range cfg.Compat.Warnings { // upstream's variables that change nothing
+		a.log.Warn(w)
+	}
 	if cfg.storeKind() == "memory" {
 		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", source...)
 	} else {
@@ -188,20 +197,15 @@ func (a *app) logStart() {
 	}
 }
 
-// loadRules loads --config-dir, telling note its notes, for serve, --dry-run
-// and validate alike. A config without any domain is refused unless
-// --allow-empty-config: it would limit nothing.
+// loadRules loads --config-dir as rls validate does (descriptors.LoadDir),
+// telling note its notes.
 func loadRules(cfg *Config, note func(string)) (*descriptors.Config, error) {
-	rules, notes, err := descriptors.LoadWith(cfg.ConfigDir, loadOptions(cfg))
+	rules, notes, err := descriptors.LoadDir(cfg.ConfigDir, loadOptions(cfg))
 	for _, n := range notes {
 		note(n)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("load config: %w", err)
-	}
-	if len(rules.Domains()) == 0 && !cfg.AllowEmptyConfig {
-		return nil, fmt.Errorf("load config: %s has no domain (no .yaml or .yml file with a domain), so rls would limit nothing; "+
-			"add the config, or pass %s to start without one", cfg.ConfigDir, flagRef("allow-empty-config"))
 	}
 	return rules, nil
 }
@@ -213,7 +217,11 @@ func (a *app) buildStore() error {
 		return err
 	}
 	a.rawStore = raw // closed by closeStore from here on
-	a.st = telemetry.NewMeteredStore(raw, a.reg)
+	st := raw
+	if rs, ok := raw.(*redisstore.Store); ok && a.cfg.EnvCompat == "upstream" {
+		st = redisstore.NewUpstreamKeys(rs, a.cfg.KeyPrefix) // fixed windows in upstream's keys
+	}
+	a.st = telemetry.NewMeteredStore(st, a.reg)
 	if rs, ok := raw.(*redisstore.Store); ok {
 		telemetry.RegisterBreakers(a.reg, rs)
 		telemetry.RegisterScriptMode(a.reg, rs)
@@ -282,21 +290,22 @@ func (a *app) buildGRPC() error {
 	if a.maxConns, err = connguard.Fit(flagRef("max-conns"), a.cfg.MaxConns, addrs, a.log); err != nil {
 		return err // caps fitted to the file-descriptor limit, so that idle connections can make room
 	}
-	lis, err := net.Listen("tcp", a.cfg.GRPCAddr)
+	lis, port, err := compat.ListenGRPC(a.cfg.GRPCUDS, a.cfg.GRPCAddr)
 	if err != nil {
-		return fmt.Errorf("--grpc-addr: %w", err)
+		return err
 	}
 	a.conns = connguard.NewMetrics(a.reg)
-	a.svcMetrics = service.NewMetrics(a.reg, detailedMetricMax)
+	a.svcMetrics = service.NewMetrics(a.reg, a.cfg.DetailedMetricMax)
 	creds, err := grpcCreds(a.cfg, a.log)
 	if err != nil {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: "grpc-addr", Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
+	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: port, Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
 	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
-		Port: "grpc-addr", Metrics: a.conns, Log: a.log})
-	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.StatsHandler(a.grpcLis.StatsHandler())},
+		Port: port, Metrics: a.conns, Log: a.log})
+	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.StatsHandler(a.grpcLis.StatsHandler()),
+		grpc.ChainUnaryInterceptor(a.upstream.Unary)},
 		grpcOptions(a.cfg, a.svcMetrics, a.log)...)
 	if a.cfg.fromXDS() {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
@@ -379,6 +388,9 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		Log:              a.log,
 		Tracing:          a.tracing.Service(),
 		RefuseRefunds:    !cfg.AllowNegativeHits,
+		Observer:         a.upstream.Observer(),
+		KeyPrefix:        cfg.KeyPrefix,
+		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis",
 	})
 	a.admin.Register(service.NewAdmin(a.svc, a.st, a.lim))
 }
@@ -399,7 +411,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.Set(c)
 		},
-		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.Report(r) },
+		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.Report(r); a.upstream.Loaded(string(r)) },
 		Log:    a.log,
 	})
 }
@@ -449,10 +461,15 @@ func (a *app) start(ctx context.Context) error {
 		a.stopServers()
 		return err
 	}
+	if err := a.startUpstreamPrometheus(); err != nil {
+		a.stopServers()
+		return err
+	}
 	bgCtx, stopBg := context.WithCancel(ctx)
 	a.stopBg = stopBg
 	a.background.Go(func() { a.probe.Run(bgCtx) })
 	a.background.Go(func() { a.fleet.Run(bgCtx) })
+	a.background.Go(func() { <-a.upstream.Start(bgCtx) })
 	if a.xds != nil {
 		a.background.Go(func() { a.runXDS(bgCtx) })
 		return nil
@@ -513,24 +530,19 @@ func (a *app) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthcheck", a.healthcheck)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	a.addJSON(mux)
 	return mux
 }
 
-// healthcheck is 503 once shutdown began or before a config is in force,
-// else 200 OK, or 200 DEGRADED while the store does not answer.
+// healthcheck answers /healthcheck (telemetry.HealthcheckAnswer).
 func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
-	switch {
-	case a.shuttingDown.Load():
-		http.Error(w, "NOT_SERVING: shutting down", http.StatusServiceUnavailable)
-	case !a.configReady.Load():
-		http.Error(w, "NOT_SERVING: no config yet, waiting for the first valid config from the xDS server", http.StatusServiceUnavailable)
-	case a.health.Auth():
-		http.Error(w, "NOT_SERVING: the store refuses rls's credentials (wrong password or ACL); calls are answered Unavailable", http.StatusServiceUnavailable)
-	case !a.probe.OK() || a.lim.Degraded(degradedWindow):
-		io.WriteString(w, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)\n")
-	default:
-		io.WriteString(w, "OK\n")
+	code, body := telemetry.HealthcheckAnswer(a.shuttingDown.Load(), a.configReady.Load(), a.health.Auth(),
+		!a.probe.OK() || a.lim.Degraded(degradedWindow))
+	if code != http.StatusOK {
+		http.Error(w, body, code)
+		return
 	}
+	io.WriteString(w, body+"\n")
 }
 
 // debugHandler serves --debug-addr: /rlconfig and /debug/pprof.
@@ -596,15 +608,8 @@ func (a *app) writeBack() {
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
 	defer cancel()
-	before := a.lim.Counters()
-	if err := a.lim.ReleaseReservations(ctx); err != nil {
-		a.log.Warn("returning reserved hits at shutdown failed; they stay counted until their window ends", "err", err)
-	}
-	if after := a.lim.Counters(); after.ReservedReturned > before.ReservedReturned {
-		a.log.Info("reserved hits returned", "hits", after.ReservedReturned-before.ReservedReturned)
-	}
-	if err := a.lim.WriteBack(ctx); err != nil {
-		a.log.Warn("write-back of locally admitted hits at shutdown failed; the store does not count them", "err", err)
+	if err := a.lim.HandOver(ctx); err != nil {
+		a.log.Warn("handing reserved and locally admitted hits to the store at shutdown failed; see the counts logged", "err", err)
 	}
 }
 
@@ -670,10 +675,6 @@ const (
 	grpcMaxRecvBytes = 1 << 20
 )
 
-// detailedMetricMax is how many distinct descriptor values a
-// detailed_metric rule counts; the rest are counted as value="_other".
-const detailedMetricMax = 100
-
 // traceFlushTimeout bounds the export of the spans still queued at
 // shutdown.
 const traceFlushTimeout = 5 * time.Second
@@ -695,7 +696,8 @@ func grpcCreds(cfg *Config, log *slog.Logger) (credentials.TransportCredentials,
 	if cfg.GRPCTLSCert == "" {
 		return nil, nil
 	}
-	r, err := tlsconfig.NewReloader(tlsconfig.Files{Cert: cfg.GRPCTLSCert, Key: cfg.GRPCTLSKey, ClientCA: cfg.GRPCTLSClientCA}, log)
+	r, err := tlsconfig.NewReloader(tlsconfig.Files{Cert: cfg.GRPCTLSCert, Key: cfg.GRPCTLSKey, ClientCA: cfg.GRPCTLSClientCA,
+		ClientSAN: cfg.GRPCTLSClientSAN}, log)
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-tls-cert: %w", err)
 	}
@@ -725,5 +727,6 @@ func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context
 func loadOptions(cfg *Config) descriptors.LoadOptions {
 	alg, _ := store.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
-		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg}
+		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg,
+		AllowEmpty: cfg.AllowEmptyConfig, AllowEmptyName: flagRef("allow-empty-config")}
 }

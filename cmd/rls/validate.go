@@ -65,6 +65,7 @@ func (c *Config) Validate() error {
 		c.validateXDS(),
 		c.validateRedis(),
 		c.validateRedisUnused(),
+		c.validateDropin(),
 	)
 }
 
@@ -121,6 +122,7 @@ func (c *Config) validateBounds() error {
 		{"idle-timeout", c.IdleTimeout <= 0, "must be positive"},
 		{"first-call-timeout", c.FirstCallTimeout <= 0, "must be positive"},
 		{"min-fleet-size", c.MinFleetSize < 1, "must be at least 1"},
+		{"detailed-metric-max", c.DetailedMetricMax < 1, "must be at least 1"},
 		{"local-max-bytes", c.LocalMaxBytes < 1<<20, "must be at least 1 MiB (1048576)"},
 		{"memory-max-bytes", c.MemoryMaxBytes < 1<<20, "must be at least 1 MiB (1048576)"},
 	} {

@@ -30,7 +30,7 @@ import (
 // buildXDS makes the xDS client; applyXDS receives its updates.
 func (a *app) buildXDS() error {
 	cfg := a.cfg
-	meta, _ := parseNodeMetadata(cfg.XDSNodeMetadata) // validated already
+	meta, _ := xds.ParseNodeMetadata(cfg.XDSNodeMetadata) // validated already
 	opts := xds.Options{
 		Server:       cfg.XDSServer,
 		NodeID:       cfg.XDSNodeID,

@@ -4,7 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strings"
+
+	"github.com/rls-project/rls/pkg/xds"
 )
 
 // xdsFlags declares --config-source and the --xds-* flags: the descriptor
@@ -49,7 +50,7 @@ func (c *Config) validateXDS() error {
 	}
 	// The node metadata and the message cap have no flag (fixed settings):
 	// their errors name the setting, not a flag.
-	if _, err := parseNodeMetadata(c.XDSNodeMetadata); err != nil {
+	if _, err := xds.ParseNodeMetadata(c.XDSNodeMetadata); err != nil {
 		errs = append(errs, fmt.Errorf("xDS node metadata: %v", err))
 	}
 	if c.XDSMaxRecvBytes < 1 {
@@ -57,24 +58,4 @@ func (c *Config) validateXDS() error {
 	}
 	errs = append(errs, validCA("xds-tls-ca", c.XDSTLSCA), validPair("xds-tls-cert", c.XDSTLSCert, "xds-tls-key", c.XDSTLSKey))
 	return errors.Join(errs...)
-}
-
-// parseNodeMetadata reads key=value pairs separated by commas.
-func parseNodeMetadata(s string) (map[string]string, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	m := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		k = strings.TrimSpace(k)
-		if !ok || k == "" {
-			return nil, fmt.Errorf("%q is not key=value (want key=value pairs separated by commas)", kv)
-		}
-		if _, dup := m[k]; dup {
-			return nil, fmt.Errorf("key %q given twice", k)
-		}
-		m[k] = strings.TrimSpace(v)
-	}
-	return m, nil
 }

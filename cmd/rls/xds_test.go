@@ -18,6 +18,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/testkit"
 	"github.com/rls-project/rls/pkg/tlsconfig/tlstest"
+	"github.com/rls-project/rls/pkg/xds"
 	"github.com/rls-project/rls/pkg/xds/xdstest"
 )
 
@@ -40,7 +41,7 @@ func TestXDSFlags(t *testing.T) {
 	if !c.fromXDS() || !c.xdsTLSSet() || c.XDSMaxRecvBytes != 4<<20 {
 		t.Errorf("config %+v", c)
 	}
-	if m, _ := parseNodeMetadata("cluster=rls, zone=a"); len(m) != 2 || m["cluster"] != "rls" || m["zone"] != "a" {
+	if m, _ := xds.ParseNodeMetadata("cluster=rls, zone=a"); len(m) != 2 || m["cluster"] != "rls" || m["zone"] != "a" {
 		t.Errorf("node metadata %v", m)
 	}
 	env := map[string]string{"RLS_CONFIG_SOURCE": "xds", "RLS_XDS_SERVER": "127.0.0.1:18000", "RLS_XDS_NODE_ID": "n"}

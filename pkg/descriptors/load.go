@@ -34,6 +34,10 @@ type LoadOptions struct {
 	// DefaultAlgorithm is the algorithm of rules that name none [sliding
 	// window] (see ParseOptions).
 	DefaultAlgorithm store.Algorithm
+	// AllowEmpty lets LoadDir take a directory without any domain, and
+	// AllowEmptyName names that option in its error.
+	AllowEmpty     bool
+	AllowEmptyName string
 }
 
 // parseOptions are the options of parsing what was loaded.

@@ -491,10 +491,31 @@ func (l *Limiter) ReleaseReservations(ctx context.Context) error {
 	}
 	results := make([]store.Result, len(checks))
 	err := l.st.Decide(ctx, checks, results)
+	var returned uint64
 	for i := range checks {
-		l.res.settleReturn(checks[i].Hits, (err == nil || errors.Is(err, store.ErrUnavailable)) && !results[i].Undecided)
+		ok := (err == nil || errors.Is(err, store.ErrUnavailable)) && !results[i].Undecided
+		l.res.settleReturn(checks[i].Hits, ok)
+		if ok {
+			returned += checks[i].Hits
+		}
 	}
+	l.opts.Log.Info("reserved hits returned", "hits", returned, "held", sumHits(checks))
 	return err
+}
+
+// HandOver gives the store what this replica holds at a clean stop, after
+// Close: the unused hits of reserved slices (ReleaseReservations), then the
+// hits admitted locally while the store could not answer (WriteBack).
+func (l *Limiter) HandOver(ctx context.Context) error {
+	return errors.Join(l.ReleaseReservations(ctx), l.WriteBack(ctx))
+}
+
+func sumHits(checks []store.Check) uint64 {
+	var n uint64
+	for i := range checks {
+		n += checks[i].Hits
+	}
+	return n
 }
 
 // reportHeld adds to the results the store decided the hits of this

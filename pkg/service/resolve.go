@@ -86,7 +86,10 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		} else {
 			sub = r.NextSub(req.Domain, d.Entries)
 		}
-		res.key = descriptors.AppendSubKey(res.key[:0], req.Domain, d.Entries, r, sub)
+		res.key = descriptors.AppendSubKey(append(res.key[:0], s.opts.KeyPrefix...), req.Domain, d.Entries, r, sub)
+		if s.upstreamKeyed(r) { // a rolling update from upstream shares its counters
+			res.key = appendUpstreamKey(append(res.key[:0], s.opts.KeyPrefix...), req.Domain, d.Entries)
+		}
 		c := ruleCheck(r, string(res.key), sub)
 		c.Hits, c.Refund = hits, d.IsNegativeHits
 		// The global shadow mode makes every check a shadow. A quota

@@ -113,6 +113,28 @@ type Options struct {
 	// default refunds are decided: any client may then give any key back
 	// up to its whole limit.
 	RefuseRefunds bool
+	// KeyPrefix begins every counter's store key (envoyproxy/ratelimit's
+	// CACHE_KEY_PREFIX), before the key's hash tag, so that a Redis Cluster
+	// still keeps a request's counters together; it has no '{' or '}'.
+	KeyPrefix string
+	// UpstreamKeys counts fixed-window rules of one unit in
+	// envoyproxy/ratelimit's own keys (prefix, domain, entries; the store
+	// appends the window, see redisstore.UpstreamKeys).
+	UpstreamKeys bool
+	// Observer is told every config and decision (envoyproxy/ratelimit's
+	// stats, pkg/upstreamstats); nil tells nobody.
+	Observer Observer
+}
+
+// Observer receives the service's configs and decisions. Its methods run
+// on the decision path: they must not block.
+type Observer interface {
+	// SetConfig is told each config the service takes.
+	SetConfig(cfg *descriptors.Config)
+	// Decided is told each descriptor's decision: its rule (nil for none),
+	// outcome, and for a counted rule its limiter item and the whole
+	// rule's remaining budget (nil and 0 otherwise).
+	Decided(domain string, d *rlcommon.RateLimitDescriptor, r *descriptors.Rule, o Outcome, it *limiter.Item, remaining uint64)
 }
 
 // Limits bound one request. A request beyond any of them is InvalidArgument
@@ -194,6 +216,9 @@ func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
 // SetConfig replaces the descriptor config used by later calls.
 func (s *Service) SetConfig(cfg *descriptors.Config) {
 	s.snap.Store(&snapshot{cfg: cfg, stats: s.opts.Metrics.statsFor(cfg)})
+	if s.opts.Observer != nil {
+		s.opts.Observer.SetConfig(cfg)
+	}
 }
 
 // Config returns the descriptor config in force.
@@ -288,6 +313,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 			o = s.limitedStatus(r, res.item(i), st, &lims[i], &durs[i], &v)
 		}
 		res.outcomes = append(res.outcomes, o)
+		s.observe(req.Domain, d, r, o, res.item(i))
 		if r == nil {
 			snap.stats.record(req.Domain, nil, o, nil)
 		} else {
@@ -397,6 +423,19 @@ func currentLimit(lim *rlsv3.RateLimitResponse_RateLimit, r *descriptors.Rule) *
 		lim.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
 	}
 	return lim
+}
+
+// observe tells the Observer, if any, a descriptor's decision: for a
+// counted rule (it not nil) with the whole rule's remaining budget.
+func (s *Service) observe(domain string, d *rlcommon.RateLimitDescriptor, r *descriptors.Rule, o Outcome, it *limiter.Item) {
+	if s.opts.Observer == nil {
+		return
+	}
+	var remaining uint64
+	if it != nil && r != nil {
+		remaining = wholeRemaining(r, &it.Check, it.Result.Remaining)
+	}
+	s.opts.Observer.Decided(domain, d, r, o, it, remaining)
 }
 
 // oneStatus holds a response to one descriptor, the usual request, in one

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"log/slog"
+	"net/http"
 	"sync"
 
 	"google.golang.org/grpc/health"
@@ -68,4 +69,22 @@ func (h *Health) apply() {
 	for _, name := range h.names {
 		h.srv.SetServingStatus(name, status(h.ready && !h.auth))
 	}
+}
+
+// HealthcheckAnswer is the status and body of /healthcheck: 503 once
+// shutdown began, before a config is in force, or while the store refuses
+// rls's credentials; else 200 OK, or 200 DEGRADED while the store does not
+// answer (degraded) and rules decide locally.
+func HealthcheckAnswer(shuttingDown, configReady, authRefused, degraded bool) (int, string) {
+	switch {
+	case shuttingDown:
+		return http.StatusServiceUnavailable, "NOT_SERVING: shutting down"
+	case !configReady:
+		return http.StatusServiceUnavailable, "NOT_SERVING: no config yet, waiting for the first valid config from the xDS server"
+	case authRefused:
+		return http.StatusServiceUnavailable, "NOT_SERVING: the store refuses rls's credentials (wrong password or ACL); calls are answered Unavailable"
+	case degraded:
+		return http.StatusOK, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)"
+	}
+	return http.StatusOK, "OK"
 }

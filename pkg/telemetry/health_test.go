@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/health"
@@ -48,5 +49,26 @@ func TestHealth(t *testing.T) {
 	}
 	if h.Auth() {
 		t.Error("Auth after the store answered")
+	}
+}
+
+// TestHealthcheckAnswer: NOT_SERVING wins in the order shutdown, no config,
+// refused credentials; DEGRADED is still 200.
+func TestHealthcheckAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		shutting, ready, auth, degraded bool
+		code                            int
+		prefix                          string
+	}{
+		{false, true, false, false, 200, "OK"},
+		{false, true, false, true, 200, "DEGRADED"},
+		{false, true, true, true, 503, "NOT_SERVING: the store refuses"},
+		{false, false, true, false, 503, "NOT_SERVING: no config"},
+		{true, true, true, true, 503, "NOT_SERVING: shutting down"},
+	} {
+		code, body := HealthcheckAnswer(tc.shutting, tc.ready, tc.auth, tc.degraded)
+		if code != tc.code || !strings.HasPrefix(body, tc.prefix) {
+			t.Errorf("%+v: %d %q, want %d %q...", tc, code, body, tc.code, tc.prefix)
+		}
 	}
 }

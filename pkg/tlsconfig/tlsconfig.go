@@ -58,6 +58,10 @@ func LoadPool(file string) (*x509.CertPool, error) {
 type Files struct {
 	Cert, Key string
 	ClientCA  string // empty: no client certificates asked for
+	// ClientSAN, with ClientCA, admits only the client certificates that
+	// name it: a DNS name (wildcards as in a server's check), an IP address,
+	// or a URI (a SPIFFE id) equal to it.
+	ClientSAN string
 }
 
 // stamp identifies one version of a file.
@@ -146,8 +150,28 @@ func (r *Reloader) load() error {
 	if pool != nil {
 		r.server.ClientCAs = pool
 		r.server.ClientAuth = tls.RequireAndVerifyClientCert
+		if san := r.files.ClientSAN; san != "" {
+			r.server.VerifyConnection = func(cs tls.ConnectionState) error { return verifySAN(cs, san) }
+		}
 	}
 	return nil
+}
+
+// verifySAN checks that the verified client certificate names san.
+func verifySAN(cs tls.ConnectionState, san string) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("no client certificate")
+	}
+	leaf := cs.PeerCertificates[0]
+	if leaf.VerifyHostname(san) == nil {
+		return nil
+	}
+	for _, u := range leaf.URIs {
+		if u.String() == san {
+			return nil
+		}
+	}
+	return fmt.Errorf("client certificate %q does not name %q (DNS, IP or URI SAN)", leaf.Subject.CommonName, san)
 }
 
 // maybeReload looks at the files when Interval has passed since the last

@@ -50,6 +50,9 @@ type Options struct {
 	URL string
 	// Mode is single (the default when empty), cluster or sentinel.
 	Mode string
+	// KeyPrefix begins the store's own keys (the fleet's heartbeats), as
+	// the service's prefix begins the counters' (--key-prefix).
+	KeyPrefix string
 	// MasterName is the Sentinel master set; it overrides the URL's
 	// master_name. Required in sentinel mode, in one or the other.
 	MasterName string
@@ -254,8 +257,14 @@ func (o Options) checkURL() (*url.URL, error) {
 		}
 		return nil, optionErr("URL", "%s is invalid: %s", redactedURL(o.URL), why)
 	}
+	if u.Scheme == "unix" { // a local Redis or proxy's socket, as upstream's REDIS_SOCKET_TYPE=unix
+		if o.Mode != ModeSingle || u.Path == "" {
+			return nil, optionErr("URL", "%s is invalid: unix:///path/to/socket is for a single Redis (--store redis)", redactedURL(o.URL))
+		}
+		return u, nil
+	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, optionErr("URL", "%s is invalid: the scheme must be redis or rediss", redactedURL(o.URL))
+		return nil, optionErr("URL", "%s is invalid: the scheme must be redis, rediss or unix", redactedURL(o.URL))
 	}
 	if u.Host == "" {
 		return nil, optionErr("URL", "%s is invalid: it has no host:port", redactedURL(o.URL))

@@ -28,7 +28,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"sentinel url master", Options{URL: "redis://s1:26379?master_name=m", Mode: "sentinel"}, ""},
 		{"bad mode", Options{URL: "redis://h:1", Mode: "x"}, `redis option Mode: "x" is invalid; choices are [single cluster sentinel]`},
 		{"no url", Options{}, "redis option URL: a URL is required"},
-		{"bad scheme", Options{URL: "http://h:1"}, "scheme must be redis or rediss"},
+		{"bad scheme", Options{URL: "http://h:1"}, "scheme must be redis, rediss or unix"},
 		{"no host", Options{URL: "redis://"}, "no host"},
 		{"bad query", Options{URL: "redis://:hunter2@h:1?bogus=1"}, "unexpected option"},
 		{"sentinel without master", Options{URL: "redis://s:1", Mode: "sentinel"}, "redis option MasterName: the Sentinel master name is required"},

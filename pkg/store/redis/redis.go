@@ -53,11 +53,12 @@ var _ store.Store = (*Store)(nil)
 
 // Store decides rate-limit checks in Redis. It is safe for concurrent use.
 type Store struct {
-	client  redis.UniversalClient
-	cluster bool
-	owned   bool // Close closes client
-	timeout time.Duration
-	now     func() time.Time // test clock; nil means Redis TIME
+	client   redis.UniversalClient
+	cluster  bool
+	owned    bool // Close closes client
+	timeout  time.Duration
+	now      func() time.Time // test clock; nil means Redis TIME
+	fleetKey string           // KeyPrefix + FleetKey
 
 	brOpts       breaker.Options
 	onChange     func(node string, from, to breaker.State)
@@ -81,7 +82,7 @@ func New(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{client: o.Client, timeout: o.Timeout, now: o.Clock, brOpts: o.Breaker, onChange: o.OnBreakerChange,
-		onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch}
+		onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch, fleetKey: o.KeyPrefix + FleetKey}
 	if s.client == nil {
 		p, err := o.clientOptions()
 		if err != nil {

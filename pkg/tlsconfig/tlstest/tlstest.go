@@ -82,7 +82,13 @@ func (ca *CA) Client(t testing.TB, cn string) Pair {
 	return ca.issue(t, cn, x509.ExtKeyUsageClientAuth)
 }
 
-func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage) Pair {
+// ClientSAN issues a client certificate whose DNS SANs are dns.
+func (ca *CA) ClientSAN(t testing.TB, cn string, dns ...string) Pair {
+	t.Helper()
+	return ca.issue(t, cn, x509.ExtKeyUsageClientAuth, dns...)
+}
+
+func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage, dns ...string) Pair {
 	t.Helper()
 	key := newKey(t)
 	tmpl := &x509.Certificate{
@@ -92,6 +98,7 @@ func (ca *CA) issue(t testing.TB, cn string, usage x509.ExtKeyUsage) Pair {
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+		DNSNames:     dns,
 	}
 	if usage == x509.ExtKeyUsageServerAuth {
 		tmpl.DNSNames = []string{"localhost"}
