@@ -97,7 +97,9 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		// limiter's rule; it refunds what a denied request consumed).
 		c.Shadow = c.Shadow || s.opts.ShadowMode
 		res.index = append(res.index, len(res.items))
-		res.items = append(res.items, limiter.Item{Check: c, FailClosed: s.failClosed(r), Quota: s.quotaMode(r), NoReserve: r.NoReserve})
+		// Upstream's keys count as upstream does (INCRBY), which a reservation's
+		// shadow check does not fit: they are decided request by request.
+		res.items = append(res.items, limiter.Item{Check: c, FailClosed: s.failClosed(r), Quota: s.quotaMode(r), NoReserve: r.NoReserve || s.upstreamKeyed(r)})
 	}
 	return nil
 }
