@@ -36,6 +36,7 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // ftConfig is the domain every fault test uses.
@@ -375,7 +376,7 @@ func TestFaultRedisKilled(t *testing.T) {
 	storeDown := func() bool {
 		return storeErr == nil && sh.Status == healthpb.HealthCheckResponse_NOT_SERVING
 	}
-	eventually(5*time.Second, func() bool {
+	testkit.EventuallyEvery(5*time.Second, pollEvery, func() bool {
 		code, body = ftHTTPGet(t, "http://"+p.HTTPAddr+"/healthcheck")
 		sh, storeErr = check("rls.store")
 		return strings.HasPrefix(body, "DEGRADED") && storeDown()
@@ -526,7 +527,7 @@ func TestFaultRedisPaused(t *testing.T) {
 	// Let timed-out connections be reaped, then compare at rest.
 	var gAfter int
 	var hAfter int64
-	eventually(10*time.Second, func() bool {
+	testkit.EventuallyEvery(10*time.Second, pollEvery, func() bool {
 		gAfter, hAfter = ftGoroutines(t, dbg), ftHeapInuse(t, dbg)
 		return gAfter <= gBefore+10 && hAfter <= 2*hBefore+8<<20
 	})

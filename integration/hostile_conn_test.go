@@ -44,6 +44,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 const hcConfig = `domain: hostile
@@ -546,7 +547,7 @@ func TestHostileIdleConnections(t *testing.T) {
 	hcCheckClosed(t, grpcIdle, 1*time.Second+5*time.Second+slack)
 	hcCheckClosed(t, httpSilent, 5*time.Second+slack)
 	hcCheckClosed(t, httpIdle, 1*time.Second+slack)
-	waitFor(t, "gRPC connections counted closed", 5*time.Second, func() bool {
+	testkit.WaitForEvery(t, "gRPC connections counted closed", 5*time.Second, pollEvery, func() bool {
 		return series(scrape(t, p))[`rls_connections_open{port="grpc-addr"}`] <= 2
 	})
 }
@@ -561,7 +562,7 @@ func TestHostileMaxConns(t *testing.T) {
 	p := startRLSFast(t, writeConfig(t, map[string]string{"hostile.yaml": hcConfig}),
 		"--max-conns", strconv.Itoa(capN), "--idle-timeout", "1s")
 	p.conn.Close() // its connection would take a slot
-	waitFor(t, "the start-up health client's connection closed", 5*time.Second, func() bool {
+	testkit.WaitForEvery(t, "the start-up health client's connection closed", 5*time.Second, pollEvery, func() bool {
 		return series(scrape(t, p))[`rls_connections_open{port="grpc-addr"}`] == 0
 	})
 	var wg sync.WaitGroup
@@ -585,7 +586,7 @@ func TestHostileMaxConns(t *testing.T) {
 	// The held connections never send a preface: closed after the 5 s
 	// handshake timeout, freeing the cap.
 	var served time.Duration
-	waitFor(t, "a new gRPC client served once the idle connections are closed", 10*time.Second, func() bool {
+	testkit.WaitForEvery(t, "a new gRPC client served once the idle connections are closed", 10*time.Second, pollEvery, func() bool {
 		if hcFreshCall(p.GRPCAddr, time.Second) == nil {
 			served = time.Since(callStart)
 			return true
