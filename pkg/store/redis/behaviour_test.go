@@ -22,7 +22,7 @@ import (
 // TestVectors checks hand-computed values from store.go's formulas and the
 // seed design's worked example, and the stored fields.
 func TestVectors(t *testing.T) {
-	clk := newClock(t0)
+	clk := testkit.NewClock(time.UnixMicro(t0))
 	s, srv := newStore(t, clk.Now)
 	ctx := context.Background()
 	rc := srv.Client()
@@ -34,7 +34,7 @@ func TestVectors(t *testing.T) {
 		key := "rl:{seed}:route"
 		win := t0/1_000_000 + 5
 		rc.Set(ctx, key, lua.State{Algorithm: lua.AlgSliding, Window: float64(win), Count: 30, Prev: 82}.Encode(), 0)
-		clk.Set(win*1_000_000 + 400_000)
+		clk.Set(time.UnixMicro(win*1_000_000 + 400_000))
 		r := decide(t, s, store.Check{Key: key, Limit: 100, Window: time.Second, Hits: 1})[0]
 		if want := (store.Result{Allowed: true, Remaining: 20, Reset: 600 * time.Millisecond, Consumed: true}); r != want {
 			t.Errorf("got %+v, want %+v", r, want)
@@ -49,7 +49,7 @@ func TestVectors(t *testing.T) {
 		// one-string layout) counts from zero and is replaced.
 		key := "rl:{vec}:old"
 		rc.HSet(ctx, key, "cur_window", t0/1_000_000, "cur_count", 30, "prev_count", 82)
-		clk.Set(t0)
+		clk.Set(time.UnixMicro(t0))
 		r := decide(t, s, store.Check{Key: key, Limit: 100, Window: time.Second, Hits: 1})[0]
 		if !r.Allowed || r.Remaining != 99 {
 			t.Errorf("got %+v, want allowed with 99 remaining", r)
@@ -66,7 +66,7 @@ func TestVectors(t *testing.T) {
 		key := "rl:{vec}:retry"
 		win := t0/1_000_000 + 20
 		rc.Set(ctx, key, lua.State{Algorithm: lua.AlgSliding, Window: float64(win - 1), Count: 10}.Encode(), 0)
-		clk.Set(win * 1_000_000)
+		clk.Set(time.UnixMicro(win * 1_000_000))
 		r := decide(t, s, store.Check{Key: key, Limit: 10, Window: time.Second, Hits: 5})[0]
 		if want := (store.Result{RetryAfter: 400_001 * time.Microsecond, Reset: time.Second}); r != want {
 			t.Errorf("got %+v, want %+v", r, want)
@@ -83,7 +83,7 @@ func TestVectors(t *testing.T) {
 		// exact in binary: one token takes 1/r = 99999.99999999999 µs, so
 		// RetryAfter = floor(..)+1 = 100000 µs, and full in 500000 µs.
 		c := store.Check{Key: "tb:{vec}:tb", Algorithm: store.TokenBucket, Limit: 10, Burst: 5, Window: time.Second, Hits: 5}
-		clk.Set(t0 + 123)
+		clk.Set(time.UnixMicro(t0 + 123))
 		r := decide(t, s, c)[0]
 		if want := (store.Result{Allowed: true, Reset: 500 * time.Millisecond, Consumed: true}); r != want {
 			t.Errorf("take 5: got %+v, want %+v", r, want)
@@ -93,7 +93,7 @@ func TestVectors(t *testing.T) {
 		if want := (store.Result{RetryAfter: 100 * time.Millisecond, Reset: 500 * time.Millisecond}); r != want {
 			t.Errorf("take 1: got %+v, want %+v", r, want)
 		}
-		clk.Add(250 * time.Millisecond) // 2.5 tokens
+		clk.Advance(250 * time.Millisecond) // 2.5 tokens
 		r = decide(t, s, c)[0]
 		if !r.Allowed || r.Remaining != 1 {
 			t.Errorf("after 250ms: got %+v, want allowed with 1 remaining", r)
@@ -104,7 +104,7 @@ func TestVectors(t *testing.T) {
 	})
 
 	t.Run("fixed window batches", func(t *testing.T) {
-		clk.Set(t0 + 100*1_000_000 + 250_000)
+		clk.Set(time.UnixMicro(t0 + 100*1_000_000 + 250_000))
 		a := store.Check{Key: "rl:{vec}:a", Algorithm: store.FixedWindow, Limit: 3, Window: time.Second, Hits: 2}
 		b := store.Check{Key: "rl:{vec}:b", Algorithm: store.FixedWindow, Limit: 1, Window: time.Second, Hits: 2}
 		res := decide(t, s, a, b)
@@ -150,7 +150,7 @@ func TestVectors(t *testing.T) {
 // TestEveryWriteHasTTL checks that every key a decision writes expires with
 // the TTL store.go specifies, and that reads write nothing.
 func TestEveryWriteHasTTL(t *testing.T) {
-	clk := newClock(t0 + 300_500) // 300.5 ms into a second
+	clk := testkit.NewClock(time.UnixMicro(t0 + 300_500)) // 300.5 ms into a second
 	s, srv := newStore(t, clk.Now)
 	ctx := context.Background()
 	rc := srv.Client()
@@ -310,7 +310,7 @@ func expectUnavailable(t *testing.T, s *Store, checks []store.Check, timeout tim
 // clock, 20 goroutines deciding pairs of 1-hit checks of one key get exactly
 // the pairs that fit in the limit.
 func TestConcurrentExact(t *testing.T) {
-	clk := newClock(t0 + 500_000)
+	clk := testkit.NewClock(time.UnixMicro(t0 + 500_000))
 	s, _ := newStore(t, clk.Now)
 	for _, alg := range []store.Algorithm{store.SlidingWindow, store.TokenBucket, store.FixedWindow} {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -342,7 +342,7 @@ func TestConcurrentExact(t *testing.T) {
 }
 
 func TestPeekAndDelete(t *testing.T) {
-	clk := newClock(t0)
+	clk := testkit.NewClock(time.UnixMicro(t0))
 	s, srv := newStore(t, clk.Now)
 	ctx := context.Background()
 	c := store.Check{Key: "rl:{adm}:x", Limit: 5, Window: time.Second, Hits: 3}

@@ -339,7 +339,7 @@ func TestPipelineNoScript(t *testing.T) {
 func TestCoalescedCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
-	clk := newClock(t0)
+	clk := testkit.NewClock(time.UnixMicro(t0))
 	var addrs []string
 	for _, n := range c.Nodes {
 		addrs = append(addrs, n.Addr)
