@@ -53,7 +53,7 @@ test: deps lint ## everything: vet, gofmt, unit and integration tests with the r
 	@# No -race: it runs no concurrent code (rls runs as its own process), and
 	@# building Helm and client-go twice (vet, race) costs ~2 min on a cold cache.
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
-	@# Alone, so its latency bounds are not measured against other packages' load.
+	@# Last and alone (-p 1): its tests start real rls and redis-server processes.
 	$(GO) test -race -count=1 -timeout 15m -p 1 ./integration/
 
 unit: ## the unit tests only (no Redis, no binary)
