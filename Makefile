@@ -59,11 +59,13 @@ test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit
 	@# The load generator is its own module (bench/), which ./... above does not reach.
 	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...
 	@# So is the Kubernetes kit's test (deploy/: the Helm chart rendered with Helm's
-	@# packages, decoded into k8s.io/api types, its command run by rls --dry-run).
+	@# packages, decoded into k8s.io/api types, its command run by rls --dry-run;
+	@# the dashboard and alert rules parsed with Prometheus's PromQL parser and
+	@# checked against a real rls on a real Redis).
 	@# No -race: it runs no concurrent code (rls runs as its own process), and
 	@# building Helm and client-go twice (vet, race) costs ~2 min on a cold cache.
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
-	@# Alone, so its latency bounds are not measured against other packages' load.
+	@# Last and alone (-p 1): its tests start real rls and redis-server processes.
 	$(GO) test -race -count=1 -timeout 15m -p 1 ./integration/
 
 unit: ## the unit tests only (no Redis, no binary)

@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -161,67 +162,94 @@ func bracket(ss []string) []string {
 }
 
 func (o *options) validate(set map[string]bool) error {
-	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if err := checkLoopback("addr", o.addr); err != nil {
-		errs = append(errs, err)
+	return errors.Join(slices.Concat(o.validateEndpoints(), o.validateTiming(), o.validateSizes(), o.validateRequest(set))...)
+}
+
+// complaints collects validation errors in the order they are found.
+type complaints []error
+
+func (c *complaints) bad(format string, a ...any) { *c = append(*c, fmt.Errorf(format, a...)) }
+
+func (c *complaints) add(err error) {
+	if err != nil {
+		*c = append(*c, err)
 	}
+}
+
+// validateEndpoints checks the addresses: every one loopback.
+func (o *options) validateEndpoints() []error {
+	var c complaints
+	c.add(checkLoopback("addr", o.addr))
 	if o.redisAddr != "" {
-		if err := checkLoopback("redis-addr", o.redisAddr); err != nil {
-			errs = append(errs, err)
-		}
+		c.add(checkLoopback("redis-addr", o.redisAddr))
 	}
 	if o.keySample < 0 || o.keySample > maxKeySample {
-		bad("-redis-key-sample %d: want 0..%d", o.keySample, maxKeySample)
+		c.bad("-redis-key-sample %d: want 0..%d", o.keySample, maxKeySample)
 	}
 	if o.keySample > 0 && o.redisAddr == "" {
-		bad("-redis-key-sample needs -redis-addr")
+		c.bad("-redis-key-sample needs -redis-addr")
 	}
 	if o.metricsURL != "" {
-		if err := checkMetricsURL(o.metricsURL); err != nil {
-			errs = append(errs, err)
-		}
+		c.add(checkMetricsURL(o.metricsURL))
 	}
+	return c
+}
+
+// validateTiming checks how long and how fast the run goes: it is bounded.
+func (o *options) validateTiming() []error {
+	var c complaints
 	if o.dur == 0 && o.n == 0 {
-		bad("give -duration and/or -n: an unbounded run is refused")
+		c.bad("give -duration and/or -n: an unbounded run is refused")
 	}
 	if o.dur < 0 || o.dur > maxDuration {
-		bad("-duration %v: want at most %v", o.dur, maxDuration)
+		c.bad("-duration %v: want at most %v", o.dur, maxDuration)
 	}
 	if o.warmup < 0 || o.warmup > maxWarmup {
-		bad("-warmup %v: want 0..%v", o.warmup, maxWarmup)
+		c.bad("-warmup %v: want 0..%v", o.warmup, maxWarmup)
 	}
+	return c
+}
+
+// validateSizes checks the counts of workers, connections, keys and
+// descriptors, and the rate.
+func (o *options) validateSizes() []error {
+	var c complaints
 	if o.workers < 1 || o.workers > maxWorkers {
-		bad("-c %d: want 1..%d", o.workers, maxWorkers)
+		c.bad("-c %d: want 1..%d", o.workers, maxWorkers)
 	}
 	if o.conns < 1 || o.conns > maxConns {
-		bad("-connections %d: want 1..%d", o.conns, maxConns)
+		c.bad("-connections %d: want 1..%d", o.conns, maxConns)
 	}
 	if o.rate < 0 || o.rate > maxRate || o.rate != o.rate {
-		bad("-rate %v: want 0 (closed loop) up to %d", o.rate, maxRate)
+		c.bad("-rate %v: want 0 (closed loop) up to %d", o.rate, maxRate)
 	}
 	if o.keys < 1 || o.keys > maxKeys {
-		bad("-keys %d: want 1..%d", o.keys, maxKeys)
+		c.bad("-keys %d: want 1..%d", o.keys, maxKeys)
 	}
 	if o.descriptors < 1 || o.descriptors > len(defaultDescriptors) {
-		bad("-descriptors %d: want 1..%d", o.descriptors, len(defaultDescriptors))
+		c.bad("-descriptors %d: want 1..%d", o.descriptors, len(defaultDescriptors))
 	}
+	return c
+}
+
+// validateRequest checks what each request carries.
+func (o *options) validateRequest(set map[string]bool) []error {
+	var c complaints
 	if len(o.templates) > 0 && set["descriptors"] {
-		bad("-d and -descriptors exclude each other")
+		c.bad("-d and -descriptors exclude each other")
 	}
 	if o.domain == "" {
-		bad("-domain is empty")
+		c.bad("-domain is empty")
 	}
 	if o.hits > 1<<32-1 {
-		bad("-hits %d: want a uint32", o.hits)
+		c.bad("-hits %d: want a uint32", o.hits)
 	}
 	if o.timeout < 0 {
-		bad("-timeout %v: want >= 0", o.timeout)
+		c.bad("-timeout %v: want >= 0", o.timeout)
 	}
-	if _, err := newKeyPicker(o.dist, 1, o.zipfS); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	_, err := newKeyPicker(o.dist, 1, o.zipfS)
+	c.add(err)
+	return c
 }
 
 // run is the whole program: parse, preflight, warm up, measure, report.
@@ -230,71 +258,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	srcs := o.templates
-	if len(srcs) == 0 {
-		srcs = defaultDescriptors[:o.descriptors]
-	}
-	tmpls := make([]descTemplate, len(srcs))
-	for i, s := range srcs {
-		if tmpls[i], err = parseTemplate(s); err != nil {
-			return err
-		}
-	}
-	keys := o.keys
-	if o.dist == "one" {
-		keys = 1
-	}
-	picker, err := newKeyPicker(o.dist, keys, o.zipfS)
+	l, nDesc, err := newLoader(o)
 	if err != nil {
 		return err
 	}
-	l := &loader{
-		reqs:    newRequestSet(o.domain, o.prefix, uint32(o.hits), tmpls, keys),
-		picker:  picker,
-		workers: o.workers,
-		timeout: o.timeout,
-		seed:    o.seed,
+	defer l.close()
+	redPreflight, err := preflight(ctx, o, l, stderr)
+	if err != nil {
+		return err
 	}
-	for i := range o.conns {
-		c, err := dialCaller(o.addr, l.reqs)
-		if err != nil {
-			return fmt.Errorf("connect to %s (connection %d): %v", o.addr, i, err)
-		}
-		defer c.close()
-		l.conns = append(l.conns, c)
-	}
-
-	// Preflight: one call on every connection, so a wrong address, domain
-	// or a server that is down fails here rather than as a run of errors.
-	for i, c := range l.conns {
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		code, err := c.call(pctx, 0, new(callScratch))
-		cancel()
-		if err != nil {
-			return fmt.Errorf("preflight call to %s (connection %d): %v", o.addr, i, err)
-		}
-		if i == 0 {
-			fmt.Fprintf(stderr, "rls-bench: preflight %s %s -> %s\n", o.domain, l.reqs.describe(0), code)
-		}
-	}
-	if o.pids != nil {
-		if _, err := procCPU(o.pids); err != nil {
-			return err
-		}
-	}
-	var redPreflight redisInfo
-	if o.redisAddr != "" {
-		if redPreflight, err = fetchRedisInfo(ctx, o.redisAddr); err != nil {
-			return err
-		}
-	}
-
-	if o.metricsURL != "" {
-		if _, err := fetchMetrics(ctx, o.metricsURL); err != nil {
-			return err
-		}
-	}
-
 	mode := "closed"
 	if o.rate > 0 {
 		mode = "open"
@@ -305,48 +277,155 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return errors.New("interrupted during warm-up")
 		}
 	}
-
 	dur := o.dur
 	if dur == 0 {
 		dur = maxDuration
 	}
-	var (
-		srvBefore time.Duration
-		redBefore redisInfo
-		metBefore map[string]float64
-	)
-	if o.metricsURL != "" {
-		if metBefore, err = fetchMetrics(ctx, o.metricsURL); err != nil {
-			return err
-		}
+	before, err := takeSnapshot(ctx, o)
+	if err != nil {
+		return err
 	}
-	if o.redisAddr != "" {
-		if redBefore, err = fetchRedisInfo(ctx, o.redisAddr); err != nil {
-			return err
-		}
-	}
-	if o.pids != nil {
-		if srvBefore, err = procCPU(o.pids); err != nil {
-			return err
-		}
-	}
-	cliBefore := selfCPU()
-	hostBefore, hostErr := readHostTicks()
 	fmt.Fprintf(stderr, "rls-bench: measuring (%s loop)\n", mode)
 	res := l.run(ctx, phase{dur: dur, n: o.n, rate: o.rate})
 	cliAfter := selfCPU()
 	hostAfter, hostErr2 := readHostTicks()
 
+	rep := newReport(o, l, mode, nDesc, &res, cliAfter-before.cli)
+	if err := addAfter(context.WithoutCancel(ctx), o, rep, redPreflight, &before); err != nil {
+		return err
+	}
+	if before.hostErr == nil && hostErr2 == nil {
+		rep.Host = newHostCPU(before.host, hostAfter, rep.ElapsedSec, rep.ourCores())
+	}
+	if o.json {
+		return writeJSON(stdout, rep)
+	}
+	return writeText(stdout, rep)
+}
+
+// newLoader builds the requests, the key picker and the connections; it
+// returns the number of descriptors per request too.
+func newLoader(o *options) (*loader, int, error) {
+	srcs := o.templates
+	if len(srcs) == 0 {
+		srcs = defaultDescriptors[:o.descriptors]
+	}
+	tmpls := make([]descTemplate, len(srcs))
+	for i, s := range srcs {
+		var err error
+		if tmpls[i], err = parseTemplate(s); err != nil {
+			return nil, 0, err
+		}
+	}
+	keys := o.keys
+	if o.dist == "one" {
+		keys = 1
+	}
+	picker, err := newKeyPicker(o.dist, keys, o.zipfS)
+	if err != nil {
+		return nil, 0, err
+	}
+	l := &loader{
+		reqs:    newRequestSet(o.domain, o.prefix, uint32(o.hits), tmpls, keys),
+		picker:  picker,
+		keys:    keys,
+		workers: o.workers,
+		timeout: o.timeout,
+		seed:    o.seed,
+	}
+	for i := range o.conns {
+		c, err := dialCaller(o.addr, l.reqs)
+		if err != nil {
+			l.close()
+			return nil, 0, fmt.Errorf("connect to %s (connection %d): %v", o.addr, i, err)
+		}
+		l.conns = append(l.conns, c)
+	}
+	return l, len(tmpls), nil
+}
+
+// preflight makes one call on every connection, so a wrong address, domain
+// or a server that is down fails here rather than as a run of errors, and
+// reads every source of figures once, so that one that cannot be read
+// fails before the run. It returns Redis's INFO before the warm-up.
+func preflight(ctx context.Context, o *options, l *loader, stderr io.Writer) (redisInfo, error) {
+	for i, c := range l.conns {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		code, err := c.call(pctx, 0, new(callScratch))
+		cancel()
+		if err != nil {
+			return redisInfo{}, fmt.Errorf("preflight call to %s (connection %d): %v", o.addr, i, err)
+		}
+		if i == 0 {
+			fmt.Fprintf(stderr, "rls-bench: preflight %s %s -> %s\n", o.domain, l.reqs.describe(0), code)
+		}
+	}
+	if o.pids != nil {
+		if _, err := procCPU(o.pids); err != nil {
+			return redisInfo{}, err
+		}
+	}
+	var red redisInfo
+	if o.redisAddr != "" {
+		var err error
+		if red, err = fetchRedisInfo(ctx, o.redisAddr); err != nil {
+			return redisInfo{}, err
+		}
+	}
+	if o.metricsURL != "" {
+		if _, err := fetchMetrics(ctx, o.metricsURL); err != nil {
+			return redisInfo{}, err
+		}
+	}
+	return red, nil
+}
+
+// snapshot is every counter read just before the measured phase.
+type snapshot struct {
+	srv     time.Duration
+	red     redisInfo
+	met     map[string]float64
+	cli     time.Duration
+	host    hostTicks
+	hostErr error
+}
+
+func takeSnapshot(ctx context.Context, o *options) (snapshot, error) {
+	var s snapshot
+	var err error
+	if o.metricsURL != "" {
+		if s.met, err = fetchMetrics(ctx, o.metricsURL); err != nil {
+			return s, err
+		}
+	}
+	if o.redisAddr != "" {
+		if s.red, err = fetchRedisInfo(ctx, o.redisAddr); err != nil {
+			return s, err
+		}
+	}
+	if o.pids != nil {
+		if s.srv, err = procCPU(o.pids); err != nil {
+			return s, err
+		}
+	}
+	s.cli = selfCPU()
+	s.host, s.hostErr = readHostTicks()
+	return s, nil
+}
+
+// newReport is the measured phase's counts, latencies and schedule, and the
+// generator's own CPU.
+func newReport(o *options, l *loader, mode string, nDesc int, res *result, cli time.Duration) *Report {
 	st := &res.st
 	el := res.elapsed.Seconds()
 	rep := &Report{
 		Mode: mode, Target: o.addr, Domain: o.domain, Request: l.reqs.describe(0),
-		Descriptors: len(tmpls), Keys: keys, Dist: o.dist, Concurrency: o.workers, Connections: o.conns,
+		Descriptors: nDesc, Keys: l.keys, Dist: o.dist, Concurrency: o.workers, Connections: o.conns,
 		TargetRate: o.rate, WarmupSec: o.warmup.Seconds(), ElapsedSec: el, Interrupted: res.interrupted,
 		Requests: st.decisions() + st.errors(), Decisions: st.decisions(),
 		OK: st.ok, OverLimit: st.over, Unknown: st.unk,
 		Latency: summarize(&st.lat),
-		Client:  newCPU((cliAfter - cliBefore).Seconds(), el, st.decisions()),
+		Client:  newCPU(cli.Seconds(), el, st.decisions()),
 	}
 	if el > 0 {
 		rep.DecisionsPerSec = float64(st.decisions()) / el
@@ -362,62 +441,72 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if mode == "open" {
 		svc := summarize(&st.svc)
 		rep.ServiceLatency = &svc
-		s := &Schedule{Intended: res.intended, Sent: st.sent, MaxLagUs: st.lagMax, LateOver1ms: st.late}
-		if st.sent > 0 {
-			s.MeanLagUs = float64(st.lagSum) / float64(st.sent)
-		}
-		if res.intended > st.sent {
-			s.BehindAtEnd = res.intended - st.sent
-			s.BehindAtEndMs = float64(s.BehindAtEnd) / o.rate * 1e3
-		}
-		rep.Schedule = s
+		rep.Schedule = newSchedule(res, o.rate)
 	}
+	return rep
+}
+
+// newSchedule tells how well the open loop kept to its timetable.
+func newSchedule(res *result, rate float64) *Schedule {
+	st := &res.st
+	s := &Schedule{Intended: res.intended, Sent: st.sent, MaxLagUs: st.lagMax, LateOver1ms: st.late}
+	if st.sent > 0 {
+		s.MeanLagUs = float64(st.lagSum) / float64(st.sent)
+	}
+	if res.intended > st.sent {
+		s.BehindAtEnd = res.intended - st.sent
+		s.BehindAtEndMs = float64(s.BehindAtEnd) / rate * 1e3
+	}
+	return s
+}
+
+// addAfter reads what the server processes, Redis and rls's /metrics did
+// over the measured phase into rep.
+func addAfter(ctx context.Context, o *options, rep *Report, redPreflight redisInfo, before *snapshot) error {
 	if o.pids != nil {
 		after, err := procCPU(o.pids)
 		if err != nil {
 			return err
 		}
-		rep.Server = &ServerCPU{Pids: o.pids, CPU: newCPU((after - srvBefore).Seconds(), el, st.decisions())}
+		rep.Server = &ServerCPU{Pids: o.pids, CPU: newCPU((after - before.srv).Seconds(), rep.ElapsedSec, rep.Decisions)}
 	}
-	if o.redisAddr != "" {
-		after, err := fetchRedisInfo(context.WithoutCancel(ctx), o.redisAddr)
-		if err != nil {
-			return err
-		}
-		rep.Redis = redisDelta(o.redisAddr, redBefore, after, el, st.decisions())
-		if o.keySample > 0 {
-			k, err := sampleKeys(context.WithoutCancel(ctx), o.redisAddr, o.keySample)
-			if err != nil {
-				return err
-			}
-			k.UsedMemoryFrom, k.UsedMemoryTo = redPreflight.mem, after.mem
-			if k.DBSize > 0 {
-				k.UsedMemoryPerKey = (float64(after.mem) - float64(redPreflight.mem)) / float64(k.DBSize)
-			}
-			rep.Redis.Keys = k
-		}
+	if err := addRedis(ctx, o, rep, redPreflight, before.red); err != nil {
+		return err
 	}
 	if o.metricsURL != "" {
-		after, err := fetchMetrics(context.WithoutCancel(ctx), o.metricsURL)
+		after, err := fetchMetrics(ctx, o.metricsURL)
 		if err != nil {
 			return err
 		}
-		rep.ServerMetrics = metricDeltas(metBefore, after)
+		rep.ServerMetrics = metricDeltas(before.met, after)
 	}
-	if hostErr == nil && hostErr2 == nil {
-		ours := rep.Client.Cores
-		if rep.Server != nil {
-			ours += rep.Server.Cores
-		}
-		if rep.Redis != nil {
-			ours += rep.Redis.Cores
-		}
-		rep.Host = newHostCPU(hostBefore, hostAfter, el, ours)
+	return nil
+}
+
+// addRedis reads Redis's INFO after the run into rep and, given
+// -redis-key-sample, what the keys left behind cost.
+func addRedis(ctx context.Context, o *options, rep *Report, preflight, before redisInfo) error {
+	if o.redisAddr == "" {
+		return nil
 	}
-	if o.json {
-		return writeJSON(stdout, rep)
+	after, err := fetchRedisInfo(ctx, o.redisAddr)
+	if err != nil {
+		return err
 	}
-	return writeText(stdout, rep)
+	rep.Redis = redisDelta(o.redisAddr, before, after, rep.ElapsedSec, rep.Decisions)
+	if o.keySample == 0 {
+		return nil
+	}
+	k, err := sampleKeys(ctx, o.redisAddr, o.keySample)
+	if err != nil {
+		return err
+	}
+	k.UsedMemoryFrom, k.UsedMemoryTo = preflight.mem, after.mem
+	if k.DBSize > 0 {
+		k.UsedMemoryPerKey = (float64(after.mem) - float64(preflight.mem)) / float64(k.DBSize)
+	}
+	rep.Redis.Keys = k
+	return nil
 }
 
 // selfCPU is this process's user+system CPU time.

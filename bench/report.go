@@ -4,7 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -145,6 +146,19 @@ func redisDelta(addr string, before, after redisInfo, elapsed float64, decisions
 	return r
 }
 
+// ourCores is the cores of the processes the run measured: the generator,
+// the -server-pid processes and Redis.
+func (r *Report) ourCores() float64 {
+	ours := r.Client.Cores
+	if r.Server != nil {
+		ours += r.Server.Cores
+	}
+	if r.Redis != nil {
+		ours += r.Redis.Cores
+	}
+	return ours
+}
+
 func writeJSON(w io.Writer, r *Report) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -152,104 +166,118 @@ func writeJSON(w io.Writer, r *Report) error {
 }
 
 func writeText(w io.Writer, r *Report) error {
-	var b strings.Builder
-	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
-	p("rls-bench: %s loop against %s, domain %q, %d descriptor(s)/request %s\n", r.Mode, r.Target, r.Domain, r.Descriptors, r.Request)
-	p("  keys %d (%s), concurrency %d, connections %d", r.Keys, r.Dist, r.Concurrency, r.Connections)
-	if r.Mode == "open" {
-		p(", target rate %.0f/s", r.TargetRate)
-	}
-	p(", warm-up %.1fs excluded\n", r.WarmupSec)
-	if r.Interrupted {
-		p("  INTERRUPTED: figures cover the run up to the interruption\n")
-	}
-	p("elapsed        %.2fs\n", r.ElapsedSec)
-	p("requests       %d\n", r.Requests)
-	p("decisions/s    %.0f\n", r.DecisionsPerSec)
-	p("OK             %d (%s)\n", r.OK, pct(r.OK, r.Requests))
-	p("OVER_LIMIT     %d (%s)\n", r.OverLimit, pct(r.OverLimit, r.Requests))
-	if r.Unknown > 0 {
-		p("UNKNOWN        %d (%s)\n", r.Unknown, pct(r.Unknown, r.Requests))
-	}
-	var nerr uint64
-	codes := make([]string, 0, len(r.Errors))
-	for c, n := range r.Errors {
-		codes = append(codes, c)
-		nerr += n
-	}
-	sort.Strings(codes)
-	p("errors         %d", nerr)
-	for _, c := range codes {
-		p(" %s=%d", c, r.Errors[c])
-	}
-	p("\n")
-	lat := func(name string, l Latency) {
-		p("%-14s p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  (mean %s)\n", name,
-			us(l.P50), us(l.P90), us(l.P99), us(l.P999), us(l.Max), us(uint64(l.Mean+0.5)))
-	}
-	if r.Mode == "open" {
-		lat("latency*", r.Latency)
-		if r.ServiceLatency != nil {
-			lat("service", *r.ServiceLatency)
-		}
-		p("  * from each request's intended send time (coordinated-omission corrected); service: from the actual send\n")
-	} else {
-		lat("latency", r.Latency)
-	}
-	if s := r.Schedule; s != nil {
-		p("schedule       %d due, %d sent; lag mean %s max %s, %d sends >1ms late; behind at end: %d (%.1f ms)\n",
-			s.Intended, s.Sent, us(uint64(s.MeanLagUs+0.5)), us(s.MaxLagUs), s.LateOver1ms, s.BehindAtEnd, s.BehindAtEndMs)
-	}
-	cpu := func(name string, c CPU) {
-		p("%-14s %.2f CPU-s, %.2f cores, %.1f µs CPU/decision\n", name, c.Seconds, c.Cores, c.UsPerDecision)
-	}
-	cpu("client cpu", r.Client)
+	t := &textReport{}
+	t.head(r)
+	t.counts(r)
+	t.latencies(r)
+	t.cpu("client cpu", r.Client)
 	if r.Server != nil {
-		cpu(fmt.Sprintf("server cpu %v", r.Server.Pids), r.Server.CPU)
+		t.cpu(fmt.Sprintf("server cpu %v", r.Server.Pids), r.Server.CPU)
 	}
-	if x := r.Redis; x != nil {
-		cpu("redis cpu", x.CPU)
-		p("redis conns    %d new during the run\n", x.NewConnections)
-		p("redis cmds     %d (%.2f/decision, commands run by scripts included), evalsha %d (%.2f/decision)", x.Commands, x.CommandsPerDecision, x.Evalsha, x.EvalshaPerDecision)
-		cmds := make([]string, 0, len(x.Calls))
-		for c := range x.Calls {
-			cmds = append(cmds, c)
-		}
-		sort.Strings(cmds)
-		if len(cmds) > 0 {
-			p(";")
-		}
-		for _, c := range cmds {
-			p(" %s=%d", c, x.Calls[c])
-		}
-		p("\n")
-		p("redis calls    %d in commandstats (%.2f/decision)\n", x.CommandstatsCalls, x.CommandstatsPerDecision)
-		if k := x.Keys; k != nil {
-			p("redis keys     %d after the run; MEMORY USAGE mean %.0f B over %d sampled; used_memory %d -> %d B (%.0f B/key)\n",
-				k.DBSize, k.MeanBytes, k.Sampled, k.UsedMemoryFrom, k.UsedMemoryTo, k.UsedMemoryPerKey)
-		}
+	if r.Redis != nil {
+		t.redis(r.Redis)
 	}
 	if h := r.Host; h != nil {
-		p("machine cpu    %.2f cores busy, %.2f of them other processes'\n", h.BusyCores, h.OtherCores)
+		t.p("machine cpu    %.2f cores busy, %.2f of them other processes'\n", h.BusyCores, h.OtherCores)
 	}
-	if len(r.ServerMetrics) > 0 {
-		names := make([]string, 0, len(r.ServerMetrics))
-		for n := range r.ServerMetrics {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		p("rls metrics   ")
-		for _, n := range names {
-			p(" %s +%.0f", n, r.ServerMetrics[n])
-		}
-		p("\n")
-		if fb := r.ServerMetrics["rls_fallback_decisions_total"]; fb > 0 && r.Decisions > 0 {
-			p("WARNING        %.0f checks (%.1f%% of decisions) were decided without the store: it could not answer in time\n",
-				fb, 100*fb/float64(r.Decisions))
-		}
-	}
-	_, err := io.WriteString(w, b.String())
+	t.serverMetrics(r)
+	_, err := io.WriteString(w, t.b.String())
 	return err
+}
+
+// textReport builds writeText's output, one section at a time.
+type textReport struct{ b strings.Builder }
+
+func (t *textReport) p(format string, a ...any) { fmt.Fprintf(&t.b, format, a...) }
+
+func (t *textReport) head(r *Report) {
+	t.p("rls-bench: %s loop against %s, domain %q, %d descriptor(s)/request %s\n", r.Mode, r.Target, r.Domain, r.Descriptors, r.Request)
+	t.p("  keys %d (%s), concurrency %d, connections %d", r.Keys, r.Dist, r.Concurrency, r.Connections)
+	if r.Mode == "open" {
+		t.p(", target rate %.0f/s", r.TargetRate)
+	}
+	t.p(", warm-up %.1fs excluded\n", r.WarmupSec)
+	if r.Interrupted {
+		t.p("  INTERRUPTED: figures cover the run up to the interruption\n")
+	}
+}
+
+func (t *textReport) counts(r *Report) {
+	t.p("elapsed        %.2fs\n", r.ElapsedSec)
+	t.p("requests       %d\n", r.Requests)
+	t.p("decisions/s    %.0f\n", r.DecisionsPerSec)
+	t.p("OK             %d (%s)\n", r.OK, pct(r.OK, r.Requests))
+	t.p("OVER_LIMIT     %d (%s)\n", r.OverLimit, pct(r.OverLimit, r.Requests))
+	if r.Unknown > 0 {
+		t.p("UNKNOWN        %d (%s)\n", r.Unknown, pct(r.Unknown, r.Requests))
+	}
+	var nerr uint64
+	for _, n := range r.Errors {
+		nerr += n
+	}
+	t.p("errors         %d", nerr)
+	for _, c := range slices.Sorted(maps.Keys(r.Errors)) {
+		t.p(" %s=%d", c, r.Errors[c])
+	}
+	t.p("\n")
+}
+
+func (t *textReport) latency(name string, l Latency) {
+	t.p("%-14s p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  (mean %s)\n", name,
+		us(l.P50), us(l.P90), us(l.P99), us(l.P999), us(l.Max), us(uint64(l.Mean+0.5)))
+}
+
+func (t *textReport) latencies(r *Report) {
+	if r.Mode != "open" {
+		t.latency("latency", r.Latency)
+	} else {
+		t.latency("latency*", r.Latency)
+		if r.ServiceLatency != nil {
+			t.latency("service", *r.ServiceLatency)
+		}
+		t.p("  * from each request's intended send time (coordinated-omission corrected); service: from the actual send\n")
+	}
+	if s := r.Schedule; s != nil {
+		t.p("schedule       %d due, %d sent; lag mean %s max %s, %d sends >1ms late; behind at end: %d (%.1f ms)\n",
+			s.Intended, s.Sent, us(uint64(s.MeanLagUs+0.5)), us(s.MaxLagUs), s.LateOver1ms, s.BehindAtEnd, s.BehindAtEndMs)
+	}
+}
+
+func (t *textReport) cpu(name string, c CPU) {
+	t.p("%-14s %.2f CPU-s, %.2f cores, %.1f µs CPU/decision\n", name, c.Seconds, c.Cores, c.UsPerDecision)
+}
+
+func (t *textReport) redis(x *Redis) {
+	t.cpu("redis cpu", x.CPU)
+	t.p("redis conns    %d new during the run\n", x.NewConnections)
+	t.p("redis cmds     %d (%.2f/decision, commands run by scripts included), evalsha %d (%.2f/decision)", x.Commands, x.CommandsPerDecision, x.Evalsha, x.EvalshaPerDecision)
+	if len(x.Calls) > 0 {
+		t.p(";")
+	}
+	for _, c := range slices.Sorted(maps.Keys(x.Calls)) {
+		t.p(" %s=%d", c, x.Calls[c])
+	}
+	t.p("\n")
+	t.p("redis calls    %d in commandstats (%.2f/decision)\n", x.CommandstatsCalls, x.CommandstatsPerDecision)
+	if k := x.Keys; k != nil {
+		t.p("redis keys     %d after the run; MEMORY USAGE mean %.0f B over %d sampled; used_memory %d -> %d B (%.0f B/key)\n",
+			k.DBSize, k.MeanBytes, k.Sampled, k.UsedMemoryFrom, k.UsedMemoryTo, k.UsedMemoryPerKey)
+	}
+}
+
+func (t *textReport) serverMetrics(r *Report) {
+	if len(r.ServerMetrics) == 0 {
+		return
+	}
+	t.p("rls metrics   ")
+	for _, n := range slices.Sorted(maps.Keys(r.ServerMetrics)) {
+		t.p(" %s +%.0f", n, r.ServerMetrics[n])
+	}
+	t.p("\n")
+	if fb := r.ServerMetrics["rls_fallback_decisions_total"]; fb > 0 && r.Decisions > 0 {
+		t.p("WARNING        %.0f checks (%.1f%% of decisions) were decided without the store: it could not answer in time\n",
+			fb, 100*fb/float64(r.Decisions))
+	}
 }
 
 func pct(n, of uint64) string {

@@ -93,35 +93,47 @@ func readReplyDepth(r *bufio.Reader, depth int) (any, error) {
 		}
 		return n, nil
 	case '$':
-		n, err := strconv.Atoi(body)
-		if err != nil || n < -1 || n > 64<<20 {
-			return nil, fmt.Errorf("RESP: bad bulk length %q", body)
-		}
-		if n == -1 {
-			return nil, nil
-		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return nil, err
-		}
-		return string(buf[:n]), nil
+		return readBulkBody(r, body)
 	case '*':
-		n, err := strconv.Atoi(body)
-		if err != nil || n < -1 || n > 1<<20 {
-			return nil, fmt.Errorf("RESP: bad array length %q", body)
-		}
-		if n == -1 {
-			return nil, nil
-		}
-		out := make([]any, n)
-		for i := range out {
-			if out[i], err = readReplyDepth(r, depth+1); err != nil {
-				return nil, err
-			}
-		}
-		return out, nil
+		return readArrayBody(r, body, depth)
 	}
 	return nil, fmt.Errorf("RESP: unexpected reply %q", line)
+}
+
+// readBulkBody reads a bulk string whose "$" line said body: a string, or
+// nil for the null bulk string.
+func readBulkBody(r *bufio.Reader, body string) (any, error) {
+	n, err := strconv.Atoi(body)
+	if err != nil || n < -1 || n > 64<<20 {
+		return nil, fmt.Errorf("RESP: bad bulk length %q", body)
+	}
+	if n == -1 {
+		return nil, nil
+	}
+	buf := make([]byte, n+2)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, err
+	}
+	return string(buf[:n]), nil
+}
+
+// readArrayBody reads the elements of an array whose "*" line said body:
+// a []any, or nil for the null array.
+func readArrayBody(r *bufio.Reader, body string, depth int) (any, error) {
+	n, err := strconv.Atoi(body)
+	if err != nil || n < -1 || n > 1<<20 {
+		return nil, fmt.Errorf("RESP: bad array length %q", body)
+	}
+	if n == -1 {
+		return nil, nil
+	}
+	out := make([]any, n)
+	for i := range out {
+		if out[i], err = readReplyDepth(r, depth+1); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // RedisKeys is what the keys a run left in Redis cost: -redis-key-sample.

@@ -94,50 +94,46 @@ func parseRedisInfo(s string) (redisInfo, error) {
 		if !ok {
 			continue
 		}
+		var err error
 		switch {
 		case k == "used_cpu_sys" || k == "used_cpu_user":
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return ri, fmt.Errorf("INFO %s: %v", k, err)
-			}
+			var f float64
+			f, err = strconv.ParseFloat(v, 64)
 			ri.cpu += f
 			haveCPU++
 		case k == "total_commands_processed":
-			n, err := strconv.ParseUint(v, 10, 64)
-			if err != nil {
-				return ri, fmt.Errorf("INFO %s: %v", k, err)
-			}
-			ri.commands = n
+			ri.commands, err = strconv.ParseUint(v, 10, 64)
 			haveCmds++
 		case k == "used_memory":
-			n, err := strconv.ParseUint(v, 10, 64)
-			if err != nil {
-				return ri, fmt.Errorf("INFO %s: %v", k, err)
-			}
-			ri.mem = n
+			ri.mem, err = strconv.ParseUint(v, 10, 64)
 		case k == "total_connections_received":
-			n, err := strconv.ParseUint(v, 10, 64)
-			if err != nil {
-				return ri, fmt.Errorf("INFO %s: %v", k, err)
-			}
-			ri.conns = n
+			ri.conns, err = strconv.ParseUint(v, 10, 64)
 		case strings.HasPrefix(k, "cmdstat_"):
-			// cmdstat_evalsha:calls=12,usec=34,...
-			for kv := range strings.SplitSeq(v, ",") {
-				if n, ok := strings.CutPrefix(kv, "calls="); ok {
-					c, err := strconv.ParseUint(n, 10, 64)
-					if err != nil {
-						return ri, fmt.Errorf("INFO %s: %v", k, err)
-					}
-					ri.calls[strings.TrimPrefix(k, "cmdstat_")] = c
-				}
-			}
+			err = parseCmdstat(ri.calls, strings.TrimPrefix(k, "cmdstat_"), v)
+		}
+		if err != nil {
+			return ri, fmt.Errorf("INFO %s: %v", k, err)
 		}
 	}
 	if haveCPU != 2 || haveCmds != 1 {
 		return ri, errors.New("INFO reply lacks used_cpu_sys/used_cpu_user/total_commands_processed")
 	}
 	return ri, nil
+}
+
+// parseCmdstat records the calls of one commandstats line's value,
+// "calls=12,usec=34,...", as calls[cmd].
+func parseCmdstat(calls map[string]uint64, cmd, v string) error {
+	for kv := range strings.SplitSeq(v, ",") {
+		if n, ok := strings.CutPrefix(kv, "calls="); ok {
+			c, err := strconv.ParseUint(n, 10, 64)
+			if err != nil {
+				return err
+			}
+			calls[cmd] = c
+		}
+	}
+	return nil
 }
 
 // fetchRedisInfo sends one INFO command over a fresh connection, speaking

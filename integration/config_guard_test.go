@@ -11,6 +11,8 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // cgCPU returns the CPU time (user + system) the process pid has used so
@@ -137,7 +139,7 @@ descriptors:
 			f.Write(line)
 		}
 	})
-	waitFor(t, "the 50 MB file refused", 10*time.Second, func() bool {
+	testkit.WaitForEvery(t, "the 50 MB file refused", 10*time.Second, pollEvery, func() bool {
 		return strings.Contains(p.Log.String(), "huge.yaml: file is ") &&
 			strings.Contains(p.Log.String(), "more than the 8388608 bytes of the size limit; not read")
 	})
@@ -163,7 +165,7 @@ descriptors:
 			fmt.Fprintf(f, "  - key: k%d\n    rate_limit: {unit: second, requests_per_unit: 1}\n", i)
 		}
 	})
-	waitFor(t, "the big invalid file rejected", 20*time.Second, func() bool {
+	testkit.WaitForEvery(t, "the big invalid file rejected", 20*time.Second, pollEvery, func() bool {
 		return strings.Contains(p.Log.String(), "big.yaml: descriptors: more than 100000 descriptors")
 	})
 	time.Sleep(300 * time.Millisecond) // let the one parse's garbage be collected
@@ -183,7 +185,7 @@ descriptors:
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the empty directory refused", 10*time.Second, func() bool {
+	testkit.WaitForEvery(t, "the empty directory refused", 10*time.Second, pollEvery, func() bool {
 		return strings.Contains(p.Log.String(), "has no domain left")
 	})
 	if !regexp.MustCompile(`level=ERROR msg="config reload rejected; keeping the last good config" error=".*has no domain left`).MatchString(p.Log.String()) {

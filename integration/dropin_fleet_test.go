@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // upstreamBin finds envoyproxy/ratelimit's service_cmd (make deps installs
@@ -65,7 +66,7 @@ func startUpstream(t *testing.T, env map[string]string) *grpc.ClientConn {
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	log := &syncBuffer{}
+	log := &testkit.Buffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -85,7 +86,7 @@ func startUpstream(t *testing.T, env map[string]string) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	c := rlsv3.NewRateLimitServiceClient(conn)
-	waitFor(t, "upstream answering", 20*time.Second, func() bool {
+	testkit.WaitForEvery(t, "upstream answering", 20*time.Second, pollEvery, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "mongo_cps", Descriptors: descs(desc("database", "default"))})

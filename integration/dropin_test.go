@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // upstreamExampleConfig is envoyproxy/ratelimit's examples/ratelimit/config,
@@ -70,7 +71,7 @@ func startAsRatelimitConn(t testing.TB, env map[string]string, dial func(addr st
 	for k, v := range env {
 		vars[k] = v
 	}
-	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &syncBuffer{}, done: make(chan struct{})}
+	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &testkit.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin)
 	p.cmd.SysProcAttr = redistest.ChildAttr()
 	p.cmd.Env = cleanEnv()
@@ -231,7 +232,7 @@ func TestDropinStats(t *testing.T) {
 		}
 	}
 	var body string
-	waitFor(t, "upstream's series on PROMETHEUS_ADDR", 10*time.Second, func() bool {
+	testkit.WaitForEvery(t, "upstream's series on PROMETHEUS_ADDR", 10*time.Second, pollEvery, func() bool {
 		resp, err := http.Get("http://" + promAddr + "/metrics")
 		if err != nil {
 			return false

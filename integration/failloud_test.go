@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // flRun runs the binary with args and env (KEY=value) and returns its
@@ -129,7 +130,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	changed := time.Now()
-	waitFor(t, "health NOT_SERVING once Redis refuses rls's credentials", 5*time.Second, func() bool {
+	testkit.WaitForEvery(t, "health NOT_SERVING once Redis refuses rls's credentials", 5*time.Second, pollEvery, func() bool {
 		return health() == healthpb.HealthCheckResponse_NOT_SERVING
 	})
 	if d := time.Since(changed); d > 2*time.Second {
@@ -164,7 +165,7 @@ descriptors:
 	if err := admin.ConfigSet(ctx, "requirepass", "").Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "SERVING again once the password is set back", 10*time.Second, func() bool {
+	testkit.WaitForEvery(t, "SERVING again once the password is set back", 10*time.Second, pollEvery, func() bool {
 		return health() == healthpb.HealthCheckResponse_SERVING
 	})
 	if r := should(t, p.client(), "d", desc("k", "a")); r.OverallCode != rlsv3.RateLimitResponse_OK {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -94,7 +95,7 @@ func TestIdleConnectionsMakeRoom(t *testing.T) {
 		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		r, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx,
-			&rlsv3.RateLimitRequest{Domain: "example", Descriptors: dashDescs("api_key", "idle-test")})
+			&rlsv3.RateLimitRequest{Domain: "example", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", "idle-test")}})
 		cancel()
 		conn.Close()
 		if err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK {

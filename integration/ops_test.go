@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
@@ -430,7 +431,7 @@ func TestGracefulShutdownDrains(t *testing.T) {
 	// Health turns NOT_SERVING at once, well inside the 1 s drain.
 	var h *healthpb.HealthCheckResponse
 	var err error
-	notServing := eventually(600*time.Millisecond, func() bool {
+	notServing := testkit.EventuallyEvery(600*time.Millisecond, pollEvery, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		h, err = healthpb.NewHealthClient(p.conn).Check(ctx, &healthpb.HealthCheckRequest{})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // The Redis tests run the real binary against real redis-server processes:
@@ -897,7 +898,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 		v, _ := rc.Info(ctx, section).Result()
 		return v
 	}
-	waitFor(t, "replica in sync", 10*time.Second, func() bool {
+	testkit.WaitForEvery(t, "replica in sync", 10*time.Second, pollEvery, func() bool {
 		return strings.Contains(info(replica, "replication"), "master_link_status:up")
 	})
 	var sentinels []*redistest.Server
@@ -910,7 +911,7 @@ func TestRedisSentinelFailover(t *testing.T) {
 		return rc.Do(ctx, args...).Result()
 	}
 	for _, s := range sentinels {
-		waitFor(t, "sentinel "+s.Addr+" knows the replica and the other sentinels", 20*time.Second, func() bool {
+		testkit.WaitForEvery(t, "sentinel "+s.Addr+" knows the replica and the other sentinels", 20*time.Second, pollEvery, func() bool {
 			r, err := sdo(s, "SENTINEL", "REPLICAS", name)
 			if err != nil || len(r.([]any)) != 1 {
 				return false
@@ -998,9 +999,9 @@ descriptors:
 	// The promoted replica no longer replicates from the old master, so a
 	// key that appears on it from now on was written there. (Sentinel
 	// demotes the old master only some seconds later.)
-	waitFor(t, "the replica promoted", 20*time.Second, func() bool { return role(replica) == "master" })
+	testkit.WaitForEvery(t, "the replica promoted", 20*time.Second, pollEvery, func() bool { return role(replica) == "master" })
 	for _, s := range sentinels {
-		waitFor(t, "sentinel "+s.Addr+" names the new master", 20*time.Second, func() bool {
+		testkit.WaitForEvery(t, "sentinel "+s.Addr+" names the new master", 20*time.Second, pollEvery, func() bool {
 			a, err := sdo(s, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", name)
 			return err == nil && len(a.([]any)) == 2 && a.([]any)[1] == strconv.Itoa(replica.Port)
 		})
@@ -1013,7 +1014,7 @@ descriptors:
 	nrc := replica.Client()
 	defer nrc.Close()
 	var v string
-	waitFor(t, "rls writes to the new master", 20*time.Second, func() bool {
+	testkit.WaitForEvery(t, "rls writes to the new master", 20*time.Second, pollEvery, func() bool {
 		v = fmt.Sprintf("after-%d", time.Now().UnixNano())
 		should(t, c, "sent", desc("api_key", v))
 		n, _ := nrc.Exists(ctx, "rl:{sent|api_key="+v+"}:s3600").Result()

@@ -4,7 +4,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -24,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // rlsBin is the binary under test, built once by TestMain with the race
@@ -96,29 +96,11 @@ var (
 	handedOut   = map[string]bool{}
 )
 
-// syncBuffer is a bytes.Buffer safe for the process's writer and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // rlsProc is one running rls binary.
 type rlsProc struct {
 	GRPCAddr, HTTPAddr string
 	cmd                *exec.Cmd
-	Log                *syncBuffer
+	Log                *testkit.Buffer
 	done               chan struct{}
 	exitErr            error
 	conn               *grpc.ClientConn
@@ -163,7 +145,7 @@ func startRLSEnv(t testing.TB, bin, configDir string, env []string, args ...stri
 func startRLSBinEnv(t testing.TB, bin string, env []string, configDir string, args ...string) *rlsProc {
 	t.Helper()
 	addrs := freeAddrs(t, 2)
-	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &syncBuffer{}, done: make(chan struct{})}
+	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &testkit.Buffer{}, done: make(chan struct{})}
 	all := append([]string{"serve", "--config-dir", configDir, "--grpc-addr", p.GRPCAddr,
 		"--http-addr", p.HTTPAddr, "--debug-addr", "", "--admin-addr", ""}, args...)
 	p.cmd = exec.Command(bin, all...)
@@ -223,28 +205,9 @@ func (p *rlsProc) waitServing(t testing.TB, within time.Duration) {
 	t.Fatalf("rls not SERVING within %v\n%s", within, p.Log.String())
 }
 
-// eventually calls cond every 50 ms until it returns true or within has
-// passed, and reports whether it did. Tests poll with it (or waitFor) for a
-// state to change instead of sleeping for a fixed time.
-func eventually(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
-}
-
-// waitFor polls cond until it holds and fails the test if it does not
-// within the deadline.
-func waitFor(t testing.TB, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	if !eventually(within, cond) {
-		t.Fatalf("%s: not within %v", what, within)
-	}
-}
+// pollEvery is how often the tests evaluate what they wait for: most
+// conditions scrape /metrics or call rls, which should not be hammered.
+const pollEvery = 50 * time.Millisecond
 
 // stop sends SIGTERM and waits for the exit, killing by PID after 15 s.
 func (p *rlsProc) stop(t testing.TB) {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // A refund still being retried when rls gets SIGTERM is either written to
@@ -63,7 +64,7 @@ func shutdownRefund(t *testing.T, extra []string) {
 	// refund then fails without being sent: it goes to the background retry.
 	r.Pause()
 	t.Cleanup(r.Resume)
-	waitFor(t, "the circuit breaker opening", 20*time.Second, func() bool {
+	testkit.WaitForEvery(t, "the circuit breaker opening", 20*time.Second, pollEvery, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, _ = c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "sr",

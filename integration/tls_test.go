@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 	"github.com/rls-project/rls/pkg/tlsconfig/tlstest"
 )
 
@@ -232,7 +233,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 	// The files are looked at on a handshake, at most once a second:
 	// handshake until the broken file is seen, each time served the last
 	// good pair.
-	waitFor(t, "the broken certificate file logged", 5*time.Second, func() bool {
+	testkit.WaitForEvery(t, "the broken certificate file logged", 5*time.Second, pollEvery, func() bool {
 		if s := tlServedSerial(t, p.GRPCAddr, cfg); s.Cmp(next.Cert.SerialNumber) != 0 {
 			t.Fatalf("after a broken file served %v, want the last good %v", s, next.Cert.SerialNumber)
 		}
@@ -465,9 +466,11 @@ func TestTLSRedisPasswordNeverShown(t *testing.T) {
 	if err := admin2.Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the refusal logged", 5*time.Second, func() bool { return strings.Contains(p.Log.String(), "store refused rls's credentials") })
+	testkit.WaitForEvery(t, "the refusal logged", 5*time.Second, pollEvery, func() bool { return strings.Contains(p.Log.String(), "store refused rls's credentials") })
 	srv.Stop()
-	waitFor(t, "the dial error logged", 5*time.Second, func() bool { return strings.Contains(p.Log.String(), "store not ready") })
+	testkit.WaitForEvery(t, "the dial error logged", 5*time.Second, pollEvery, func() bool {
+		return strings.Contains(p.Log.String(), "store not ready")
+	})
 	p.stop(t)
 	log := refused + p.Log.String()
 	for _, pw := range []string{flagPW, urlPW} {

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // Tracing: the real binary exports its spans by OTLP to an
@@ -243,7 +244,7 @@ func TestTracingOTLPGRPC(t *testing.T) {
 		t.Fatalf("codes %v", codes)
 	}
 	traced(t, p, "00-"+traceID+"-"+parentID+"-00", secret+"-unsampled") // Envoy did not sample it
-	waitFor(t, "4 call spans and 3 store spans", 10*time.Second, func() bool {
+	testkit.WaitForEvery(t, "4 call spans and 3 store spans", 10*time.Second, pollEvery, func() bool {
 		return len(rcv.named("rls.ShouldRateLimit")) >= 4 && len(rcv.named("rls.store.Decide")) >= 3
 	})
 	p.stop(t) // flushes anything left
@@ -335,7 +336,7 @@ func TestTracingEnvEndpoint(t *testing.T) {
 	dir := writeConfig(t, map[string]string{"trace.yaml": traceConfig})
 	p := startTraced(t, []string{"OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_EXPORTER_OTLP_ENDPOINT=http://" + rcv.Addr}, dir)
 	traced(t, p, "", "a")
-	waitFor(t, "a span", 10*time.Second, func() bool { return len(rcv.named("rls.ShouldRateLimit")) == 1 })
+	testkit.WaitForEvery(t, "a span", 10*time.Second, pollEvery, func() bool { return len(rcv.named("rls.ShouldRateLimit")) == 1 })
 }
 
 // TestTracingStuckCollector: a collector that takes nothing never holds a
@@ -357,7 +358,7 @@ func TestTracingStuckCollector(t *testing.T) {
 	}
 	re := regexp.MustCompile(`(?m)^rls_trace_spans_dropped_total\{reason="queue_full"\} (\d+)$`)
 	var dropped int
-	waitFor(t, "spans dropped", 5*time.Second, func() bool {
+	testkit.WaitForEvery(t, "spans dropped", 5*time.Second, pollEvery, func() bool {
 		if m := re.FindStringSubmatch(scrapeAddr(t, p.HTTPAddr)); m != nil {
 			dropped, _ = strconv.Atoi(m[1])
 		}

@@ -24,6 +24,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 	"github.com/rls-project/rls/pkg/tlsconfig/tlstest"
 	"github.com/rls-project/rls/pkg/xds/xdstest"
 )
@@ -87,7 +88,7 @@ func TestXDSConfig(t *testing.T) {
 	p := startRLSNoWait(t, t.TempDir(), "--config-source", "xds", "--xds-server", cp.Addr, "--xds-node-id", "test")
 
 	// Connected, no snapshot yet: not ready, and no decisions.
-	waitFor(t, "rls's stream to the xDS server", 20*time.Second, func() bool { return cp.Streams() > 0 })
+	testkit.WaitForEvery(t, "rls's stream to the xDS server", 20*time.Second, pollEvery, func() bool { return cp.Streams() > 0 })
 	for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService", "ratelimit"} {
 		if s := xdsHealth(t, p, svc); s != healthpb.HealthCheckResponse_NOT_SERVING {
 			t.Errorf("health %q before any config: %v, want NOT_SERVING", svc, s)
@@ -148,7 +149,7 @@ func TestXDSConfig(t *testing.T) {
 	// The server goes away: rls keeps serving its last good config.
 	addr := cp.Addr
 	cp.Stop()
-	waitFor(t, "rls_xds_connected 0", 10*time.Second, func() bool { return series(scrape(t, p))["rls_xds_connected"] == 0 })
+	testkit.WaitForEvery(t, "rls_xds_connected 0", 10*time.Second, pollEvery, func() bool { return series(scrape(t, p))["rls_xds_connected"] == 0 })
 	if s := xdsHealth(t, p, "envoy.service.ratelimit.v3.RateLimitService"); s != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health without the xDS server: %v, want SERVING", s)
 	}
@@ -280,7 +281,7 @@ func TestXDSEnvoyGatewayStyle(t *testing.T) {
 	writeResources(fmt.Sprintf(egResources, 3))
 
 	cpAddr := freeAddr(t)
-	cpLog := &syncBuffer{}
+	cpLog := &testkit.Buffer{}
 	cp := exec.Command(bin, "--addr", cpAddr, "--node-id", env["RLS_XDS_NODE_ID"], "--config", files["resources.yaml"], "--poll", "100ms",
 		"--tls-cert", files["server.crt"], "--tls-key", files["server.key"], "--tls-client-ca", files["ca.crt"])
 	cp.Stdout, cp.Stderr = cpLog, cpLog
@@ -303,7 +304,7 @@ func TestXDSEnvoyGatewayStyle(t *testing.T) {
 			t.Logf("control plane log:\n%s", cpLog.String())
 		}
 	})
-	waitFor(t, "the example control plane serving", 10*time.Second, func() bool { return strings.Contains(cpLog.String(), "serving RateLimitConfig") })
+	testkit.WaitForEvery(t, "the example control plane serving", 10*time.Second, pollEvery, func() bool { return strings.Contains(cpLog.String(), "serving RateLimitConfig") })
 
 	// The manifest's env, its paths and addresses pointed at this test's.
 	rs := redistest.StartServer(t)
@@ -348,16 +349,16 @@ func TestXDSEnvoyGatewayStyle(t *testing.T) {
 		}
 	}
 	allows("u1", 3)
-	waitFor(t, "the example logs rls's ACK of version 1", 5*time.Second, func() bool {
+	testkit.WaitForEvery(t, "the example logs rls's ACK of version 1", 5*time.Second, pollEvery, func() bool {
 		return strings.Contains(cpLog.String(), `ACK from envoy-ratelimit: version "1"`)
 	})
 
 	writeResources(fmt.Sprintf(egResources, 5))
-	waitFor(t, "ACK of version 2", 10*time.Second, func() bool { return strings.Contains(cpLog.String(), `ACK from envoy-ratelimit: version "2"`) })
+	testkit.WaitForEvery(t, "ACK of version 2", 10*time.Second, pollEvery, func() bool { return strings.Contains(cpLog.String(), `ACK from envoy-ratelimit: version "2"`) })
 	allows("u2", 5)
 
 	writeResources(strings.Replace(fmt.Sprintf(egResources, 9), "MINUTE", "UNKNOWN", 1))
-	waitFor(t, "NACK of version 3", 10*time.Second, func() bool {
+	testkit.WaitForEvery(t, "NACK of version 3", 10*time.Second, pollEvery, func() bool {
 		return strings.Contains(cpLog.String(), `NACK from envoy-ratelimit: version "2" kept, response`) &&
 			strings.Contains(cpLog.String(), `xds:default/eg/http: descriptors[0].descriptors[0].rate_limit.unit: invalid unit "UNKNOWN"`)
 	})

@@ -7,21 +7,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rls-project/rls/pkg/testkit"
 )
-
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1000, 0)} }
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // transitions records OnChange calls.
 type transitions struct {
@@ -64,7 +52,7 @@ func TestDefaults(t *testing.T) {
 // TestBurstDoesNotOpen: concurrent failures of one short stall are one
 // burst, not an outage.
 func TestBurstDoesNotOpen(t *testing.T) {
-	clk := newFakeClock()
+	clk := testkit.NewClock(time.Unix(1000, 0))
 	b := New(Options{Now: clk.Now})
 	// Five (and then fifty) calls in flight when the backend stalls for
 	// 30 ms: all of them time out within those 30 ms.
@@ -78,7 +66,7 @@ func TestBurstDoesNotOpen(t *testing.T) {
 			tickets[i] = tk
 		}
 		for _, tk := range tickets {
-			clk.Add(30 * time.Millisecond / time.Duration(n))
+			clk.Advance(30 * time.Millisecond / time.Duration(n))
 			b.Done(tk, Failure)
 		}
 		if b.State() != Closed {
@@ -91,13 +79,13 @@ func TestBurstDoesNotOpen(t *testing.T) {
 // TestSustainedFailureOpens: Threshold failures with no success for
 // FailWindow open it, and not a moment earlier.
 func TestSustainedFailureOpens(t *testing.T) {
-	clk := newFakeClock()
+	clk := testkit.NewClock(time.Unix(1000, 0))
 	b := New(Options{Now: clk.Now})
 	for i := 0; i < 5; i++ { // at 0, 60, 120, 180, 240 ms
 		call(t, b, Failure)
-		clk.Add(60 * time.Millisecond)
+		clk.Advance(60 * time.Millisecond)
 	}
-	clk.Add(-50 * time.Millisecond) // 250 ms after the first failure
+	clk.Advance(-50 * time.Millisecond) // 250 ms after the first failure
 	if b.State() != Closed {
 		t.Fatal("opened before FailWindow passed")
 	}
@@ -113,7 +101,7 @@ func TestSustainedFailureOpens(t *testing.T) {
 	b = New(Options{Now: clk.Now})
 	for i := 0; i < 4; i++ {
 		call(t, b, Failure)
-		clk.Add(time.Second)
+		clk.Advance(time.Second)
 	}
 	if b.State() != Closed {
 		t.Fatal("4 failures opened a breaker with Threshold 5")
@@ -123,22 +111,22 @@ func TestSustainedFailureOpens(t *testing.T) {
 // TestSuccessResetsRun: a success ends the run; the next run is timed from
 // its own first failure.
 func TestSuccessResetsRun(t *testing.T) {
-	clk := newFakeClock()
+	clk := testkit.NewClock(time.Unix(1000, 0))
 	b := New(Options{Now: clk.Now})
 	for i := 0; i < 5; i++ { // 0 to 200 ms
 		call(t, b, Failure)
-		clk.Add(50 * time.Millisecond)
+		clk.Advance(50 * time.Millisecond)
 	}
 	call(t, b, Success) // at 250 ms
-	clk.Add(10 * time.Millisecond)
+	clk.Advance(10 * time.Millisecond)
 	for i := 0; i < 5; i++ { // 260 to 500 ms: a run of 240 ms
 		call(t, b, Failure)
-		clk.Add(60 * time.Millisecond)
+		clk.Advance(60 * time.Millisecond)
 	}
 	if b.State() != Closed {
 		t.Fatal("a success did not reset the run")
 	}
-	clk.Add(-50 * time.Millisecond) // 510 ms: 250 ms into the second run
+	clk.Advance(-50 * time.Millisecond) // 510 ms: 250 ms into the second run
 	call(t, b, Failure)
 	if b.State() != Open {
 		t.Fatalf("state %v, want open", b.State())
@@ -148,7 +136,7 @@ func TestSuccessResetsRun(t *testing.T) {
 	// extends it.
 	b = New(Options{Now: clk.Now, Threshold: 2})
 	call(t, b, Failure)
-	clk.Add(300 * time.Millisecond)
+	clk.Advance(300 * time.Millisecond)
 	call(t, b, Unknown)
 	call(t, b, Failure)
 	if b.State() != Open {
@@ -157,12 +145,12 @@ func TestSuccessResetsRun(t *testing.T) {
 }
 
 func TestBreakerCycle(t *testing.T) {
-	clk := newFakeClock()
+	clk := testkit.NewClock(time.Unix(1000, 0))
 	tr := &transitions{}
 	b := New(Options{Threshold: 3, FailWindow: 100 * time.Millisecond, Cooldown: time.Second, Now: clk.Now, OnChange: tr.record})
 	for i := 0; i < 3; i++ {
 		call(t, b, Failure)
-		clk.Add(50 * time.Millisecond)
+		clk.Advance(50 * time.Millisecond)
 	}
 	if b.State() != Open {
 		t.Fatalf("state %v, want open", b.State())
@@ -170,7 +158,7 @@ func TestBreakerCycle(t *testing.T) {
 	if _, ok := b.Allow(); ok {
 		t.Fatal("open breaker allowed a call before its cooldown")
 	}
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	probe, ok := b.Allow()
 	if !ok {
 		t.Fatal("no probe after the cooldown")
@@ -182,7 +170,7 @@ func TestBreakerCycle(t *testing.T) {
 	if _, ok := b.Allow(); b.State() != Open || ok {
 		t.Fatalf("state %v after a failed probe, want open and refusing", b.State())
 	}
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	probe, ok = b.Allow()
 	if !ok {
 		t.Fatal("no probe after the second cooldown")
@@ -204,16 +192,16 @@ func TestBreakerCycle(t *testing.T) {
 // TestStaleOutcomes: an outcome counts only in the state that let its call
 // through.
 func TestStaleOutcomes(t *testing.T) {
-	clk := newFakeClock()
+	clk := testkit.NewClock(time.Unix(1000, 0))
 	b := New(Options{Threshold: 1, FailWindow: time.Millisecond, Cooldown: time.Second, Now: clk.Now})
 	slow, _ := b.Allow() // let through while closed, returns much later
 	call(t, b, Failure)
-	clk.Add(time.Millisecond)
+	clk.Advance(time.Millisecond)
 	call(t, b, Failure)
 	if b.State() != Open {
 		t.Fatalf("state %v, want open", b.State())
 	}
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	probe, ok := b.Allow()
 	if !ok {
 		t.Fatal("no probe")
@@ -225,7 +213,7 @@ func TestStaleOutcomes(t *testing.T) {
 	// A probe of an earlier half-open spell returning in this one neither
 	// decides it nor frees a place.
 	b.Done(probe, Failure) // open again
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	probe2, ok := b.Allow()
 	if !ok {
 		t.Fatal("no probe after the second cooldown")
@@ -245,12 +233,12 @@ func TestStaleOutcomes(t *testing.T) {
 	b = New(Options{Threshold: 2, FailWindow: time.Millisecond, Cooldown: time.Second, Now: clk.Now})
 	old, _ := b.Allow()
 	call(t, b, Failure)
-	clk.Add(time.Millisecond)
+	clk.Advance(time.Millisecond)
 	call(t, b, Failure)
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	call(t, b, Success) // the probe closes it
 	call(t, b, Failure) // a new run
-	clk.Add(time.Millisecond)
+	clk.Advance(time.Millisecond)
 	b.Done(old, Failure)
 	if b.State() != Closed {
 		t.Fatal("a failure from before the breaker opened counted in the next run")
@@ -264,7 +252,7 @@ func TestStaleOutcomes(t *testing.T) {
 // done; and the breaker still follows the rules afterwards.
 func TestBreakerConcurrent(t *testing.T) {
 	const probes = 2
-	clk := newFakeClock()
+	clk := testkit.NewClock(time.Unix(1000, 0))
 	tr := &transitions{}
 	b := New(Options{Threshold: 3, FailWindow: 2 * time.Millisecond, Cooldown: 3 * time.Millisecond, Probes: probes, Now: clk.Now, OnChange: tr.record})
 
@@ -286,7 +274,7 @@ func TestBreakerConcurrent(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(g), 7))
 			var held []Ticket
 			for range 4000 {
-				clk.Add(time.Duration(rng.IntN(200)) * time.Microsecond)
+				clk.Advance(time.Duration(rng.IntN(200)) * time.Microsecond)
 				if len(held) == 4 || (len(held) > 0 && rng.IntN(2) == 0) {
 					i := rng.IntN(len(held))
 					tk := held[i]
@@ -354,7 +342,7 @@ func TestBreakerConcurrent(t *testing.T) {
 	// Every call is done, so after a cooldown exactly Probes probes (or
 	// any number of calls, when it ended closed) go through, and a
 	// successful one closes it.
-	clk.Add(3 * time.Millisecond)
+	clk.Advance(3 * time.Millisecond)
 	var last []Ticket
 	for i := 0; i < probes; i++ {
 		tk, ok := b.Allow()
@@ -376,7 +364,7 @@ func TestBreakerConcurrent(t *testing.T) {
 	// And sustained failures open it again.
 	for i := 0; i < 3; i++ {
 		call(t, b, Failure)
-		clk.Add(time.Millisecond)
+		clk.Advance(time.Millisecond)
 	}
 	if b.State() != Open {
 		t.Fatalf("state %v after 3 failures over 2 ms, want open", b.State())
@@ -386,18 +374,18 @@ func TestBreakerConcurrent(t *testing.T) {
 // TestRefusedOpensAtOnce: a refused connection is no stall: the breaker
 // opens at once, and a refused probe opens it again.
 func TestRefusedOpensAtOnce(t *testing.T) {
-	clk := newFakeClock()
+	clk := testkit.NewClock(time.Unix(1000, 0))
 	b := New(Options{Now: clk.Now})
 	call(t, b, Refused)
 	if b.State() != Open {
 		t.Fatalf("state %v after a refused connection, want open", b.State())
 	}
-	clk.Add(DefaultCooldown)
+	clk.Advance(DefaultCooldown)
 	call(t, b, Refused) // the probe
 	if b.State() != Open {
 		t.Fatalf("state %v after a refused probe, want open", b.State())
 	}
-	clk.Add(DefaultCooldown)
+	clk.Advance(DefaultCooldown)
 	call(t, b, Success)
 	if b.State() != Closed {
 		t.Fatalf("state %v after a successful probe, want closed", b.State())

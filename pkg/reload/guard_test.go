@@ -1,7 +1,6 @@
 package reload
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // countLoads replaces load with a wrapper counting its calls.
@@ -29,14 +29,6 @@ func countLoads(t *testing.T) func() int {
 	return func() int { mu.Lock(); defer mu.Unlock(); return n }
 }
 
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
-func (l *logBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
-
 // past sets a file's modification time an hour back, out of racyWindow.
 func past(t *testing.T, path string) {
 	t.Helper()
@@ -46,14 +38,14 @@ func past(t *testing.T, path string) {
 	}
 }
 
-func newGuarded(t *testing.T, dir string, opts Options) (*Watcher, *applied, *logBuf) {
+func newGuarded(t *testing.T, dir string, opts Options) (*Watcher, *applied, *testkit.Buffer) {
 	t.Helper()
 	cfg, _, err := descriptors.Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := &applied{}
-	lb := &logBuf{}
+	lb := &testkit.Buffer{}
 	opts.Dir = dir
 	opts.Apply = func(c *descriptors.Config) { a.mu.Lock(); a.cfgs = append(a.cfgs, c); a.mu.Unlock() }
 	opts.Report = func(r Result, _ *descriptors.Config) { a.mu.Lock(); a.res = append(a.res, r); a.mu.Unlock() }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 const good = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: %s}\n"
@@ -40,17 +41,6 @@ func (a *applied) last() (*descriptors.Config, int) {
 	return a.cfgs[len(a.cfgs)-1], len(a.cfgs)
 }
 
-func waitFor(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // waitWatching returns once the watcher sees events: it touches a stray
 // non-YAML file until a reload attempt is reported (attempts counts them).
 // These tests turn the poll off, so a change made before the watch exists
@@ -59,15 +49,16 @@ func waitFor(t *testing.T, what string, f func() bool) {
 func waitWatching(t *testing.T, dir string, attempts func() int) {
 	t.Helper()
 	probe := filepath.Join(dir, "probe.txt")
-	deadline := time.Now().Add(5 * time.Second)
-	for attempts() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out waiting for the watch to start")
+	if !testkit.EventuallyEvery(5*time.Second, 100*time.Millisecond, func() bool {
+		if attempts() > 0 {
+			return true
 		}
 		if err := os.WriteFile(probe, []byte(time.Now().String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		return false
+	}) {
+		t.Fatal("timed out waiting for the watch to start")
 	}
 }
 
@@ -102,11 +93,11 @@ func TestWatcherAppliesValidChangesOnly(t *testing.T) {
 	waitWatching(t, dir, a.attempts)
 
 	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "2"))
-	waitFor(t, "limit 2", func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 2 })
+	testkit.WaitFor(t, "limit 2", 5*time.Second, func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 2 })
 
 	// A broken edit is rejected: nothing applied.
 	write(t, filepath.Join(dir, "d.yaml"), "domain: d\ndescriptors:\n  - key: k\n    bogus: 1\n")
-	waitFor(t, "a failure", func() bool {
+	testkit.WaitFor(t, "a failure", 5*time.Second, func() bool {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		return len(a.res) > 0 && a.res[len(a.res)-1] == Failure
@@ -119,14 +110,14 @@ func TestWatcherAppliesValidChangesOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "3"))
-	waitFor(t, "limit 3", func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 3 })
+	testkit.WaitFor(t, "limit 3", 5*time.Second, func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 3 })
 	// Adding a domain file and removing it.
 	write(t, filepath.Join(dir, "e.yaml"), "domain: e\ndescriptors: []\n")
-	waitFor(t, "domain e", func() bool { c, _ := a.last(); return c != nil && len(c.Domains()) == 2 })
+	testkit.WaitFor(t, "domain e", 5*time.Second, func() bool { c, _ := a.last(); return c != nil && len(c.Domains()) == 2 })
 	if err := os.Remove(filepath.Join(dir, "e.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "domain e removed", func() bool { c, _ := a.last(); return c != nil && len(c.Domains()) == 1 })
+	testkit.WaitFor(t, "domain e removed", 5*time.Second, func() bool { c, _ := a.last(); return c != nil && len(c.Domains()) == 1 })
 }
 
 // TestConfigMapSymlinkSwap rebuilds Kubernetes' ConfigMap layout: the files
@@ -173,7 +164,7 @@ func TestConfigMapSymlinkSwap(t *testing.T) {
 
 	mkVersion("..2026_01_01_00_00_00.2", "7")
 	swap("..2026_01_01_00_00_00.2")
-	waitFor(t, "limit 7 after the ..data swap", func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 7 })
+	testkit.WaitFor(t, "limit 7 after the ..data swap", 5*time.Second, func() bool { c, _ := a.last(); return c != nil && limitOf(c) == 7 })
 }
 
 func TestPollCatchesMissedEvents(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
@@ -20,10 +21,10 @@ func newTestAdmin(t *testing.T, opts Options) (*Admin, *Service) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{}
-	clk.add(1_751_540_400e9)
-	st := memory.New(memory.Options{Now: clk.now})
-	lim := limiter.New(st, limiter.Options{Now: clk.now})
+	clk := &testkit.Clock{}
+	clk.Advance(1_751_540_400e9)
+	st := memory.New(memory.Options{Now: clk.Now})
+	lim := limiter.New(st, limiter.Options{Now: clk.Now})
 	svc := New(cfg, lim, opts)
 	return NewAdmin(svc, st, lim), svc
 }

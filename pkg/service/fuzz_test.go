@@ -16,6 +16,7 @@ import (
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // fuzzConfig exercises every rule feature the handler branches on: each
@@ -182,9 +183,9 @@ func FuzzShouldRateLimit(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	st := memory.New(memory.Options{Now: clk.now, MaxKeys: 10000})
-	lim := limiter.New(st, limiter.Options{Now: clk.now, OverLimitCacheSize: 1000, BucketsSize: 1000})
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	st := memory.New(memory.Options{Now: clk.Now, MaxKeys: 10000})
+	lim := limiter.New(st, limiter.Options{Now: clk.Now, OverLimitCacheSize: 1000, BucketsSize: 1000})
 	svcs := []*Service{
 		New(cfg, lim, Options{}),
 		New(cfg, lim, Options{ResponseHeaders: true, FailClosed: true, Metrics: NewMetrics(prometheus.NewRegistry(), 5)}),
@@ -192,7 +193,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req := fuzzRequest(data)
 		if len(data) > 0 {
-			clk.add(time.Duration(data[len(data)-1]) * 10 * time.Millisecond)
+			clk.Advance(time.Duration(data[len(data)-1]) * 10 * time.Millisecond)
 		}
 		svc := svcs[len(data)%2]
 		// Twice: the second call sees the first one's counters (and the

@@ -16,6 +16,7 @@ import (
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // periodConfig has a two-minute rule of each algorithm.
@@ -36,15 +37,15 @@ descriptors:
 
 // newPeriodService returns a service of periodConfig on the memory store,
 // its clock on a two-minute (and thirty-minute) boundary.
-func newPeriodService(t *testing.T, opts Options) (*Service, *clock) {
+func newPeriodService(t *testing.T, opts Options) (*Service, *testkit.Clock) {
 	t.Helper()
 	cfg, err := descriptors.Parse(map[string][]byte{"p.yaml": []byte(periodConfig)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)} // a multiple of 1800 s
-	st := memory.New(memory.Options{Now: clk.now})
-	return New(cfg, limiter.New(st, limiter.Options{Now: clk.now}), opts), clk
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0)) // a multiple of 1800 s
+	st := memory.New(memory.Options{Now: clk.Now})
+	return New(cfg, limiter.New(st, limiter.Options{Now: clk.Now}), opts), clk
 }
 
 // step is one request of a period test: after advancing the clock by
@@ -102,7 +103,7 @@ func TestTwoMinuteRule(t *testing.T) {
 		t.Run(tt.key, func(t *testing.T) {
 			s, clk := newPeriodService(t, Options{})
 			for i, st := range tt.steps {
-				clk.add(st.after)
+				clk.Advance(st.after)
 				r := call(t, s, 0, d(tt.key, "u"))
 				got := r.Statuses[0]
 				reset := got.DurationUntilReset.AsDuration()
@@ -152,11 +153,11 @@ func TestOverrideThirtyMinutes(t *testing.T) {
 	if h["RateLimit-Reset"] != "1800" || h["Retry-After"] != "1800" {
 		t.Errorf("RateLimit-Reset %q, Retry-After %q, want 1800", h["RateLimit-Reset"], h["Retry-After"])
 	}
-	clk.add(29*time.Minute + 59*time.Second) // a 1-minute override would pass 29 times over
+	clk.Advance(29*time.Minute + 59*time.Second) // a 1-minute override would pass 29 times over
 	if r := req(); r.OverallCode != codeOver || r.Statuses[0].DurationUntilReset.AsDuration() != time.Second {
 		t.Fatalf("at 29m59s: %s reset %v, want OVER_LIMIT reset 1s", brief(r), r.Statuses[0].DurationUntilReset.AsDuration())
 	}
-	clk.add(time.Second)
+	clk.Advance(time.Second)
 	if r := req(); r.OverallCode != codeOK || r.Statuses[0].LimitRemaining != 6 {
 		t.Fatalf("at 30m: %s, want OK with 6 left", brief(r))
 	}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +25,7 @@ import (
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 const testConfig = `
@@ -55,28 +55,15 @@ descriptors:
     rate_limit: {name: weekly, unit: week, requests_per_unit: 1}
 `
 
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func newTestService(t *testing.T) (*Service, *clock) {
+func newTestService(t *testing.T) (*Service, *testkit.Clock) {
 	t.Helper()
 	cfg, err := descriptors.Parse(map[string][]byte{"test.yaml": []byte(testConfig)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)} // on a window boundary of every unit up to a day
-	st := memory.New(memory.Options{Now: clk.now})
-	return New(cfg, limiter.New(st, limiter.Options{Now: clk.now}), Options{}), clk
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0)) // on a window boundary of every unit up to a day
+	st := memory.New(memory.Options{Now: clk.Now})
+	return New(cfg, limiter.New(st, limiter.Options{Now: clk.Now}), Options{}), clk
 }
 
 func d(kv ...string) *rlcommon.RateLimitDescriptor {
@@ -140,7 +127,7 @@ func TestOverLimitAndRetry(t *testing.T) {
 	if got := brief(call(t, s, 0, d("small", "x"))); got != "OK OK/0/small" {
 		t.Fatal(got)
 	}
-	clk.add(10 * time.Minute)
+	clk.Advance(10 * time.Minute)
 	r := call(t, s, 0, d("small", "x"))
 	if got := brief(r); got != "OVER_LIMIT OVER_LIMIT/0/small" {
 		t.Fatal(got)
@@ -377,8 +364,8 @@ func TestResponseHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_751_540_400, 0).Add(15 * time.Second)}
-	s := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now}),
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0).Add(15 * time.Second))
+	s := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.Now}), limiter.Options{Now: clk.Now}),
 		Options{ResponseHeaders: true})
 	r := call(t, s, 0, d("api_key", "h"), d("small", "h"))
 	h := headersOf(r)
@@ -396,7 +383,7 @@ func TestResponseHeaders(t *testing.T) {
 	if _, ok := h["Retry-After"]; ok {
 		t.Error("Retry-After on an OK response")
 	}
-	clk.add(500 * time.Millisecond)
+	clk.Advance(500 * time.Millisecond)
 	r = call(t, s, 0, d("api_key", "h"), d("small", "h"))
 	h = headersOf(r)
 	if r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
@@ -496,8 +483,8 @@ descriptors:
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	s := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now}),
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	s := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.Now}), limiter.Options{Now: clk.Now}),
 		Options{Limits: Limits{Hits: math.MaxUint64}}) // clamped to MaxHitsBound
 	if got := brief(call(t, s, math.MaxUint32, d("big", "x"))); got != "OK OK/0/" {
 		t.Fatalf("2^32-1 hits on a 2^32-1 limit: %s", got)

@@ -15,6 +15,7 @@ import (
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // The accuracy cost of split, measured on simulated traffic: Poisson
@@ -40,8 +41,8 @@ type simRun struct {
 // for one key of rule yaml, over replicas replicas, and counts what passes.
 func simulate(t testing.TB, rule string, replicas int, rate float64, dur time.Duration, seed uint64) simRun {
 	t.Helper()
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	st := memory.New(memory.Options{Now: clk.now})
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	st := memory.New(memory.Options{Now: clk.Now})
 	conf := "domain: sim\ndescriptors:\n  - key: k\n    rate_limit: " + rule + "\n"
 	svcs := make([]*Service, replicas)
 	for i := range svcs {
@@ -49,12 +50,12 @@ func simulate(t testing.TB, rule string, replicas int, rate float64, dur time.Du
 		if err != nil {
 			t.Fatal(err)
 		}
-		svcs[i] = New(cfg, limiter.New(st, limiter.Options{Now: clk.now, FleetSize: func() int { return replicas }}), Options{})
+		svcs[i] = New(cfg, limiter.New(st, limiter.Options{Now: clk.Now, FleetSize: func() int { return replicas }}), Options{})
 	}
 	window := cfgWindow(t, conf)
 	req := &rlsv3.RateLimitRequest{Domain: "sim", Descriptors: []*rlcommon.RateLimitDescriptor{d("k", "hot")}}
 	rng := rand.New(rand.NewPCG(seed, 18))
-	start := clk.now()
+	start := clk.Now()
 	var run simRun
 	var ok []time.Time
 	for at := time.Duration(0); ; {
@@ -62,7 +63,7 @@ func simulate(t testing.TB, rule string, replicas int, rate float64, dur time.Du
 		if at >= dur {
 			break
 		}
-		clk.t = start.Add(at)
+		clk.Set(start.Add(at))
 		r, err := svcs[rng.IntN(replicas)].ShouldRateLimit(context.Background(), req)
 		if err != nil {
 			t.Fatal(err)
@@ -70,7 +71,7 @@ func simulate(t testing.TB, rule string, replicas int, rate float64, dur time.Du
 		run.offered++
 		if r.OverallCode == rlsv3.RateLimitResponse_OK {
 			run.admitted++
-			ok = append(ok, clk.t)
+			ok = append(ok, clk.Now())
 		}
 	}
 	run.secs = dur.Seconds()

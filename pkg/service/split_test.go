@@ -16,6 +16,7 @@ import (
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
@@ -51,17 +52,17 @@ func (r *recordingStore) Decide(ctx context.Context, checks []store.Check, resul
 	return r.Store.Decide(ctx, checks, results)
 }
 
-func newSplitService(t *testing.T, st store.Store, opts limiter.Options) (*Service, *limiter.Limiter, *clock) {
+func newSplitService(t *testing.T, st store.Store, opts limiter.Options) (*Service, *limiter.Limiter, *testkit.Clock) {
 	t.Helper()
 	cfg, err := descriptors.Parse(map[string][]byte{"split.yaml": []byte(splitConfig)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
 	if st == nil {
-		st = memory.New(memory.Options{Now: clk.now})
+		st = memory.New(memory.Options{Now: clk.Now})
 	}
-	opts.Now = clk.now
+	opts.Now = clk.Now
 	lim := limiter.New(st, opts)
 	return New(cfg, lim, Options{}), lim, clk
 }
@@ -74,8 +75,8 @@ func TestSplitSharesAndRoundRobin(t *testing.T) {
 	for _, key := range []string{"hot", "fixed"} {
 		t.Run(key, func(t *testing.T) {
 			rec := &recordingStore{}
-			clk := &clock{t: time.Unix(1_751_540_400, 0)}
-			rec.Store = memory.New(memory.Options{Now: clk.now})
+			clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+			rec.Store = memory.New(memory.Options{Now: clk.Now})
 			s, _, _ := newSplitService(t, rec, limiter.Options{})
 			ok := 0
 			for range 30 {
@@ -167,8 +168,8 @@ func TestSplitFailOpenShare(t *testing.T) {
 // request goes to the next sub-key (and to the store).
 func TestSplitOverLimitCachePerSubKey(t *testing.T) {
 	rec := &recordingStore{}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	rec.Store = memory.New(memory.Options{Now: clk.now})
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	rec.Store = memory.New(memory.Options{Now: clk.Now})
 	s, lim, _ := newSplitService(t, rec, limiter.Options{})
 	for range 10 {
 		call(t, s, 1, d("hot", "c")) // every sub-key spent
@@ -195,9 +196,9 @@ func TestSplitAdmin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	st := memory.New(memory.Options{Now: clk.now})
-	lim := limiter.New(st, limiter.Options{Now: clk.now})
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	st := memory.New(memory.Options{Now: clk.Now})
+	lim := limiter.New(st, limiter.Options{Now: clk.Now})
 	svc := New(cfg, lim, Options{})
 	a := NewAdmin(svc, st, lim)
 	ctx := context.Background()
@@ -251,8 +252,8 @@ func TestSplitAdmin(t *testing.T) {
 // share and leaving the charged one spent.
 func TestSplitRefundToChargedSubKey(t *testing.T) {
 	rec := &recordingStore{}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	rec.Store = memory.New(memory.Options{Now: clk.now})
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	rec.Store = memory.New(memory.Options{Now: clk.Now})
 	s, _, _ := newSplitService(t, rec, limiter.Options{DisableOverLimitCache: true})
 	sub := func(c store.Check) string { _, after, _ := strings.Cut(c.Key, "|"); return after }
 	for i := range 9 {

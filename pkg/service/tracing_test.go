@@ -26,6 +26,7 @@ import (
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // tracedService is newTestService's service on st (nil: the memory store
@@ -36,15 +37,15 @@ func tracedService(t *testing.T, st store.Store, values bool, sampler sdktrace.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
 	if st == nil {
-		st = memory.New(memory.Options{Now: clk.now})
+		st = memory.New(memory.Options{Now: clk.Now})
 	}
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sampler))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	tr := &Tracing{Tracer: tp.Tracer("test"), Store: "memory", DescriptorValues: values}
-	return New(cfg, limiter.New(st, limiter.Options{Now: clk.now}), Options{Tracing: tr}), rec
+	return New(cfg, limiter.New(st, limiter.Options{Now: clk.Now}), Options{Tracing: tr}), rec
 }
 
 // lastSpan returns the one span recorded since the last call, by name.

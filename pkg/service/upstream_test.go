@@ -12,6 +12,7 @@ import (
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // The cases of envoyproxy/ratelimit's service tests (test/service/
@@ -120,8 +121,8 @@ func TestUpstreamServiceCases(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			clk := &clock{t: time.Unix(1_751_540_400, 0)}
-			svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now}),
+			clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+			svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.Now}), limiter.Options{Now: clk.Now}),
 				Options{ShadowMode: c.shadowMode, QuotaMode: c.quotaMode, ResponseMetadata: c.metadata})
 			var ds []*rlcommon.RateLimitDescriptor
 			for i := range c.descs {
@@ -172,8 +173,8 @@ func TestUpstreamCustomHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Unix(1_751_540_400, 0)}
-	svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now}),
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.Now}), limiter.Options{Now: clk.Now}),
 		Options{ResponseHeaders: true, HeaderNames: HeaderNames{Limit: "A-Ratelimit-Limit", Remaining: "A-Ratelimit-Remaining", Reset: "A-Ratelimit-Reset"}})
 	resp, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "up", Descriptors: []*rlcommon.RateLimitDescriptor{d("d0", "v"), d("none", "v")}})
 	if err != nil {
@@ -219,8 +220,8 @@ descriptors:
 			if err != nil {
 				t.Fatal(err)
 			}
-			clk := &clock{t: time.Unix(1_751_540_400, 0)}
-			svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.now}), limiter.Options{Now: clk.now, DisableOverLimitCache: true}), Options{})
+			clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+			svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.Now}), limiter.Options{Now: clk.Now, DisableOverLimitCache: true}), Options{})
 			req := func(ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse {
 				r, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "q", Descriptors: ds})
 				if err != nil {

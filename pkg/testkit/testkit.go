@@ -60,6 +60,15 @@ func WaitFor(t TB, what string, within time.Duration, cond func() bool) {
 	}
 }
 
+// WaitForEvery is WaitFor with its own polling interval, for a cond that
+// is costly (a scrape, a process listing).
+func WaitForEvery(t TB, what string, within, every time.Duration, cond func() bool) {
+	t.Helper()
+	if !EventuallyEvery(within, every, cond) {
+		t.Fatalf("%s: not within %v", what, within)
+	}
+}
+
 // Buffer is a bytes.Buffer safe for concurrent writers and readers: the
 // log sink of a server under test that the test reads while it runs. The
 // zero value is ready to use.

@@ -45,6 +45,26 @@ func TestWaitForNamesWhat(t *testing.T) {
 	}
 }
 
+func TestWaitForEvery(t *testing.T) {
+	var f fakeT
+	calls := 0
+	WaitForEvery(&f, "the thing", 100*time.Millisecond, 40*time.Millisecond, func() bool { calls++; return false })
+	if f.failed != "the thing: not within 100ms" {
+		t.Fatalf("failure = %q", f.failed)
+	}
+	// Once at once, on the 40 ms ticks (twice; a late goroutine may find
+	// a tick and the deadline both due), and at the deadline: far fewer
+	// than the 20 or so of PollEvery.
+	if calls < 2 || calls > 10 {
+		t.Fatalf("cond evaluated %d times in 100 ms at a 40 ms interval, want 2 to 10", calls)
+	}
+	f = fakeT{}
+	WaitForEvery(&f, "the thing", time.Millisecond, time.Hour, func() bool { return true })
+	if f.failed != "" {
+		t.Fatalf("a condition that holds failed: %q", f.failed)
+	}
+}
+
 func TestBufferConcurrent(t *testing.T) {
 	var b Buffer
 	var wg sync.WaitGroup

@@ -1,7 +1,6 @@
 package tlsconfig
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
@@ -9,37 +8,12 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/rls-project/rls/pkg/testkit"
 	"github.com/rls-project/rls/pkg/tlsconfig/tlstest"
 )
-
-// fakeClock is a settable clock for Reloader.now.
-type fakeClock struct{ ns atomic.Int64 }
-
-func (c *fakeClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
-
-// lockedBuffer is a log sink safe for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // env is a CA with a server pair and a client CA written to a directory.
 type env struct {
@@ -60,9 +34,9 @@ func newEnv(t *testing.T) *env {
 }
 
 // reloader builds a Reloader on a fake clock that logs to the returned buffer.
-func (e *env) reloader(t *testing.T, withCA bool) (*Reloader, *fakeClock, *lockedBuffer) {
+func (e *env) reloader(t *testing.T, withCA bool) (*Reloader, *testkit.Clock, *testkit.Buffer) {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &testkit.Buffer{}
 	files := Files{Cert: e.certFile, Key: e.keyFile}
 	if withCA {
 		files.ClientCA = e.caF
@@ -71,11 +45,10 @@ func (e *env) reloader(t *testing.T, withCA bool) (*Reloader, *fakeClock, *locke
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &fakeClock{}
-	clk.ns.Store(time.Now().UnixNano())
+	clk := testkit.NewClock(time.Now())
 	r.mu.Lock()
-	r.now = clk.now
-	r.checked = clk.now()
+	r.now = clk.Now
+	r.checked = clk.Now()
 	r.mu.Unlock()
 	return r, clk, logs
 }
@@ -209,7 +182,7 @@ func TestRotationPickedUp(t *testing.T) {
 	tlstest.WriteAtomic(t, e.dir, "tls.key", next.KeyPEM)
 
 	// Within the interval the files are not looked at.
-	clk.advance(DefaultInterval / 2)
+	clk.Advance(DefaultInterval / 2)
 	st, err := handshake(t, r.ServerConfig(), e.clientConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +190,7 @@ func TestRotationPickedUp(t *testing.T) {
 	if serialOf(st).Cmp(e.server.Cert.SerialNumber) != 0 {
 		t.Fatal("files re-read before the interval passed")
 	}
-	clk.advance(DefaultInterval)
+	clk.Advance(DefaultInterval)
 	st, err = handshake(t, r.ServerConfig(), e.clientConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -239,12 +212,12 @@ func TestBrokenFilesKeepLastGood(t *testing.T) {
 	}
 	// A half-written certificate.
 	tlstest.Write(t, e.dir, "tls.crt", e.server.CertPEM[:len(e.server.CertPEM)/2])
-	clk.advance(DefaultInterval)
+	clk.Advance(DefaultInterval)
 	if serial().Cmp(e.server.Cert.SerialNumber) != 0 {
 		t.Fatal("a broken certificate replaced the good one")
 	}
 	for range 3 {
-		clk.advance(DefaultInterval)
+		clk.Advance(DefaultInterval)
 		serial()
 	}
 	if n := strings.Count(logs.String(), "do not load"); n != 1 {
@@ -253,14 +226,14 @@ func TestBrokenFilesKeepLastGood(t *testing.T) {
 	// A whole new certificate whose key is not written yet.
 	next := e.ca.Server(t, "rls-2")
 	tlstest.Write(t, e.dir, "tls.crt", next.CertPEM)
-	clk.advance(DefaultInterval)
+	clk.Advance(DefaultInterval)
 	if serial().Cmp(e.server.Cert.SerialNumber) != 0 {
 		t.Fatal("a certificate without its key replaced the good one")
 	}
 	// The client CA file broken meanwhile keeps the old pool too.
 	tlstest.Write(t, e.dir, "client-ca.crt", []byte("not PEM"))
 	tlstest.Write(t, e.dir, "tls.key", next.KeyPEM)
-	clk.advance(DefaultInterval)
+	clk.Advance(DefaultInterval)
 	if serial().Cmp(e.server.Cert.SerialNumber) != 0 {
 		t.Fatal("a broken client CA file let a new pair in")
 	}
@@ -270,7 +243,7 @@ func TestBrokenFilesKeepLastGood(t *testing.T) {
 	}
 	// Everything whole again: the new pair is served.
 	tlstest.Write(t, e.dir, "client-ca.crt", e.clientCA.PEM)
-	clk.advance(DefaultInterval)
+	clk.Advance(DefaultInterval)
 	if serial().Cmp(next.Cert.SerialNumber) != 0 {
 		t.Fatal("the repaired files were not picked up")
 	}
@@ -278,7 +251,7 @@ func TestBrokenFilesKeepLastGood(t *testing.T) {
 	if err := removeFile(e.keyFile); err != nil {
 		t.Fatal(err)
 	}
-	clk.advance(DefaultInterval)
+	clk.Advance(DefaultInterval)
 	if serial().Cmp(next.Cert.SerialNumber) != 0 {
 		t.Fatal("a missing key file dropped the certificate")
 	}
@@ -294,7 +267,7 @@ func TestClientCARotation(t *testing.T) {
 		t.Fatal("client of the future CA accepted before rotation")
 	}
 	tlstest.WriteAtomic(t, e.dir, "client-ca.crt", newCA.PEM)
-	clk.advance(DefaultInterval)
+	clk.Advance(DefaultInterval)
 	if _, err := handshake(t, r.ServerConfig(), e.clientConfig(newClient)); err != nil {
 		t.Fatalf("client of the new CA refused after rotation: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/store/storetest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // heapInUse returns the live heap after two collections.
@@ -35,7 +36,7 @@ func hourly(key string) store.Check {
 // the accounting (Bytes) and the heap the store really keeps.
 func TestMemoryMaxBytes(t *testing.T) {
 	const budget = 8 << 20
-	clk := newFakeClock(storetest.T0)
+	clk := testkit.NewClock(storetest.T0)
 	base := heapInUse()
 	m := memory.New(memory.Options{Now: clk.Now, MaxBytes: budget})
 	const n = 20_000 // 80 MB of keys
@@ -66,7 +67,7 @@ func TestMemoryMaxBytes(t *testing.T) {
 // TestMemoryMaxBytesLRU checks that the byte cap evicts the least recently
 // written keys, on a store of one shard.
 func TestMemoryMaxBytesLRU(t *testing.T) {
-	clk := newFakeClock(storetest.T0)
+	clk := testkit.NewClock(storetest.T0)
 	cost := int64(len(bigKey(0))) + memory.EntryOverhead
 	const fit = 10
 	m := memory.New(memory.Options{Now: clk.Now, MaxKeys: 31, MaxBytes: fit * cost}) // 31 keys: one shard
@@ -105,7 +106,7 @@ func TestEntryOverhead(t *testing.T) {
 		for i := range keys {
 			keys[i] = fmt.Sprintf("k%015d", i) // 16 bytes: no size-class rounding
 		}
-		clk := newFakeClock(storetest.T0)
+		clk := testkit.NewClock(storetest.T0)
 		base := heapInUse()
 		m := memory.New(memory.Options{Now: clk.Now, MaxKeys: 10 * n, MaxBytes: 1 << 40})
 		for _, k := range keys {

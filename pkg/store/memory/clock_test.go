@@ -9,13 +9,14 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/store/storetest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // stallClock is a fake clock whose next reading can be made to stall: the
 // reader gets the time it read, but only once the test releases it, as when
 // a goroutine is descheduled between reading the clock and locking a shard.
 type stallClock struct {
-	us      atomic.Int64
+	testkit.Clock
 	stall   atomic.Bool
 	read    chan struct{} // closed when the stalled reading is taken
 	release chan struct{} // closed by the test to let it return
@@ -23,20 +24,18 @@ type stallClock struct {
 
 func newStallClock(t time.Time) *stallClock {
 	c := &stallClock{read: make(chan struct{}), release: make(chan struct{})}
-	c.us.Store(t.UnixMicro())
+	c.Set(t)
 	return c
 }
 
 func (c *stallClock) Now() time.Time {
-	t := time.UnixMicro(c.us.Load())
+	t := c.Clock.Now()
 	if c.stall.CompareAndSwap(true, false) {
 		close(c.read)
 		<-c.release
 	}
 	return t
 }
-
-func (c *stallClock) Set(t time.Time) { c.us.Store(t.UnixMicro()) }
 
 // TestMemoryStalledClockNeverRewindsWindow stalls one request between its
 // clock reading, 1 µs before a window boundary, and its locking of the key;
@@ -107,8 +106,8 @@ func TestMemoryStalledClockNeverRewindsWindow(t *testing.T) {
 // write, so its window is not rewound, while a key without state takes the
 // clock as it is.
 func TestMemoryClockStepsBack(t *testing.T) {
-	clk := newFakeClock(storetest.T0.Add(time.Second + 200*time.Millisecond))
-	m := memory.New(clk.opts(0))
+	clk := testkit.NewClock(storetest.T0.Add(time.Second + 200*time.Millisecond))
+	m := memory.New(clockOpts(clk, 0))
 	fixed := func(key string, hits uint64) store.Check {
 		return store.Check{Key: key, Algorithm: store.FixedWindow, Limit: 3, Window: time.Second, Hits: hits}
 	}

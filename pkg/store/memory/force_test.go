@@ -7,6 +7,7 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/store/storetest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // The conformance vectors (storetest's "force/...") pin Force's arithmetic
@@ -28,8 +29,8 @@ func algChecks(key string, hits uint64) []store.Check {
 func TestMemoryForcePeekWritesNothing(t *testing.T) {
 	for _, c := range algChecks("k", 3) {
 		t.Run(c.Algorithm.String(), func(t *testing.T) {
-			clk := newFakeClock(storetest.T0)
-			m := memory.New(clk.opts(0))
+			clk := testkit.NewClock(storetest.T0)
+			m := memory.New(clockOpts(clk, 0))
 			checkOnly := c
 			checkOnly.Hits = 0
 			want := peek(t, m, checkOnly)[0]
@@ -52,8 +53,8 @@ func TestMemoryForcePeekWritesNothing(t *testing.T) {
 func TestMemoryForceSaturates(t *testing.T) {
 	for _, c := range algChecks("k", 1<<62) {
 		t.Run(c.Algorithm.String(), func(t *testing.T) {
-			clk := newFakeClock(storetest.T0)
-			m := memory.New(clk.opts(0))
+			clk := testkit.NewClock(storetest.T0)
+			m := memory.New(clockOpts(clk, 0))
 			for i := 0; i < 3; i++ {
 				if got := decide(t, m, forced(c))[0]; !got.Allowed || got.Remaining != 0 {
 					t.Fatalf("force %d: %+v, want allowed with Remaining 0", i, got)
@@ -80,8 +81,8 @@ func TestMemoryForceExpires(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.check.Algorithm.String(), func(t *testing.T) {
-			clk := newFakeClock(storetest.T0)
-			m := memory.New(clk.opts(0))
+			clk := testkit.NewClock(storetest.T0)
+			m := memory.New(clockOpts(clk, 0))
 			decide(t, m, forced(tt.check))
 			checkOnly := tt.check
 			checkOnly.Hits = 0
@@ -104,8 +105,8 @@ func TestMemoryForceExpires(t *testing.T) {
 // TestMemoryForceIsAWrite: a forced key becomes the most recently written,
 // so the eviction at the cap passes it over.
 func TestMemoryForceIsAWrite(t *testing.T) {
-	clk := newFakeClock(storetest.T0)
-	m := memory.New(clk.opts(3)) // one shard of 3 keys
+	clk := testkit.NewClock(storetest.T0)
+	m := memory.New(clockOpts(clk, 3)) // one shard of 3 keys
 	for _, k := range []string{"a", "b", "c"} {
 		decide(t, m, sliding(k, 10, 1))
 	}
@@ -127,8 +128,8 @@ func TestMemoryDeadBucketWriteBack(t *testing.T) {
 	refund := dead
 	refund.Refund = true
 	for _, c := range []store.Check{forced(dead), refund} {
-		clk := newFakeClock(storetest.T0)
-		m := memory.New(clk.opts(0))
+		clk := testkit.NewClock(storetest.T0)
+		m := memory.New(clockOpts(clk, 0))
 		decide(t, m, sliding("k", 10, 3))
 		if got := decide(t, m, c)[0]; got != (store.Result{Allowed: true}) {
 			t.Errorf("%+v: %+v, want allowed, Remaining 0, Reset 0", c, got)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // TestPreciseWindow follows one key of precision 10 (10 a second) by hand:
@@ -13,8 +14,8 @@ import (
 // RetryAfter is when it has run down far enough.
 func TestPreciseWindow(t *testing.T) {
 	t0 := time.Unix(1_751_540_400, 0) // a whole second
-	clk := newFakeClock(t0.Add(50 * time.Millisecond))
-	m := memory.New(clk.opts(100))
+	clk := testkit.NewClock(t0.Add(50 * time.Millisecond))
+	m := memory.New(clockOpts(clk, 100))
 	c := store.Check{Key: "rl:{p}:s1p10", Limit: 10, Window: time.Second, Precision: 10, Hits: 10}
 	if r := decide(t, m, c)[0]; !r.Allowed || r.Remaining != 0 {
 		t.Fatalf("10 hits at 0.05 s: %+v", r)

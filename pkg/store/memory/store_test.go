@@ -12,22 +12,12 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/store/storetest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
-// fakeClock is a per-test clock the test moves.
-type fakeClock struct{ us atomic.Int64 }
-
-func newFakeClock(t time.Time) *fakeClock {
-	c := &fakeClock{}
-	c.us.Store(t.UnixMicro())
-	return c
-}
-
-func (c *fakeClock) Now() time.Time          { return time.UnixMicro(c.us.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.us.Add(int64(d / time.Microsecond)) }
-func (c *fakeClock) Set(t time.Time)         { c.us.Store(t.UnixMicro()) }
-func (c *fakeClock) opts(maxKeys int) memory.Options {
-	return memory.Options{Now: c.Now, MaxKeys: maxKeys}
+// clockOpts are the options of a store on clk's time, at most maxKeys keys.
+func clockOpts(clk *testkit.Clock, maxKeys int) memory.Options {
+	return memory.Options{Now: clk.Now, MaxKeys: maxKeys}
 }
 
 func TestMemoryConformance(t *testing.T) {
@@ -37,8 +27,8 @@ func TestMemoryConformance(t *testing.T) {
 }
 
 func TestMemoryConcurrent(t *testing.T) {
-	clk := newFakeClock(storetest.T0)
-	storetest.RunConcurrent(t, memory.New(clk.opts(0)))
+	clk := testkit.NewClock(storetest.T0)
+	storetest.RunConcurrent(t, memory.New(clockOpts(clk, 0)))
 }
 
 func sliding(key string, limit, hits uint64) store.Check {
@@ -75,8 +65,8 @@ func TestMemoryMaxKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := newFakeClock(storetest.T0)
-			m := memory.New(clk.opts(tt.maxKeys))
+			clk := testkit.NewClock(storetest.T0)
+			m := memory.New(clockOpts(clk, tt.maxKeys))
 			limit := tt.maxKeys
 			if limit == 0 {
 				limit = memory.DefaultMaxKeys
@@ -100,8 +90,8 @@ func TestMemoryMaxKeys(t *testing.T) {
 }
 
 func TestMemoryEvictsLeastRecentlyWritten(t *testing.T) {
-	clk := newFakeClock(storetest.T0)
-	m := memory.New(clk.opts(3)) // one shard of 3 keys
+	clk := testkit.NewClock(storetest.T0)
+	m := memory.New(clockOpts(clk, 3)) // one shard of 3 keys
 	for _, k := range []string{"a", "b", "c"} {
 		decide(t, m, sliding(k, 10, 1))
 	}
@@ -121,8 +111,8 @@ func TestMemoryEvictsLeastRecentlyWritten(t *testing.T) {
 }
 
 func TestMemoryReclaimsExpired(t *testing.T) {
-	clk := newFakeClock(storetest.T0)
-	m := memory.New(clk.opts(0))
+	clk := testkit.NewClock(storetest.T0)
+	m := memory.New(clockOpts(clk, 0))
 	const stale = 10_000
 	for i := 0; i < stale; i++ {
 		decide(t, m, sliding("stale"+strconv.Itoa(i), 10, 1))
@@ -151,8 +141,8 @@ func TestMemoryReclaimsExpired(t *testing.T) {
 }
 
 func TestMemoryPeekAndDelete(t *testing.T) {
-	clk := newFakeClock(storetest.T0)
-	m := memory.New(clk.opts(0))
+	clk := testkit.NewClock(storetest.T0)
+	m := memory.New(clockOpts(clk, 0))
 	decide(t, m, sliding("k", 10, 4))
 	tests := []struct {
 		name  string
@@ -220,8 +210,8 @@ func TestMemoryErrors(t *testing.T) {
 // shards) in both orders: every allowed batch consumes on both keys, so both
 // counts must end equal, and lock ordering must not deadlock.
 func TestMemoryCrossShardAtomic(t *testing.T) {
-	clk := newFakeClock(storetest.T0)
-	m := memory.New(clk.opts(0))
+	clk := testkit.NewClock(storetest.T0)
+	m := memory.New(clockOpts(clk, 0))
 	const pairs, goroutines, perG = 16, 32, 200
 	check := func(key string, limit, hits uint64) store.Check {
 		return store.Check{Key: key, Algorithm: store.FixedWindow, Limit: limit, Window: time.Hour, Hits: hits}
@@ -256,8 +246,8 @@ func TestMemoryCrossShardAtomic(t *testing.T) {
 }
 
 func TestMemoryDecideAllocs(t *testing.T) {
-	clk := newFakeClock(storetest.T0)
-	m := memory.New(clk.opts(0))
+	clk := testkit.NewClock(storetest.T0)
+	m := memory.New(clockOpts(clk, 0))
 	tests := []struct {
 		name   string
 		checks []store.Check

@@ -145,7 +145,7 @@ func TestCluster(t *testing.T) {
 		if !errors.Is(err, store.ErrUnavailable) {
 			t.Fatalf("Decide = %v, want ErrUnavailable", err)
 		}
-		if took > 5*timeout {
+		if took > timeout+2*time.Second { // bounded by the deadline, however busy the machine
 			t.Errorf("Decide took %v with a %v timeout", took, timeout)
 		}
 		if !res[0].Allowed || res[0].Remaining != 9 || res[0].Undecided {

@@ -16,6 +16,7 @@ import (
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // nodeCoalescer returns node's coalescer ("" outside cluster mode).
@@ -31,7 +32,7 @@ func nodeCoalescer(t testing.TB, s *Store, node string) *coalescer {
 // waitQueue waits until co has n calls queued and inflight sends in flight.
 func waitQueue(t *testing.T, co *coalescer, n, inflight int) {
 	t.Helper()
-	waitFor(t, 5*time.Second, func() bool {
+	testkit.WaitFor(t, fmt.Sprintf("%d calls queued, %d in flight", n, inflight), 5*time.Second, func() bool {
 		co.mu.Lock()
 		defer co.mu.Unlock()
 		return len(co.queue) == n && co.inflight == inflight
@@ -62,7 +63,9 @@ func TestCoalescing(t *testing.T) {
 		for i := 0; i < 20; i++ {
 			start := time.Now()
 			r := decide(t, s, uniqueCheck("seq", i))[0]
-			if took := time.Since(start); took > 500*time.Millisecond {
+			// Not held back for a batch: well within the 5 s timeout,
+			// however busy the machine (the sends below count the batches).
+			if took := time.Since(start); took > 2*time.Second {
 				t.Errorf("call %d took %v", i, took)
 			}
 			if r.Remaining != 100_000-uint64(i+1) {
@@ -183,7 +186,7 @@ func TestCoalescedDeadline(t *testing.T) {
 		if !strings.Contains(fmt.Sprint(o.err), "the caller's deadline") {
 			t.Errorf("%s: %v; want it to say the caller's deadline ran out", name, o.err)
 		}
-		if o.took > timeout+time.Second {
+		if o.took > timeout+2*time.Second {
 			t.Errorf("%s took %v with a %v deadline", name, o.took, timeout)
 		}
 	}
@@ -336,7 +339,7 @@ func TestPipelineNoScript(t *testing.T) {
 func TestCoalescedCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
-	clk := newClock(t0)
+	clk := testkit.NewClock(time.UnixMicro(t0))
 	var addrs []string
 	for _, n := range c.Nodes {
 		addrs = append(addrs, n.Addr)

@@ -17,6 +17,7 @@ import (
 	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // diffReader hands out fuzz bytes; past the end it returns zeros.
@@ -243,7 +244,7 @@ func diffOnce(t *testing.T, data []byte, prefix, mode string, client *redis.Clie
 	ctx := context.Background()
 	tag := fmt.Sprintf("%s-%d", prefix, diffRun.Add(1))
 	start, keys, steps, advances := decodeDiff(data, tag)
-	clk := newClock(start)
+	clk := testkit.NewClock(time.UnixMicro(start))
 	rs := mustNew(t, Options{Client: client, Clock: clk.Now, Timeout: 2 * time.Second})
 	if err := rs.Ping(ctx); err != nil {
 		t.Fatal(err)
@@ -260,7 +261,7 @@ func diffOnce(t *testing.T, data []byte, prefix, mode string, client *redis.Clie
 
 	var history strings.Builder
 	for i := 0; i < len(steps); {
-		clk.Set(advances[i](clk.Now().UnixMicro()))
+		clk.Set(time.UnixMicro(advances[i](clk.Now().UnixMicro())))
 		// Steps at the same instant after a Decide step are decided in
 		// one script call by Redis, as the coalescer merges concurrent
 		// requests, and one by one by the memory store.

@@ -17,6 +17,7 @@ import (
 	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // replyErr is a Redis error reply, as go-redis returns them.
@@ -154,7 +155,9 @@ func TestDeadlineBudget(t *testing.T) {
 		if !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(fmt.Sprint(err), "the store timeout (50ms)") {
 			t.Errorf("%s without a deadline: %v; want ErrUnavailable, DeadlineExceeded, the store timeout", name, err)
 		}
-		if took < timeout || took > deadline {
+		// Not before the store timeout; the error names which bound ran
+		// out, so the upper bound only catches a hang.
+		if took < timeout || took > timeout+2*time.Second {
 			t.Errorf("%s without a deadline took %v; want about the store timeout %v", name, took, timeout)
 		}
 
@@ -166,7 +169,7 @@ func TestDeadlineBudget(t *testing.T) {
 		if !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(fmt.Sprint(err), "the caller's deadline") {
 			t.Errorf("%s with a deadline: %v; want ErrUnavailable, DeadlineExceeded, the caller's deadline", name, err)
 		}
-		if took < deadline-10*time.Millisecond || took > deadline+time.Second {
+		if took < deadline-10*time.Millisecond || took > deadline+2*time.Second {
 			t.Errorf("%s with a %v deadline took %v; want the deadline, not the store timeout %v", name, deadline, took, timeout)
 		}
 	}
@@ -385,7 +388,7 @@ func TestCircuitOpen(t *testing.T) {
 
 	var err error
 	var r []store.Result
-	waitFor(t, 10*time.Second, func() bool {
+	testkit.WaitFor(t, "the breaker open with Redis down", 10*time.Second, func() bool {
 		r = make([]store.Result, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
@@ -397,13 +400,15 @@ func TestCircuitOpen(t *testing.T) {
 	})
 	start := time.Now()
 	err = s.Decide(context.Background(), check, r)
-	if took := time.Since(start); !errors.Is(err, store.ErrCircuitOpen) || took > 50*time.Millisecond {
-		t.Errorf("open breaker: %v after %v; want ErrCircuitOpen at once", err, took)
+	// ErrCircuitOpen is the proof that no call was tried; the bound only
+	// catches a wait for a dial or a deadline, however busy the machine.
+	if took := time.Since(start); !errors.Is(err, store.ErrCircuitOpen) || took > 2*time.Second {
+		t.Errorf("open breaker: %v after %v; want ErrCircuitOpen without waiting", err, took)
 	}
 	t.Logf("open breaker: %v", err)
 
 	srv.Restart(t)
-	waitFor(t, 10*time.Second, func() bool {
+	testkit.WaitFor(t, "a decision once Redis is back", 10*time.Second, func() bool {
 		return s.Decide(context.Background(), check, make([]store.Result, 1)) == nil
 	})
 	mu.Lock()

@@ -4,40 +4,14 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
-
-// clock is a settable test clock, safe for concurrent use.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock(us int64) *clock { return &clock{now: time.UnixMicro(us)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Set(us int64) {
-	c.mu.Lock()
-	c.now = time.UnixMicro(us)
-	c.mu.Unlock()
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // t0 is a realistic "now" (2025-07-03T10:20:00Z) in microseconds, on a
 // boundary of every window up to an hour.
@@ -81,7 +55,7 @@ func TestMatchesMemory(t *testing.T) {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 42))
-			clk := newClock(t0 + rng.Int64N(10_000_000))
+			clk := testkit.NewClock(time.UnixMicro(t0 + rng.Int64N(10_000_000)))
 			rs, _ := newStore(t, clk.Now)
 			ms := memory.New(memory.Options{Now: clk.Now})
 
@@ -115,12 +89,12 @@ func TestMatchesMemory(t *testing.T) {
 			for step := 0; step < 1500; step++ {
 				switch rng.IntN(10) {
 				case 0: // a big jump, possibly past TTLs
-					clk.Add(time.Duration(rng.Int64N(200_000_000)) * time.Microsecond)
+					clk.Advance(time.Duration(rng.Int64N(200_000_000)) * time.Microsecond)
 				case 1: // to just before or exactly at the next second
 					now := clk.Now().UnixMicro()
-					clk.Set((now/1_000_000+1)*1_000_000 - rng.Int64N(2))
+					clk.Set(time.UnixMicro((now/1_000_000+1)*1_000_000 - rng.Int64N(2)))
 				default:
-					clk.Add(time.Duration(rng.Int64N(300_000)) * time.Microsecond)
+					clk.Advance(time.Duration(rng.Int64N(300_000)) * time.Microsecond)
 				}
 				n := 1 + rng.IntN(4)
 				checks := make([]store.Check, n)

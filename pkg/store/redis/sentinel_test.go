@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // TestSentinel runs the store through a Sentinel and fails the master over
@@ -38,7 +40,7 @@ func TestSentinel(t *testing.T) {
 	// well beyond that.
 	rc := replica.Client()
 	defer rc.Close()
-	waitFor(t, 20*time.Second, func() bool {
+	testkit.WaitFor(t, "the counter on the replica", 20*time.Second, func() bool {
 		v, _ := rc.Get(ctx, check.Key).Result()
 		st, err := lua.ParseState(v)
 		return err == nil && st.Count == 3
@@ -48,7 +50,7 @@ func TestSentinel(t *testing.T) {
 	// Sentinel notices after 1 s and promotes the replica; decisions fail
 	// meanwhile (store unavailable) and then resume.
 	var res []store.Result
-	waitFor(t, 20*time.Second, func() bool {
+	testkit.WaitFor(t, "a decision on the promoted replica", 20*time.Second, func() bool {
 		res = make([]store.Result, 1)
 		return s.Decide(ctx, []store.Check{check}, res) == nil
 	})
@@ -61,21 +63,9 @@ func TestSentinel(t *testing.T) {
 	}
 }
 
-// waitFor polls cond every 5 ms until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // waitProgress waits until n has grown by at least by.
 func waitProgress(t *testing.T, n *atomic.Int64, by int64) {
 	t.Helper()
 	want := n.Load() + by
-	waitFor(t, 20*time.Second, func() bool { return n.Load() >= want })
+	testkit.WaitFor(t, fmt.Sprintf("%d more", by), 20*time.Second, func() bool { return n.Load() >= want })
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // TestBadStateIsFresh writes values decide.lua would never write (negative,
@@ -49,7 +50,7 @@ func TestBadStateIsFresh(t *testing.T) {
 	}{{ScriptFunction, redistest.StartServer(t)}, {ScriptEval, startNoFunctions(t)}} {
 		c := srv.srv.Client()
 		t.Cleanup(func() { c.Close() })
-		clk := newClock(now)
+		clk := testkit.NewClock(time.UnixMicro(now))
 		s := mustNew(t, Options{Client: c, Clock: clk.Now, Timeout: time.Second})
 		ctx := context.Background()
 		for i, tc := range cases {

@@ -20,16 +20,12 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // T0 is the clock reading every vector starts from: 2025-07-03T11:00:00Z,
 // a multiple of every window of a second, a minute and an hour.
 var T0 = time.Unix(1_751_540_400, 0)
-
-// clock is a fake clock that only the suite moves.
-type clock struct{ us atomic.Int64 }
-
-func (c *clock) now() time.Time { return time.UnixMicro(c.us.Load()) }
 
 // step sets the clock to T0+at, decides checks in one Decide call and
 // expects want.
@@ -448,13 +444,12 @@ func Run(t *testing.T, newStore func(t *testing.T, now func() time.Time) store.S
 	for _, v := range vectors {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
-			clk := &clock{}
-			clk.us.Store(T0.UnixMicro())
-			st := newStore(t, clk.now)
+			clk := testkit.NewClock(T0)
+			st := newStore(t, clk.Now)
 			t.Cleanup(func() { _ = st.Close() })
 			prefix := "{storetest:" + nonce + ":" + v.name + "}:"
 			for i, sp := range v.steps {
-				clk.us.Store(T0.Add(sp.at).UnixMicro())
+				clk.Set(T0.Add(sp.at))
 				checks := make([]store.Check, len(sp.checks))
 				for j, c := range sp.checks {
 					c.Key = prefix + c.Key

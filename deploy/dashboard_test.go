@@ -1,4 +1,4 @@
-package integration
+package deploy
 
 // The Grafana dashboard and the Prometheus alert rules of deploy/ use only
 // series rls exports: a real rls on a real Redis is driven through the
@@ -31,13 +31,13 @@ import (
 	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
 
-	"github.com/rls-project/rls/integration/promqlref"
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 const (
-	dashboardFile = "../deploy/helm/rls/files/grafana-dashboard.json"
-	rulesFile     = "../deploy/helm/rls/files/prometheus-rules.yaml"
+	dashboardFile = chartDir + "/files/grafana-dashboard.json"
+	rulesFile     = chartDir + "/files/prometheus-rules.yaml"
 	// runbookBase is where the rules' runbook_url point: a section of a
 	// docs/ page (or the README), by its GitHub anchor.
 	runbookBase = "https://github.com/rls-project/rls/blob/main/"
@@ -90,11 +90,11 @@ func TestDashboardAndAlertsUseExportedSeries(t *testing.T) {
 
 	rs := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"dash.yaml": dashConfig})
-	p := startRLS(t, dir, "--store", "redis", "--redis-url", rs.URL())
-	c := p.client()
+	p := startServing(t, dir, "--store", "redis", "--redis-url", rs.URL())
+	c := p.client
 	var scrapes []string
 	metrics := func() map[string]float64 {
-		text := scrape(t, p)
+		text := p.scrape(t)
 		scrapes = append(scrapes, text)
 		return series(text)
 	}
@@ -103,7 +103,7 @@ func TestDashboardAndAlertsUseExportedSeries(t *testing.T) {
 	until := func(what string, within time.Duration, cond func() bool) {
 		t.Helper()
 		began := time.Now()
-		if !eventually(within, cond) {
+		if !testkit.EventuallyEvery(within, 50*time.Millisecond, cond) {
 			t.Errorf("%s: not within %v", what, within)
 			return
 		}
@@ -482,7 +482,7 @@ func dashboardQueries(t *testing.T, d *dashboard) []query {
 			continue
 		}
 		where := fmt.Sprintf("dashboard variable $%s", v.Name)
-		expr, label, err := promqlref.TemplateQuery(v.query())
+		expr, label, err := templateQuery(v.query())
 		if err != nil {
 			t.Errorf("%s: %v", where, err)
 			continue
@@ -605,7 +605,7 @@ func (c catalog) labelsOf(metric string) (map[string]map[string]bool, bool) {
 
 // check returns what q uses that rls does not export.
 func (c catalog) check(q query) []string {
-	refs, err := promqlref.Parse(q.expr)
+	refs, err := parseRefs(q.expr)
 	if err != nil {
 		return []string{"PromQL: " + err.Error()}
 	}
@@ -653,7 +653,7 @@ func (c catalog) check(q query) []string {
 			values, ok := labels[m.Label]
 			switch {
 			case !ok:
-				problems = append(problems, fmt.Sprintf("label %s is not a label of %s (it has %s)", m.Label, s.Metric, keys(labels)))
+				problems = append(problems, fmt.Sprintf("label %s is not a label of %s (it has %s)", m.Label, s.Metric, joinKeys(labels)))
 			case values == nil || strings.Contains(m.Value, "$") || m.Op == "!=" || m.Op == "!~":
 				// A target label, a variable, or a negative match: any value.
 			default:
@@ -677,7 +677,7 @@ func (c catalog) check(q query) []string {
 	}
 	for _, l := range q.shows {
 		if !out[l] {
-			problems = append(problems, fmt.Sprintf("shows label %s, which the result does not have (it has %s)", l, keys(out)))
+			problems = append(problems, fmt.Sprintf("shows label %s, which the result does not have (it has %s)", l, joinKeys(out)))
 		}
 	}
 	var unique []string // a metric used twice is reported once
@@ -692,7 +692,7 @@ func (c catalog) check(q query) []string {
 // valueProblems returns the values m asks for that no series has: the
 // value of an = matcher, each value a =~ matcher lists ("open|half_open"),
 // or a =~ pattern that matches none.
-func valueProblems(metric string, m promqlref.Matcher, values map[string]bool) []string {
+func valueProblems(metric string, m pqMatcher, values map[string]bool) []string {
 	patterns := []string{m.Value}
 	switch {
 	case m.Op == "=":
@@ -711,12 +711,12 @@ func valueProblems(metric string, m promqlref.Matcher, values map[string]bool) [
 			if m.Op == "=" {
 				p = m.Value
 			}
-			out = append(out, fmt.Sprintf("no series of %s has %s%s%q (its values: %s)", metric, m.Label, m.Op, p, keys(values)))
+			out = append(out, fmt.Sprintf("no series of %s has %s%s%q (its values: %s)", metric, m.Label, m.Op, p, joinKeys(values)))
 		}
 	}
 	return out
 }
 
-func keys[V any](m map[string]V) string {
+func joinKeys[V any](m map[string]V) string {
 	return strings.Join(slices.Sorted(maps.Keys(m)), ", ")
 }
