@@ -333,9 +333,10 @@ func TestValidatorCatchesMistakes(t *testing.T) {
 	}
 }
 
-// TestReadmeSnippets: the YAML the README's sections from "Use with Envoy"
-// to "Use with Istio" (Kubernetes between them) show is cut from the files
-// validated above or the chart's values files, so it cannot drift from them.
+// TestReadmeSnippets: the YAML that the README's "Use with Envoy" and
+// "Kubernetes and Istio" sections, docs/envoy.md and docs/kubernetes.md show
+// is cut from the files validated above or the chart's values files, so it
+// cannot drift from them.
 func TestReadmeSnippets(t *testing.T) {
 	md, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -346,15 +347,22 @@ func TestReadmeSnippets(t *testing.T) {
 	if start < 0 {
 		t.Fatal(`README.md has no "## Use with Envoy" section`)
 	}
-	end := strings.Index(s[start+1:], "\n## Use with Istio\n")
+	end := strings.Index(s[start+1:], "\n## Kubernetes and Istio\n")
 	if end < 0 {
-		t.Fatal(`README.md has no "## Use with Istio" section after "## Use with Envoy"`)
+		t.Fatal(`README.md has no "## Kubernetes and Istio" section after "## Use with Envoy"`)
 	}
 	next := strings.Index(s[start+1+end+1:], "\n## ")
 	if next < 0 {
 		next = len(s) - (start + 1 + end + 1)
 	}
 	sections := s[start : start+1+end+1+next]
+	for _, page := range []string{"../docs/envoy.md", "../docs/kubernetes.md"} {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sections += "\n" + string(b)
+	}
 	var shipped []string
 	for _, glob := range []string{"*.yaml", "istio/*.yaml", "../deploy/helm/rls/values*.yaml"} {
 		files, _ := filepath.Glob(glob)
@@ -384,7 +392,7 @@ func TestReadmeSnippets(t *testing.T) {
 		}
 	}
 	if n < 4 {
-		t.Errorf("found %d yaml blocks in the README's Envoy and Istio sections, want 4 or more", n)
+		t.Errorf("found %d yaml blocks in the README's Envoy and Kubernetes sections and docs/envoy.md, docs/kubernetes.md, want 4 or more", n)
 	}
 }
 
@@ -447,19 +455,19 @@ func TestDockerCompose(t *testing.T) {
 	}
 }
 
-// TestIstioInstallSteps: the README's Istio commands and the ones in
+// TestIstioInstallSteps: docs/kubernetes.md's Istio commands and the ones in
 // istio/values.yaml's header are the same, and in an order that works: the
 // namespace (with its injection label) before anything in it, the chart
 // installed into that namespace with istio/values.yaml, then the
 // EnvoyFilters; every file of istio/ is used and every file named exists.
 func TestIstioInstallSteps(t *testing.T) {
-	md, err := os.ReadFile("../README.md")
+	md, err := os.ReadFile("../docs/kubernetes.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, section, ok := strings.Cut(string(md), "\n## Use with Istio\n")
 	if !ok {
-		t.Fatal(`README.md has no "## Use with Istio" section`)
+		t.Fatal(`docs/kubernetes.md has no "## Use with Istio" section`)
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	_, block, ok := strings.Cut(section, "```sh\n")

@@ -5,7 +5,7 @@
 package logthrottle
 
 import (
-	"sync/atomic"
+	"sync"
 	"time"
 )
 
@@ -14,13 +14,15 @@ import (
 const Every = 10 * time.Second
 
 // Throttle lets one event through per interval. The zero value is not
-// usable; make one with New. It is safe for concurrent use and never
-// blocks.
+// usable; make one with New. It is safe for concurrent use; a call holds
+// its lock for a comparison and two assignments, so every held event is
+// counted in exactly one line.
 type Throttle struct {
 	every time.Duration
 	now   func() time.Time
-	last  atomic.Int64  // unix nanoseconds of the last event let through; 0 before the first
-	held  atomic.Uint64 // events held back since then
+	mu    sync.Mutex
+	last  int64  // unix nanoseconds of the last event let through; 0 before the first
+	held  uint64 // events held back since then
 }
 
 // New returns a Throttle letting one event through per every, on the clock
@@ -46,12 +48,15 @@ func (t *Throttle) Allow() (held uint64, ok bool) {
 // events held back before these n.
 func (t *Throttle) AllowN(n uint64) (held uint64, ok bool) {
 	now := t.now().UnixNano()
-	last := t.last.Load()
-	if (last != 0 && now-last < int64(t.every)) || !t.last.CompareAndSwap(last, now) {
-		t.held.Add(n)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.last != 0 && now-t.last < int64(t.every) {
+		t.held += n
 		return 0, false
 	}
-	return t.held.Swap(0), true
+	held = t.held
+	t.last, t.held = now, 0
+	return held, true
 }
 
 // Interval returns the throttle's interval, for the "suppressed for" note

@@ -50,7 +50,10 @@ func TestAllowRaceLetsOneThrough(t *testing.T) {
 	if through.Load() != 1 {
 		t.Fatalf("%d events through in one interval, want 1", through.Load())
 	}
-	if got := th.held.Load(); got != 1599 {
+	th.mu.Lock()
+	got := th.held
+	th.mu.Unlock()
+	if got != 1599 {
 		t.Fatalf("held %d, want 1599", got)
 	}
 }
