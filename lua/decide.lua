@@ -24,7 +24,7 @@
 --          4 = force), then doubles: limit, window seconds, burst
 --          (token bucket: capacity, 0 = limit; sliding window: precision,
 --          the number of sub-windows, 0 or 1 for the two-counter window, at
---          most MAX_PRECISION), hits. The requests' checks are KEYS in order.
+--          most MAX_PRECISION, negated for a strict window), hits. The requests' checks are KEYS in order.
 --
 -- Reply: one string, 25 bytes per check in KEYS order: allowed (byte 1/0),
 -- then doubles: remaining, retry_after_us, reset_us.
@@ -242,9 +242,11 @@ local function load_precise(key, alg, w, v, pn, req_)
 end
 
 -- precision returns the sub-windows of a check (0: not a sliding window of
--- precision 2 or more).
+-- precision 2 or more); a strict window sends its precision negated.
 local function precision(alg, burst)
-  if alg ~= ALG_SLIDING or burst < 2 then return 0 end
+  if alg ~= ALG_SLIDING then return 0 end
+  if burst < 0 then burst = -burst end
+  if burst < 2 then return 0 end
   if burst > MAX_PRECISION or burst ~= floor(burst) then
     error('decide.lua: precision ' .. burst .. ' is not a whole number in [2, ' .. MAX_PRECISION .. ']')
   end
@@ -254,7 +256,11 @@ end
 -- build returns the state of a check at key from its stored value v
 -- (false when absent), moved to now; born is the request's serial number.
 local function build(key, alg, w, limit, burst, pn, v, born)
-  if pn > 0 then return load_precise(key, alg, w, v, pn, born) end
+  if pn > 0 then
+    local s = load_precise(key, alg, w, v, pn, born)
+    s.strict = burst < 0 -- the oldest sub-window counts whole
+    return s
+  end
   local s
   local wus = w * US
   local cur_win = floor(now / wus)
@@ -326,7 +332,10 @@ end
 local function load(key, alg, w, limit, burst)
   local s = states[key]
   local pn = precision(alg, burst)
-  if s and s.alg == alg and (s.pn or 0) == pn then return s end
+  if s and s.alg == alg and (s.pn or 0) == pn then
+    if pn > 0 then s.strict = burst < 0 end -- as the memory store: each check's own
+    return s
+  end
   if s then
     if in_tentative then
       jn = jn + 1
@@ -434,8 +443,11 @@ end
 local function precise_rate(s, x, into)
   local pn = s.pn
   local j = x % pn
-  local b0, b1 = ceil(j * s.wus / pn), ceil((j + 1) * s.wus / pn)
-  local frac = (b1 - into) / (b1 - b0)
+  local frac = 1
+  if not s.strict then
+    local b0, b1 = ceil(j * s.wus / pn), ceil((j + 1) * s.wus / pn)
+    frac = (b1 - into) / (b1 - b0)
+  end
   local full = 0
   for y = x - pn + 1, x do full = full + precise_count(s, y) end
   return precise_count(s, x - pn) * frac + full
@@ -525,13 +537,13 @@ local function retry_after(s, limit, h)
     while true do
       local y = sub + m
       if m > 0 then full = full + precise_count(s, y) - precise_count(s, y - pn) end
-      if full < a then
+      local c = precise_count(s, y - pn)
+      if full < a and not (s.strict and full + c >= a) then
         local k = floor(y / pn)
         local j = y - k * pn
         local b0, b1 = ceil(j * wus / pn), ceil((j + 1) * wus / pn)
-        local c = precise_count(s, y - pn)
         local q = (a - full) / c
-        if c == 0 or q > 1 then
+        if s.strict or c == 0 or q > 1 then
           if m == 0 then x = -1 else x = (k * wus + b0 - now) - 1 end
         else
           x = (k * wus + b1 - now) - q * (b1 - b0)

@@ -190,8 +190,8 @@ func (s State) Encode() string {
 // double, as they did when the script read them as decimal strings.
 func AppendCheck(b []byte, c *store.Check) []byte {
 	b = append(b, algorithmCode(c.Algorithm), flags(c))
-	for _, v := range [...]uint64{c.Limit, uint64(c.Window / time.Second), burstField(c), c.Hits} {
-		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
+	for _, v := range [...]float64{float64(c.Limit), float64(c.Window / time.Second), burstField(c), float64(c.Hits)} {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
 	}
 	return b
 }
@@ -223,16 +223,20 @@ func flags(c *store.Check) byte {
 }
 
 // burstField is c's burst field in the script: a token bucket's capacity,
-// a sliding window's precision (0 or 1: two counters), 0 for a fixed window.
-func burstField(c *store.Check) uint64 {
+// a sliding window's precision (0 or 1: two counters; negated when strict),
+// 0 for a fixed window.
+func burstField(c *store.Check) float64 {
 	switch c.Algorithm {
 	case store.TokenBucket:
-		return c.Burst
+		return float64(c.Burst)
 	case store.FixedWindow:
 		return 0
 	}
-	if c.Precision >= 2 { // sliding window, and unknown algorithms acting as it
-		return uint64(c.Precision)
+	switch { // sliding window, and unknown algorithms acting as it
+	case c.Precision >= 2 && c.Strict:
+		return -float64(c.Precision) // the oldest sub-window counts whole
+	case c.Precision >= 2:
+		return float64(c.Precision)
 	}
 	return 0
 }

@@ -36,6 +36,12 @@ func (r *Rule) dumpLine() string {
 		} else {
 			fmt.Fprintf(&b, " %d/%s %s", r.RequestsPerUnit, r.Unit, r.Algorithm)
 		}
+		if r.Precision >= 2 {
+			fmt.Fprintf(&b, " precision=%d", r.Precision)
+		}
+		if r.Strict {
+			b.WriteString(" strict")
+		}
 		if r.Burst > 0 {
 			fmt.Fprintf(&b, " burst=%d", r.Burst)
 		}

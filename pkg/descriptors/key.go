@@ -61,6 +61,9 @@ func AppendKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescripto
 	if r != nil && alg == store.SlidingWindow && r.Precision >= 2 {
 		dst = append(dst, 'p')
 		dst = strconv.AppendUint(dst, uint64(r.Precision), 10)
+		if r.Strict { // counted otherwise: a counter of its own
+			dst = append(dst, 'x')
+		}
 	}
 	if r != nil && r.Override {
 		dst = append(dst, 'o')

@@ -32,7 +32,7 @@ var (
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
 	rateLimitFields = []string{"unit", "unit_multiplier", "requests_per_unit", "name", "unlimited", "replaces",
-		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split", "reserve"}
+		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split", "reserve", "strict"}
 	replacesFields = []string{"name"}
 )
 
@@ -720,6 +720,25 @@ func (p *parser) multiplier(f field, r *Rule) {
 	}
 }
 
+// precision parses a rate_limit's precision and strict into r.
+func (p *parser) precision(fs map[string]field, r *Rule) {
+	if f, ok := fs["precision"]; ok {
+		if r.Algorithm != store.SlidingWindow {
+			p.errorf(f.key, "precision", "only valid with algorithm: sliding_window (the default)")
+		} else if n, ok := p.uint32Field(f, "precision"); ok {
+			if n < 1 || n > store.MaxPrecision {
+				p.errorf(f.val, "precision", "must be 1 to %d sub-windows per window, got %d", store.MaxPrecision, n)
+			}
+			r.Precision = n
+		}
+	}
+	if f, ok := fs["strict"]; ok {
+		if r.Strict = p.boolean(f, "strict"); r.Strict && r.Precision < 2 {
+			p.errorf(f.key, "strict", "only valid with a sliding_window of precision 2 or more (it counts the oldest sub-window whole)")
+		}
+	}
+}
+
 // algorithm parses a rate_limit's algorithm and burst into r. A rule that
 // names no algorithm is validated as a sliding window (so what is valid
 // does not depend on the default) and then gets the parser's default
@@ -741,16 +760,7 @@ func (p *parser) algorithm(fs map[string]field, r *Rule) {
 			}
 		}
 	}
-	if f, ok := fs["precision"]; ok {
-		if r.Algorithm != store.SlidingWindow {
-			p.errorf(f.key, "precision", "only valid with algorithm: sliding_window (the default)")
-		} else if n, ok := p.uint32Field(f, "precision"); ok {
-			if n < 1 || n > store.MaxPrecision {
-				p.errorf(f.val, "precision", "must be 1 to %d sub-windows per window, got %d", store.MaxPrecision, n)
-			}
-			r.Precision = n
-		}
-	}
+	p.precision(fs, r)
 	f, ok := fs["burst"]
 	if !ok {
 		return

@@ -20,6 +20,7 @@ type Rule struct {
 	Algorithm       store.Algorithm
 	Burst           uint32 // token bucket capacity as configured; 0 means RequestsPerUnit
 	Precision       uint32 // sliding window sub-windows (2..MaxPrecision); 0 or 1: the two-counter window
+	Strict          bool   // sliding window of precision >= 2: the oldest sub-window counts whole
 	Split           uint32 // sub-keys a key's counter is spread over (1..MaxSplit, see Splits); 0 or 1: none
 	OnError         OnError
 	// NoReserve keeps the rule's keys off reservations (reserve: false):

@@ -150,6 +150,7 @@ func ruleCheck(r *descriptors.Rule, key string, sub int) store.Check {
 		Window:    r.Window(),
 		Burst:     uint64(burst),
 		Precision: uint8(r.Precision), // at most store.MaxPrecision
+		Strict:    r.Strict && r.Precision >= 2,
 		Shadow:    r.ShadowMode,
 	}
 }

@@ -37,7 +37,7 @@ func WriteTable(w io.Writer, rep *Report) error {
 
 // leftCell pads a name so that the right-aligned table shows it left
 // aligned: tabwriter aligns every column alike.
-func leftCell(s string) string { return s + strings.Repeat(" ", max(0, 30-len(s))) }
+func leftCell(s string) string { return s + strings.Repeat(" ", max(0, 36-len(s))) }
 
 func traceTitle(rep *Report) string {
 	if rep.Seed != 0 {

@@ -63,7 +63,7 @@ func NewSetup(src Source, precisions []uint64) (*Setup, error) {
 	if err := l.Validate(); err != nil {
 		return nil, fmt.Errorf("%s:%d: %v", r.File, r.Line, err)
 	}
-	own := Candidate{Algorithm: r.Algorithm, Precision: uint64(r.Precision), Burst: uint64(r.Burst)}
+	own := Candidate{Algorithm: r.Algorithm, Precision: uint64(r.Precision), Strict: r.Strict, Burst: uint64(r.Burst)}
 	cfg, domain, genKey := src.Config, r.Domain, r.Path
 	if len(src.Entries) > 0 {
 		genKey = string(descriptors.AppendKey(nil, domain, src.Entries, r))

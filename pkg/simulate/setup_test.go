@@ -72,7 +72,7 @@ func TestNewSetup(t *testing.T) {
 			limit:  Limit{Requests: 50, Window: 2 * time.Second},
 			genKey: "sim",
 			rows:   map[string]string{"": "sim", "a=1": "a=1", "a=1,b=2": "a=1|b=2"},
-			nCands: 6, // two counters, 2 precisions, fixed, token buckets of burst L and L/10
+			nCands: 8, // two precisions, each also strict // two counters, 2 precisions, fixed, token buckets of burst L and L/10
 		},
 		{
 			name:   "rule by descriptor",
@@ -86,7 +86,7 @@ func TestNewSetup(t *testing.T) {
 				"api_key=k1":               "-", // the per-api-key rule
 				"ip=1.2.3.4":               "-",
 			},
-			nCands: 6, // no burst L/10 (0); burst=10 added as the own
+			nCands: 8, // two precisions, each also strict // no burst L/10 (0); burst=10 added as the own
 		},
 		{
 			name:   "first limited rule",
@@ -95,7 +95,7 @@ func TestNewSetup(t *testing.T) {
 			own:    "sliding_window",
 			genKey: cfg.Rules()[0].Path,
 			rows:   map[string]string{"api_key=k2": string(descriptors.AppendKey(nil, "shop", []*rlcommon.RateLimitDescriptor_Entry{entry("api_key", "k2")}, cfg.Rules()[0]))},
-			nCands: 6,
+			nCands: 8, // two precisions, each also strict
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -65,14 +65,18 @@ func (l Limit) Validate() error {
 type Candidate struct {
 	Algorithm store.Algorithm
 	Precision uint64 // sliding window: sub-windows; 0 (or 1) is the two-counter window
+	Strict    bool   // sliding window of precision >= 2: the oldest sub-window counts whole
 	Burst     uint64 // token bucket: capacity; 0 means the limit
 	Own       bool   // the rule's own configuration
 }
 
 // Name is the candidate as a rule would say it: "sliding_window",
-// "sliding_window precision=10", "fixed_window", "token_bucket burst=50".
+// "sliding_window precision=10", "sliding_window precision=10 strict",
+// "fixed_window", "token_bucket burst=50".
 func (c Candidate) Name(l Limit) string {
 	switch {
+	case c.Algorithm == store.SlidingWindow && c.Precision >= 2 && c.Strict:
+		return fmt.Sprintf("sliding_window precision=%d strict", c.Precision)
 	case c.Algorithm == store.SlidingWindow && c.Precision >= 2:
 		return fmt.Sprintf("sliding_window precision=%d", c.Precision)
 	case c.Algorithm == store.TokenBucket:
@@ -91,7 +95,7 @@ func (c Candidate) same(o Candidate, l Limit) bool { return c.Name(l) == o.Name(
 // check returns the store check of one request of h hits on key.
 func (c Candidate) check(l Limit, key string, h uint64) store.Check {
 	return store.Check{Key: key, Algorithm: c.Algorithm, Limit: l.Requests, Window: l.Window,
-		Burst: c.Burst, Precision: uint8(c.Precision), Hits: h}
+		Burst: c.Burst, Precision: uint8(c.Precision), Strict: c.Strict && c.Precision >= 2, Hits: h}
 }
 
 // DefaultPrecisions are the sub-window counts compared by default.
@@ -99,14 +103,16 @@ var DefaultPrecisions = []uint64{2, 5, 10, 20, 60}
 
 // Candidates returns what a rule of limit l could use: the two-counter
 // sliding window, the sliding window at each precision (2 to
-// store.MaxPrecision), the fixed window, and token buckets of burst L
+// store.MaxPrecision), then strict at each, the fixed window, and token buckets of burst L
 // and L/10 (when that is at least 1). own, when not nil, is the rule's
 // own configuration: marked Own, and added if it is none of those.
 func Candidates(l Limit, precisions []uint64, own *Candidate) []Candidate {
 	cs := []Candidate{{Algorithm: store.SlidingWindow}}
-	for _, p := range precisions {
-		if p >= 2 {
-			cs = append(cs, Candidate{Algorithm: store.SlidingWindow, Precision: p})
+	for _, strict := range []bool{false, true} {
+		for _, p := range precisions {
+			if p >= 2 {
+				cs = append(cs, Candidate{Algorithm: store.SlidingWindow, Precision: p, Strict: strict})
+			}
 		}
 	}
 	cs = append(cs, Candidate{Algorithm: store.FixedWindow}, Candidate{Algorithm: store.TokenBucket, Burst: l.Requests})
@@ -120,7 +126,7 @@ func Candidates(l Limit, precisions []uint64, own *Candidate) []Candidate {
 			o.Burst = l.Requests
 		}
 		if o.Algorithm != store.SlidingWindow || o.Precision < 2 {
-			o.Precision = 0
+			o.Precision, o.Strict = 0, false
 		}
 		if i := slices.IndexFunc(cs, func(c Candidate) bool { return c.same(o, l) }); i >= 0 {
 			cs[i].Own = true
@@ -162,6 +168,7 @@ type Result struct {
 	Name      string `json:"name"`
 	Algorithm string `json:"algorithm"` // a store algorithm, or "exact_sliding_log"
 	Precision uint64 `json:"precision,omitempty"`
+	Strict    bool   `json:"strict,omitempty"`
 	Burst     uint64 `json:"burst,omitempty"`
 	Own       bool   `json:"rule_own,omitempty"`
 
@@ -235,7 +242,7 @@ func run(ctx context.Context, tr Trace, l Limit, cands []Candidate) (*Report, er
 		r.Name, r.Algorithm, r.Own = c.Name(l), c.Algorithm.String(), c.Own
 		switch c.Algorithm {
 		case store.SlidingWindow:
-			r.Precision = c.Precision
+			r.Precision, r.Strict = c.Precision, c.Strict
 		case store.TokenBucket:
 			r.Burst = c.Burst
 			if r.Burst == 0 {

@@ -168,7 +168,8 @@ func TestCandidates(t *testing.T) {
 		return s
 	}
 	got := names(Candidates(l, []uint64{10, 2, 10}, &Candidate{Algorithm: store.SlidingWindow, Precision: 10}))
-	want := []string{"sliding_window", "sliding_window precision=10 *", "sliding_window precision=2", "fixed_window", "token_bucket burst=50", "token_bucket burst=5"}
+	want := []string{"sliding_window", "sliding_window precision=10 *", "sliding_window precision=2",
+		"sliding_window precision=10 strict", "sliding_window precision=2 strict", "fixed_window", "token_bucket burst=50", "token_bucket burst=5"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q\nwant %q", got, want)
 	}

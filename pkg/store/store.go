@@ -74,6 +74,11 @@
 // b1' its bounds; step 0 starts now. RetryAfter = settle(floor(x) + 1).
 // Precision 1 is the two-counter window above, bit for bit.
 //
+// Strict (a sliding window of precision N >= 2 only): frac is 1, so the
+// oldest sub-window counts whole until it has left the window, and no
+// trailing window ever holds more than L. RetryAfter (h > R): the first
+// step m whose F + c < A passes at its start (step 0: at once).
+//
 // Fixed window. State: win, count. If win != curWin: count = 0.
 // R = max(0, L - count); refund: count = max(0, count - h).
 // Reset = RetryAfter = Wus - (now - curWin*Wus); TTL = Reset (rounded up to a
@@ -184,6 +189,7 @@ type Check struct {
 	Shadow    bool          // shadow mode: a denial does not veto the batch (see the package doc)
 	Force     bool          // add Hits whatever the budget: a write-back (see the package doc)
 	Precision uint8         // sliding window: sub-windows per window (see the package doc); 0 and 1 are the two-counter window
+	Strict    bool          // sliding window of Precision >= 2: the oldest sub-window counts whole (see the package doc)
 }
 
 // Consuming reports whether c consumes when allowed: it has hits and is

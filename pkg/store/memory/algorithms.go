@@ -55,7 +55,7 @@ func (st *state) apply(c *store.Check, now int64, o op) store.Result {
 		return st.fixedWindow(c.Limit, now, wus, h, o)
 	default: // SlidingWindow, and unknown values as the default algorithm
 		if c.Precision >= 2 {
-			return st.preciseWindow(c.Limit, now, wus, int64(c.Precision), h, o)
+			return st.preciseWindow(c.Limit, now, wus, int64(c.Precision), c.Strict, h, o)
 		}
 		if st.old != nil {
 			*st = state{} // another precision's state: start fresh

@@ -8,10 +8,11 @@ import (
 )
 
 // The sliding window of precision n >= 2 (package store's doc): n
-// sub-windows per window, the oldest weighted by the share still inside.
+// sub-windows per window, the oldest weighted by the share still inside
+// (strict: counted whole until it has left the window).
 
 // preciseWindow applies a sliding-window check of precision n of h hits.
-func (st *state) preciseWindow(limit uint64, now, wus, n int64, h uint64, o op) store.Result {
+func (st *state) preciseWindow(limit uint64, now, wus, n int64, strict bool, h uint64, o op) store.Result {
 	curWin := floorDiv(now, wus)
 	into := now - curWin*wus
 	sub := curWin*n + into*n/wus
@@ -36,17 +37,17 @@ func (st *state) preciseWindow(limit uint64, now, wus, n int64, h uint64, o op) 
 				deficit -= take
 			}
 		}
-		return store.Result{Allowed: true, Remaining: st.preciseBudget(limit, into, wus, n), Reset: rst}
+		return store.Result{Allowed: true, Remaining: st.preciseBudget(limit, into, wus, n, strict), Reset: rst}
 	case opForce:
 		st.cur = addHits(st.cur, h)
-		return store.Result{Allowed: true, Remaining: st.preciseBudget(limit, into, wus, n), Reset: rst}
+		return store.Result{Allowed: true, Remaining: st.preciseBudget(limit, into, wus, n, strict), Reset: rst}
 	}
-	r := st.preciseBudget(limit, into, wus, n)
+	r := st.preciseBudget(limit, into, wus, n, strict)
 	if allowed(h, r) {
 		st.cur += int64(h)
 		return store.Result{Allowed: true, Remaining: r - h, Reset: rst}
 	}
-	return store.Result{Remaining: r, RetryAfter: st.preciseRetry(limit, max(h, 1), now, wus, n, rstUS), Reset: rst}
+	return store.Result{Remaining: r, RetryAfter: st.preciseRetry(limit, max(h, 1), now, wus, n, strict, rstUS), Reset: rst}
 }
 
 // clone returns st with its own copy of the sub-window counts, so that a
@@ -99,10 +100,9 @@ func subBounds(j, wus, n int64) (b0, b1 int64) {
 }
 
 // preciseBudget returns R = ceil(L - rate) when rate < L, else 0.
-func (st *state) preciseBudget(limit uint64, into, wus, n int64) uint64 {
+func (st *state) preciseBudget(limit uint64, into, wus, n int64, strict bool) uint64 {
 	old := *st.old
-	b0, b1 := subBounds(into*n/wus, wus, n)
-	frac := float64(b1-into) / float64(b1-b0)
+	frac := oldestShare(into, wus, n, strict)
 	full := st.cur
 	for _, c := range old[:n-1] {
 		full += c
@@ -112,6 +112,16 @@ func (st *state) preciseBudget(limit uint64, into, wus, n int64) uint64 {
 		return uint64(math.Ceil(l - rate))
 	}
 	return 0
+}
+
+// oldestShare is the share of the oldest sub-window counted at into
+// microseconds into its window: what of it is still inside, or all of it when strict.
+func oldestShare(into, wus, n int64, strict bool) float64 {
+	if strict {
+		return 1
+	}
+	b0, b1 := subBounds(into*n/wus, wus, n)
+	return float64(b1-into) / float64(b1-b0)
 }
 
 // count returns the count of absolute sub-window x with no traffic after
@@ -128,7 +138,7 @@ func (st *state) count(x int64) int64 {
 }
 
 // preciseRetry returns the RetryAfter of h >= 1 hits (package store's doc).
-func (st *state) preciseRetry(limit, h uint64, now, wus, n, rst int64) time.Duration {
+func (st *state) preciseRetry(limit, h uint64, now, wus, n int64, strict bool, rst int64) time.Duration {
 	a := float64(limit) - float64(h) + 1
 	if a <= 0 {
 		return time.Duration(rst) * time.Microsecond
@@ -148,9 +158,12 @@ func (st *state) preciseRetry(limit, h uint64, now, wus, n, rst int64) time.Dura
 			k, j := floorDiv(s, n), s-floorDiv(s, n)*n
 			b0, b1 := subBounds(j, wus, n)
 			c := st.count(s - n)
+			if strict && f+float64(c) >= a {
+				continue // the oldest counts whole: wait for it to leave
+			}
 			q := (a - f) / float64(c)
 			switch {
-			case c == 0 || q > 1:
+			case strict || c == 0 || q > 1:
 				if m == 0 {
 					x = -1
 				} else {
@@ -163,19 +176,18 @@ func (st *state) preciseRetry(limit, h uint64, now, wus, n, rst int64) time.Dura
 		}
 	}
 	l, hf := float64(limit), float64(h)
-	ra := settle(int64(math.Floor(x))+1, func(ra int64) bool { return st.precisePassesAt(l, hf, now+ra, wus, n) })
+	ra := settle(int64(math.Floor(x))+1, func(ra int64) bool { return st.precisePassesAt(l, hf, now+ra, wus, n, strict) })
 	return time.Duration(ra) * time.Microsecond
 }
 
 // precisePassesAt reports whether hf hits would pass at t (not before the
 // state's sub-window) with no other traffic.
-func (st *state) precisePassesAt(l, hf float64, t, wus, n int64) bool {
+func (st *state) precisePassesAt(l, hf float64, t, wus, n int64, strict bool) bool {
 	k := floorDiv(t, wus)
 	into := t - k*wus
 	j := into * n / wus
 	s := k*n + j
-	b0, b1 := subBounds(j, wus, n)
-	frac := float64(b1-into) / float64(b1-b0)
+	frac := oldestShare(into, wus, n, strict)
 	full := int64(0)
 	for x := s - n + 1; x <= s; x++ {
 		full += st.count(x)

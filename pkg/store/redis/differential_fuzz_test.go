@@ -47,6 +47,7 @@ type diffKey struct {
 	alg                  store.Algorithm
 	limit, burst, window uint64
 	precision            uint64 // sliding window sub-windows; 0 for two counters
+	strict               bool   // precision >= 2: the oldest sub-window counts whole
 }
 
 // diffStep is one batch of a differential run, after advancing the clock.
@@ -90,6 +91,7 @@ func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []d
 		}
 		if k.alg == store.SlidingWindow {
 			k.precision = diffPrecisions[int(c/30)%len(diffPrecisions)]
+			k.strict = k.precision >= 2 && (c/7)%2 == 1 // the oldest sub-window counts whole
 		}
 		prefix := "rl"
 		if k.alg == store.TokenBucket {
@@ -127,7 +129,7 @@ func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []d
 			k := keys[int(c)%len(keys)]
 			flags := r.byte()
 			ch := store.Check{
-				Key: k.key, Algorithm: k.alg, Limit: k.limit, Burst: k.burst, Precision: uint8(k.precision),
+				Key: k.key, Algorithm: k.alg, Limit: k.limit, Burst: k.burst, Precision: uint8(k.precision), Strict: k.strict,
 				Window: time.Duration(k.window) * time.Second,
 				Refund: flags&1 != 0,
 				Shadow: flags&2 != 0,
