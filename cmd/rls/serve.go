@@ -371,8 +371,8 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		BucketsBytes:          cfg.LocalMaxBytes / 4,
 		DisableOverLimitCache: !cfg.OverLimitCache,
 		// The memory store is local: a slice would save nothing.
-		Reserve: cfg.Reserve && cfg.Store != "memory",
-		Log:     a.log,
+		Reserve: cfg.Reserve && cfg.Store != "memory", ReserveBytes: cfg.LocalMaxBytes / 16,
+		Log: a.log,
 	})
 	telemetry.RegisterLimiter(a.reg, a.lim, a.fleet)
 	a.svc = service.New(rules, a.lim, service.Options{

@@ -133,6 +133,9 @@ type Options struct {
 	// fleet can use soon, is decided from a slice of hits reserved in the
 	// store in one call.
 	Reserve bool
+	// ReserveBytes caps the bytes of the table of keys whose demand
+	// reservations track [DefaultReserveBytes].
+	ReserveBytes int64
 	// Now is the clock [time.Now].
 	Now func() time.Time
 	// After is the timer of the background retries' backoff [time.After].
@@ -274,7 +277,10 @@ func New(st store.Store, opts Options) *Limiter {
 	l.refundLog = logthrottle.New(logthrottle.Every, opts.Now)
 	l.writeBackLog = logthrottle.New(logthrottle.Every, opts.Now)
 	if opts.Reserve {
-		l.res = newReservations()
+		if opts.ReserveBytes <= 0 {
+			opts.ReserveBytes = DefaultReserveBytes
+		}
+		l.res = newReservations(opts.ReserveBytes)
 	}
 	l.pool.New = func() any { return new(scratch) }
 	return l

@@ -56,9 +56,12 @@ const (
 	// returnMargin: unused hits go back only while the window has at least
 	// this long to run, so a refund lands in the window it belongs to.
 	returnMargin = 100 * time.Millisecond
-	// maxReserveKeys bounds the keys whose demand is tracked.
-	maxReserveKeys = 1 << 16
-	reserveShards  = 16
+	// DefaultReserveBytes bounds the bytes of the keys whose demand is
+	// tracked (each counts len(key) + reserveOverhead): a flood of distinct
+	// keys, even of 4 KB values, cannot grow the table beyond it.
+	DefaultReserveBytes = 4 << 20
+	reserveOverhead     = 256 // the slice, its map slot (measured under 200 on linux/amd64)
+	reserveShards       = 16
 )
 
 // slice is one key's reservation state: its demand, and the slice it holds.
@@ -81,8 +84,34 @@ type slice struct {
 }
 
 type reserveShard struct {
-	mu sync.Mutex
-	m  map[string]*slice
+	mu              sync.Mutex
+	m               map[string]*slice
+	bytes, maxBytes int64 // len(key)+reserveOverhead per entry of m, and the cap
+}
+
+// put adds s at key. sh.mu is held.
+func (sh *reserveShard) put(key string, s *slice) {
+	sh.m[key] = s
+	sh.bytes += int64(len(key)) + reserveOverhead
+}
+
+// del removes key's entry. sh.mu is held.
+func (sh *reserveShard) del(key string) {
+	if _, ok := sh.m[key]; ok {
+		delete(sh.m, key)
+		sh.bytes -= int64(len(key)) + reserveOverhead
+	}
+}
+
+// room reports whether an entry of key fits, evicting idle entries to make
+// it. sh.mu is held.
+func (sh *reserveShard) room(key string, now int64) bool {
+	for sh.bytes+int64(len(key))+reserveOverhead > sh.maxBytes {
+		if !sh.evict(now) {
+			return false
+		}
+	}
+	return true
 }
 
 // reservations is the table of keys' slices, and its running totals in hits.
@@ -91,10 +120,11 @@ type reservations struct {
 	used, returned, expired, granted atomic.Uint64
 }
 
-func newReservations() *reservations {
+func newReservations(maxBytes int64) *reservations {
 	r := &reservations{}
 	for i := range r.shards {
 		r.shards[i].m = make(map[string]*slice)
+		r.shards[i].maxBytes = maxBytes / reserveShards
 	}
 	return r
 }
@@ -301,14 +331,14 @@ func (r *reservations) entry(sh *reserveShard, c *store.Check, now int64) (*slic
 		// The key's rule changed: its slice was counted under the old one.
 		p.ret, p.retRule = r.end(s, now), s.rule
 		s = nil
-		delete(sh.m, c.Key)
+		sh.del(c.Key)
 	}
 	if s == nil {
-		if len(sh.m) >= maxReserveKeys/reserveShards && !sh.evict(now) {
+		if !sh.room(c.Key, now) {
 			return nil, p
 		}
 		s = &slice{rule: ruleOf(c), intervalStart: now}
-		sh.m[c.Key] = s
+		sh.put(c.Key, s)
 	}
 	return s, p
 }
@@ -343,7 +373,7 @@ func (r *reservations) settleReturn(n uint64, ok bool) {
 func (sh *reserveShard) evict(now int64) bool {
 	for k, s := range sh.m {
 		if s.left == 0 && !s.pending && now-s.lastUse > int64(rateInterval) {
-			delete(sh.m, k)
+			sh.del(k)
 			return true
 		}
 	}
@@ -424,7 +454,11 @@ func (l *Limiter) attachReservations(items []Item, sc *scratch, vetoed bool, now
 	if l.res == nil || vetoed {
 		return
 	}
-	all := allReservable(items)
+	// Only a request of one descriptor takes a slice: a request of several
+	// may be denied by another of its descriptors and then refunded, which
+	// a slice taken beside it would not follow (it would hold hits the
+	// request gave back). Such requests still use the slices others took.
+	all := len(items) == 1 && allReservable(items)
 	fleet := l.opts.FleetSize()
 	n := len(sc.checks)
 	sc.held = sc.held[:0]

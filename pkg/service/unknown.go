@@ -79,10 +79,16 @@ func (u *unknownDomains) Describe(ch chan<- *prometheus.Desc) { ch <- u.desc }
 func (u *unknownDomains) Collect(ch chan<- prometheus.Metric) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	// Label values must be UTF-8: a domain's other bytes are written \xNN
+	// (printable), and domains that then read alike share one series.
+	byLabel := make(map[string]float64, len(u.seen)+1)
 	for d, e := range u.seen {
-		ch <- prometheus.MustNewConstMetric(u.desc, prometheus.CounterValue, float64(e.n.Load()), d)
+		byLabel[printable(d)] += float64(e.n.Load())
 	}
 	if n := u.other.n.Load(); n > 0 {
-		ch <- prometheus.MustNewConstMetric(u.desc, prometheus.CounterValue, float64(n), otherValue)
+		byLabel[otherValue] += float64(n)
+	}
+	for d, n := range byLabel {
+		ch <- prometheus.MustNewConstMetric(u.desc, prometheus.CounterValue, n, d)
 	}
 }
