@@ -157,10 +157,13 @@ func (s *slice) returnable(now int64) bool {
 	return s.left > 0 && (s.windowEnd == 0 || now+int64(returnMargin) < s.windowEnd)
 }
 
-// reservable reports whether a check may be decided from, or reserve, a slice.
+// reservable reports whether a check may be decided from, or reserve, a
+// slice. A fail_closed rule never does: its owner asked that nothing pass
+// while the store cannot answer, and a slice keeps deciding through an
+// outage until it ends.
 func reservable(it *Item) bool {
 	c := &it.Check
-	return !it.NoReserve && !it.Quota && c.Consuming() && !c.Shadow && c.Limit > 0
+	return !it.NoReserve && !it.Quota && !it.FailClosed && c.Consuming() && !c.Shadow && c.Limit > 0
 }
 
 // allReservable reports whether a slice could decide every item.
