@@ -21,7 +21,8 @@
 -- ARGV[3], ARGV[4], ...: one request each, its checks in order, 34 bytes
 --          per check: algorithm (byte: 0 sliding window, 1 token bucket,
 --          2 fixed window), flags (byte: the sum of 1 = refund, 2 = shadow,
---          4 = force), then doubles: limit, window seconds, burst
+--          4 = force, 8 = undo, and 16 times a counter call's reply mod 8;
+--          see "Counter calls" below), then doubles: limit, window seconds, burst
 --          (token bucket: capacity, 0 = limit; sliding window: precision,
 --          the number of sub-windows, 0 or 1 for the two-counter window, at
 --          most MAX_PRECISION, negated for a strict window), hits. The requests' checks are KEYS in order.
@@ -70,6 +71,20 @@
 -- TTL gives it the TTL a write would, so that no such value can deny a key
 -- forever.
 --
+-- Counter calls. The Go store decides a consuming check of a two-counter
+-- sliding window or a fixed window without this script when it can: it
+-- sends INCRBY of the key by hits * 2^27 (sliding: the count field of the
+-- compact form) or hits * 8 (fixed), then TIME, and admits the check only
+-- when the reply is the compact form of the current window with the
+-- count within the limit (pkg/store/redis/counters.go). Otherwise it
+-- sends the check here with the undo flag and the reply's form (reply mod
+-- 8): before anything is decided, the hits that INCRBY added are taken
+-- back from the stored value if it still holds them (the same form and
+-- window; for a sliding window also the next window's form, into which a
+-- roll moved the count as the previous one), never below 0, and the key
+-- is written even when the check is then denied. A value of another form
+-- replaced the INCRBY's hits: nothing is taken back.
+--
 -- One text, two ways to run it. As a script (EVAL/EVALSHA) it runs whole
 -- on every call and ends with `return rls_decide(KEYS, ARGV)`. As a Redis
 -- Function library (lua/library.go: this text without the line that
@@ -88,7 +103,7 @@ if redis.replicate_commands then pcall(redis.replicate_commands) end
 local HEADER, CHECK_BYTES, RESULT_BYTES = 2, 34, 25
 local MODE_DECIDE, MODE_PEEK = '0', '1'
 local ALG_SLIDING, ALG_TOKEN_BUCKET, ALG_FIXED = 0, 1, 2
-local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE = 1, 2, 4
+local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE, FLAG_UNDO = 1, 2, 4, 8
 local TAG_SLIDING, TAG_TOKEN_BUCKET, TAG_FIXED, TAG_PRECISE = 's', 't', 'f', 'p'
 local MAX_PRECISION = 60
 local COMPACT_COUNTS, COMPACT_FIXED = 16777216, 281474976710656
@@ -749,10 +764,58 @@ local function decide_request(first, last)
   in_tentative, journaling, jn = false, false, 0
 end
 
+-- unincr takes back h hits that a counter call (see the header) added to
+-- key's stored value, whose reply was of form (its value mod 8), when the
+-- value still holds them, and reports whether it did.
+local function unincr(key, alg, h, form)
+  local v = stored[key]
+  local b1 = v and v:byte(1)
+  local x = b1 and b1 <= DIGIT_9 and tonumber(v)
+  if not x or not count_ok(x) or x ~= floor(x) then return false end
+  local f = x % 8
+  if alg == ALG_FIXED then
+    if form < 4 or f ~= form then return false end
+    x = max(f, x - 8 * h)
+  else
+    if form >= 4 or f >= 4 then return false end
+    local c = floor(x / 8)
+    local cur, prev = floor(c / COMPACT_COUNTS), c % COMPACT_COUNTS
+    if f == form then
+      cur = max(0, cur - h)
+    elseif f == (form + 1) % 4 then
+      prev = max(0, prev - h)
+    else
+      return false
+    end
+    x = (cur * COMPACT_COUNTS + prev) * 8 + f
+  end
+  stored[key] = format('%.0f', x)
+  return true
+end
+
+-- unincr_all applies the undo flags of A's checks (see the header) to
+-- the stored values and returns the keys it changed, or nil.
+local function unincr_all(A)
+  local keys, n = nil, 0
+  for a = HEADER + 1, #A do
+    local blob = A[a]
+    for j = 0, #blob / CHECK_BYTES - 1 do
+      n = n + 1
+      local alg, fl, _, _, _, hits = sunpack('<BBdddd', blob, j * CHECK_BYTES + 1)
+      if floor(fl / FLAG_UNDO) % 2 == 1 and unincr(K[n], alg, hits, floor(fl / 16) % 8) then
+        keys = keys or {}
+        keys[#keys + 1] = K[n]
+      end
+    end
+  end
+  return keys
+end
+
 -- decide_all decides a call of any shape: each request's checks decoded
 -- and decided, in order, then every changed key written once.
 local function decide_all(A)
   read_all()
+  local undone = not peek and unincr_all(A)
   ttl_args, wrote, dirty, dirty_keys, reply, denied = {}, {}, {}, {}, {}, nil
   req, replaced, in_tentative, journaling, jn = 0, nil, false, false, 0
   local n = 0
@@ -784,6 +847,14 @@ local function decide_all(A)
   if n ~= #K then error('decide.lua: ' .. n .. ' checks for ' .. #K .. ' keys') end
 
   if not peek then
+    if undone then
+      for _, key in ipairs(undone) do
+        if not dirty[key] and states[key] then
+          dirty[key] = true
+          dirty_keys[#dirty_keys + 1] = key
+        end
+      end
+    end
     for _, key in ipairs(dirty_keys) do write(states[key]) end
     if denied then
       for key, s in pairs(denied) do
@@ -838,6 +909,7 @@ local function rls_decide(keys, args)
   compact = clock == ''
   if #keys == 1 and #args == HEADER + 1 and #args[HEADER + 1] == CHECK_BYTES then
     local alg, fl, limit, w, burst, hits = sunpack('<BBdddd', args[HEADER + 1])
+    if fl >= FLAG_UNDO and not peek then return decide_all(args) end
     fl = fl % 8
     if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
     if peek then return decide_single(keys[1], alg, limit, w, burst, 0) end

@@ -62,6 +62,7 @@ const (
 	flagRefund = 1 // store.Check.Refund
 	flagShadow = 2 // store.Check.Shadow
 	flagForce  = 4 // store.Check.Force
+	flagUndo   = 8 // take back a counter call's hits (AppendUndo)
 )
 
 // FleetSource is the text of fleet.lua.
@@ -193,6 +194,53 @@ func AppendCheck(b []byte, c *store.Check) []byte {
 	for _, v := range [...]float64{float64(c.Limit), float64(c.Window / time.Second), burstField(c), float64(c.Hits)} {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
 	}
+	return b
+}
+
+// CounterStep returns what one hit adds to the compact value of a check
+// of algorithm a: the count field of a fixed window's compact form
+// (count * 8 + 4 + window mod 4), or of a sliding window's ((count * 2^24
+// + previous) * 8 + window mod 4). A counter call (see decide.lua's
+// header) sends INCRBY of the key by Hits times it.
+func CounterStep(a store.Algorithm) int64 {
+	if a == store.FixedWindow {
+		return 8
+	}
+	return 8 * CompactCounts
+}
+
+// Counter is a counter call's reply decoded: the value's form (mod 8) and,
+// when it is the compact form of a's algorithm, the state it holds.
+type Counter struct {
+	Form       byte   // the value mod 8: 0-3 sliding window, 4-7 fixed window; the window index mod 4 is Form % 4
+	OK         bool   // the value is the compact form of the check's algorithm
+	Count      uint64 // the current window's count, the INCRBY's hits included
+	Prev       uint64 // sliding window: the previous window's count
+	WindowMod4 int64
+}
+
+// DecodeCounter decodes v, the reply of INCRBY by CounterStep(a) * hits.
+func DecodeCounter(a store.Algorithm, v int64) Counter {
+	if v < 0 {
+		return Counter{}
+	}
+	c := Counter{Form: byte(v % 8), WindowMod4: v % 4}
+	x := uint64(v) / 8
+	if a == store.FixedWindow {
+		c.OK, c.Count = c.Form >= 4, x
+		return c
+	}
+	c.OK, c.Count, c.Prev = c.Form < 4, x/CompactCounts, x%CompactCounts
+	return c
+}
+
+// AppendUndo appends c as AppendCheck does, marked for decide.lua to take
+// back the Hits that a counter call added to the key's value before it
+// decides c; reply is that call's reply (see decide.lua's header).
+func AppendUndo(b []byte, c *store.Check, reply int64) []byte {
+	n := len(b)
+	b = AppendCheck(b, c)
+	b[n+1] |= flagUndo | byte(reply%8)<<4
 	return b
 }
 

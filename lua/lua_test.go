@@ -83,7 +83,7 @@ func TestDecideConstants(t *testing.T) {
 		fmt.Sprintf(`ARGV[2] mode: "%s" decide; "%s" peek`, ModeDecide, ModePeek),
 		fmt.Sprintf("ARGV[%d], ARGV[%d], ...: one request each", HeaderArgs+1, HeaderArgs+2),
 		fmt.Sprintf("%d bytes per check: algorithm (byte: %d sliding window, %d token bucket, %d fixed window)", CheckBytes, algSliding, algTokenBucket, algFixed),
-		fmt.Sprintf("flags (byte: the sum of %d = refund, %d = shadow, %d = force)", flagRefund, flagShadow, flagForce),
+		fmt.Sprintf("flags (byte: the sum of %d = refund, %d = shadow, %d = force, %d = undo, and 16 times a counter call's reply mod 8", flagRefund, flagShadow, flagForce, flagUndo),
 		fmt.Sprintf("Reply: one string, %d bytes per check", ResultBytes),
 	} {
 		if !strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(header, "--", "")), " "), want) {

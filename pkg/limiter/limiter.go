@@ -330,6 +330,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	if !sc.fill(items, vetoed) {
 		return nil
 	}
+	l.markScarce(sc)
 	l.attachReservations(items, sc, vetoed, nowNs)
 	if l.wb.n.Load() > 0 {
 		l.attachWriteBacks(sc, nowNs)
@@ -372,6 +373,25 @@ func (sc *scratch) fill(items []Item, vetoed bool) bool {
 		sc.checks = append(sc.checks, c)
 	}
 	return len(sc.checks) > 0
+}
+
+// scarceBelow: a consuming check whose key the store last reported with
+// fewer than this many hits left per hit asked (or denied) is marked
+// Scarce.
+const scarceBelow = 8
+
+// markScarce marks the checks of sc whose key the store last reported
+// near its limit (store.Check.Scarce).
+func (l *Limiter) markScarce(sc *scratch) {
+	for j := range sc.checks {
+		c := &sc.checks[j]
+		if !c.Consuming() {
+			continue
+		}
+		if k, ok := l.lookup(c); ok && (k.deniedHits > 0 || k.remaining < scarceBelow*c.Hits) {
+			c.Scarce = true
+		}
+	}
 }
 
 // clearResults sizes sc.results to sc.checks, zeroed.

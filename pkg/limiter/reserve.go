@@ -432,7 +432,7 @@ func (r *reservations) drain(now int64) []store.Check {
 // ruleOf is c's rule: c without its hits and flags.
 func ruleOf(c *store.Check) store.Check {
 	r := *c
-	r.Hits, r.Refund, r.Shadow, r.Force = 0, false, false, false
+	r.Hits, r.Refund, r.Shadow, r.Force, r.Scarce = 0, false, false, false, false
 	return r
 }
 

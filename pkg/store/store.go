@@ -128,6 +128,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -190,6 +191,22 @@ type Check struct {
 	Force     bool          // add Hits whatever the budget: a write-back (see the package doc)
 	Precision uint8         // sliding window: sub-windows per window (see the package doc); 0 and 1 are the two-counter window
 	Strict    bool          // sliding window of Precision >= 2: the oldest sub-window counts whole (see the package doc)
+	// Scarce is a hint, which changes no result: the caller last saw the
+	// key near its limit. The Redis store then decides the check by script
+	// at once instead of by a counter call first (see its counters.go).
+	Scarce bool
+}
+
+// SlidingBudget returns a two-counter sliding window's budget R = ceil(L -
+// rate) when rate < L, else 0, with counts prev and cur, into microseconds
+// into a window of wus (see the arithmetic above).
+func SlidingBudget(prev, cur int64, limit uint64, into, wus int64) uint64 {
+	elapsed := float64(into) / float64(wus)
+	rate := float64(float64(prev)*(1-elapsed)) + float64(cur)
+	if l := float64(limit); rate < l {
+		return uint64(math.Ceil(l - rate))
+	}
+	return 0
 }
 
 // Consuming reports whether c consumes when allowed: it has hits and is

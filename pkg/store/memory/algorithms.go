@@ -151,12 +151,7 @@ func (st *state) slidingWindow(limit uint64, now, wus int64, h uint64, o op) sto
 
 // slidingBudget returns R = ceil(L - rate) when rate < L, else 0.
 func (st *state) slidingBudget(limit uint64, into, wus int64) uint64 {
-	elapsed := float64(into) / float64(wus)
-	rate := float64(float64(st.prev)*(1-elapsed)) + float64(st.cur)
-	if l := float64(limit); rate < l {
-		return uint64(math.Ceil(l - rate))
-	}
-	return 0
+	return store.SlidingBudget(st.prev, st.cur, limit, into, wus)
 }
 
 // slidingRetry returns the sliding window's RetryAfter for h >= 1 hits.

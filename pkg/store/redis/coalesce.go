@@ -88,6 +88,8 @@ type call struct {
 
 	reply string
 	err   error
+
+	cs counterState // a counter call (counters.go)
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
@@ -103,6 +105,7 @@ func putCall(c *call) {
 	clear(c.args)
 	c.checks, c.results, c.keys, c.args, c.blob = c.checks[:0], c.results[:0], c.keys[:0], c.args[:0], c.blob[:0]
 	c.ctx, c.reply, c.err = nil, "", nil
+	c.cs.reset()
 	c.state.Store(callPending)
 	callPool.Put(c)
 }
@@ -119,6 +122,9 @@ type coalescer struct {
 	cap    int
 
 	scripts scripts // FCALL or EVALSHA (scripts.go)
+
+	lastTime   atomic.Int64 // the latest TIME the node answered a counter call, Unix microseconds
+	noCounters atomic.Bool  // the node refused INCRBY: scripts only (counters.go)
 
 	mu       sync.Mutex
 	inflight int
@@ -167,7 +173,13 @@ func (co *coalescer) do(ctx context.Context, c *call) (string, error) {
 			co.release(nil)
 			return "", errOpen
 		}
-		reply, err := co.run(ctx, co.direct, c.keys, c.args)
+		var reply string
+		var err error
+		if c.cs.counted {
+			err = co.runCounts(ctx, []*call{c})
+		} else {
+			reply, err = co.run(ctx, co.direct, c.keys, c.args)
+		}
 		co.br.Done(tk, outcome(ctx, err))
 		co.release(nil)
 		return reply, err
@@ -260,8 +272,9 @@ type unit struct {
 
 // scratch is a flusher's reusable memory.
 type scratch struct {
-	units []unit
-	cmds  []*redis.Cmd
+	units   []unit
+	cmds    []*redis.Cmd
+	counted []*call
 }
 
 // merge groups b's calls into units: calls of the same mode and clock
@@ -332,6 +345,47 @@ func (co *coalescer) send(b []*call, sc *scratch) {
 	// last of them, its own deadline.
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	b, counts := splitCounted(b, sc)
+	if len(counts) == 0 {
+		co.br.Done(tk, co.sendScripts(ctx, b, sc))
+		return
+	}
+	if len(b) == 0 {
+		co.br.Done(tk, outcome(ctx, co.sendCounts(ctx, counts)))
+		return
+	}
+	// Both kinds: the counter calls' pipeline beside the scripts'.
+	var oc breaker.Outcome
+	var wg sync.WaitGroup
+	wg.Go(func() { oc = outcome(ctx, co.sendCounts(ctx, counts)) })
+	o := co.sendScripts(ctx, b, sc)
+	wg.Wait()
+	co.br.Done(tk, worse(o, oc))
+}
+
+// splitCounted moves b's counter calls (in place) to sc.counted and
+// returns the script calls and the counter calls.
+func splitCounted(b []*call, sc *scratch) (scripts, counts []*call) {
+	counts = sc.counted[:0]
+	n := 0
+	for _, c := range b {
+		if c.cs.counted {
+			counts = append(counts, c)
+			continue
+		}
+		b[n] = c
+		n++
+	}
+	clear(b[n:])
+	sc.counted = counts
+	return b[:n], counts
+}
+
+// sendScripts sends a batch's script calls (a batch of one as a plain
+// call; else merged into as few script calls as the slots allow,
+// pipelined when more than one), delivers every call's reply and returns
+// the round trip's outcome for the breaker.
+func (co *coalescer) sendScripts(ctx context.Context, b []*call, sc *scratch) breaker.Outcome {
 	var cl redis.Cmdable = co.single
 	batch := co.batch.Load()
 	if batch != nil {
@@ -340,21 +394,18 @@ func (co *coalescer) send(b []*call, sc *scratch) {
 	if len(b) == 1 {
 		c := b[0]
 		reply, err := co.run(ctx, cl, c.keys, c.args)
-		co.br.Done(tk, outcome(ctx, err))
 		co.deliver(c, reply, err)
-		return
+		return outcome(ctx, err)
 	}
 	us := co.merge(b, sc, batch != nil)
 	defer releaseUnits(us)
 	if len(us) == 1 {
 		u := &us[0]
 		reply, err := co.run(ctx, cl, u.keys, u.args)
-		co.br.Done(tk, outcome(ctx, err))
 		co.split(u, reply, err)
-		return
+		return outcome(ctx, err)
 	}
-	o := co.sendPipeline(ctx, us, sc)
-	co.br.Done(tk, o)
+	return co.sendPipeline(ctx, us, sc)
 }
 
 // live drops from b (in place) the calls whose caller is gone, failing

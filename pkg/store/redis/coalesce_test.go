@@ -53,7 +53,7 @@ func TestCoalescing(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c, sent := counted(srv.Addr)
 	defer c.Close()
-	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 2, MaxBatch: 128})
+	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 2, MaxBatch: 128, NoCounters: true})
 	ctx := context.Background()
 	decide(t, s, uniqueCheck("warm", 0)) // loads the script
 	co := nodeCoalescer(t, s, "")
@@ -124,7 +124,7 @@ func TestCoalescing(t *testing.T) {
 	t.Run("batch cap", func(t *testing.T) {
 		c, sent := counted(srv.Addr)
 		defer c.Close()
-		s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 10})
+		s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 10, NoCounters: true})
 		decide(t, s, uniqueCheck("warm", 1))
 		co := nodeCoalescer(t, s, "")
 		srv.Pause()
@@ -157,7 +157,7 @@ func TestCoalescedDeadline(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c, sent := counted(srv.Addr)
 	defer c.Close()
-	s := mustNew(t, Options{Client: c, Timeout: 10 * time.Second, MaxInFlight: 1, MaxBatch: 128})
+	s := mustNew(t, Options{Client: c, Timeout: 10 * time.Second, MaxInFlight: 1, MaxBatch: 128, NoCounters: true})
 	decide(t, s, uniqueCheck("warm", 0))
 	co := nodeCoalescer(t, s, "")
 
@@ -229,7 +229,7 @@ func TestPipelineNoScript(t *testing.T) {
 	srv := startNoFunctions(t)
 	c, sent := counted(srv.Addr)
 	defer c.Close()
-	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 128})
+	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 128, NoCounters: true})
 	ctx := context.Background()
 	decide(t, s, uniqueCheck("warm", 0))
 	co := nodeCoalescer(t, s, "")
@@ -520,7 +520,7 @@ func TestMergedRequestsStayApart(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c, sent := counted(srv.Addr)
 	defer c.Close()
-	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 128})
+	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, MaxBatch: 128, NoCounters: true})
 	ctx := context.Background()
 	x := store.Check{Key: "rl:{apart}:x", Algorithm: store.FixedWindow, Limit: 4, Window: time.Hour}
 	y := store.Check{Key: "rl:{apart}:y", Algorithm: store.FixedWindow, Limit: 1, Window: time.Hour}

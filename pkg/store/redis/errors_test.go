@@ -245,7 +245,7 @@ func TestScriptErrorIsProtocol(t *testing.T) {
 	c := srv.Client()
 	defer c.Close()
 	c.AddHook(argCutter{})
-	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1,
+	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, MaxInFlight: 1, NoCounters: true,
 		Breaker: breaker.Options{Threshold: 1, FailWindow: time.Nanosecond}})
 	ctx := context.Background()
 	bad := store.Check{Key: "rl:{bad}:x", Limit: 10, Window: time.Second, Hits: 3}
@@ -351,7 +351,7 @@ func TestBadReplyIsProtocol(t *testing.T) {
 			c := srv.Client()
 			defer c.Close()
 			c.AddHook(replyRewriter{rewrite})
-			s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, Breaker: breaker.Options{Threshold: 1, FailWindow: time.Nanosecond}})
+			s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second, NoCounters: true, Breaker: breaker.Options{Threshold: 1, FailWindow: time.Nanosecond}})
 			for i := 0; i < 3; i++ {
 				r := make([]store.Result, 1)
 				err := s.Decide(context.Background(), check, r)

@@ -92,6 +92,10 @@ type Options struct {
 	// log line per node at startup.
 	OnScriptMode func(node, mode, reason string)
 
+	// NoCounters sends every check to decide.lua, never as a counter call
+	// (see counters.go): for tests and comparisons.
+	NoCounters bool
+
 	// Client, when set, is the go-redis client the store uses instead of
 	// making one from URL; the store does not close it. A
 	// *redis.ClusterClient selects cluster mode (checks grouped by hash

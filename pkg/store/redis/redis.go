@@ -58,7 +58,11 @@ type Store struct {
 	owned    bool // Close closes client
 	timeout  time.Duration
 	now      func() time.Time // test clock; nil means Redis TIME
-	fleetKey string           // KeyPrefix + FleetKey
+	counters bool             // counter calls (counters.go)
+	// counterStats: requests decided by counter calls alone, and sent to
+	// the script after one (CounterCalls).
+	counterStats [2]atomic.Uint64
+	fleetKey     string // KeyPrefix + FleetKey
 
 	brOpts       breaker.Options
 	onChange     func(node string, from, to breaker.State)
@@ -81,7 +85,7 @@ func New(opts Options) (*Store, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{client: o.Client, timeout: o.Timeout, now: o.Clock, brOpts: o.Breaker, onChange: o.OnBreakerChange,
+	s := &Store{client: o.Client, timeout: o.Timeout, now: o.Clock, counters: !o.NoCounters, brOpts: o.Breaker, onChange: o.OnBreakerChange,
 		onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch, fleetKey: o.KeyPrefix + FleetKey}
 	if s.client == nil {
 		p, err := o.clientOptions()
@@ -273,11 +277,22 @@ func (c *call) add(check *store.Check, result *store.Result) {
 // eval runs the script once for c's checks and stores their results, or
 // marks them Undecided when the node cannot answer. It recycles c.
 func (s *Store) eval(ctx context.Context, b budget, mode string, now any, c *call) error {
+	if mode == lua.ModeDecide && now == argNoClock && s.counters && countable(c.checks) {
+		if done, err := s.count(ctx, c); done {
+			return s.settle(ctx, b, mode, c, err)
+		}
+	}
 	c.encode(mode, now)
 	reply, err := s.send(ctx, c)
 	if err == nil {
 		err = c.decode(reply, mode == lua.ModeDecide)
 	}
+	return s.settle(ctx, b, mode, c, err)
+}
+
+// settle classifies err, the outcome of c's call, marks c's results
+// Undecided when the node could not answer, and recycles c.
+func (s *Store) settle(ctx context.Context, b budget, mode string, c *call, err error) error {
 	err = s.fail(ctx, modeName(mode), b, err)
 	if errors.Is(err, store.ErrUnavailable) {
 		for _, r := range c.results {
@@ -305,7 +320,11 @@ func (s *Store) send(ctx context.Context, c *call) (string, error) {
 	if br := co.br; br.State() == breaker.Closed {
 		reply, err = co.do(ctx, c)
 	} else if tk, ok := br.Allow(); ok {
-		reply, err = co.run(ctx, s.client, c.keys, c.args)
+		if c.cs.counted {
+			err = co.runCounts(ctx, []*call{c})
+		} else {
+			reply, err = co.run(ctx, s.client, c.keys, c.args)
+		}
 		br.Done(tk, outcome(ctx, err))
 	} else {
 		err = errOpen
@@ -313,7 +332,7 @@ func (s *Store) send(ctx context.Context, c *call) (string, error) {
 	if errors.Is(err, errOpen) {
 		return "", circuitOpen(node)
 	}
-	if s.cluster && redirected(err) && ctx.Err() == nil {
+	if s.cluster && redirected(err) && ctx.Err() == nil && !c.cs.counted {
 		// The slot moved or is moving (resharding): the cluster client
 		// follows MOVED and ASK and refreshes its slot map. By EVALSHA,
 		// which any node runs: the node the slot went to may not have the
@@ -332,9 +351,13 @@ func (c *call) encode(mode string, now any) {
 	if mode == lua.ModePeek {
 		modeArg = argModePeek
 	}
-	for _, ch := range c.checks {
+	for j, ch := range c.checks {
 		keys = append(keys, ch.Key)
-		blob = lua.AppendCheck(blob, ch)
+		if j < len(c.cs.undo) && c.cs.undo[j] >= 0 {
+			blob = lua.AppendUndo(blob, ch, c.cs.undo[j])
+		} else {
+			blob = lua.AppendCheck(blob, ch)
+		}
 	}
 	c.keys, c.blob = keys, blob
 	c.args = append(c.args[:0], now, modeArg, blob)

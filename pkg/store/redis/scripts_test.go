@@ -87,7 +87,7 @@ func TestScriptModeFunction(t *testing.T) {
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
 	var log modeLog
-	s := mustNew(t, Options{Client: c, Timeout: time.Second, OnScriptMode: log.record})
+	s := mustNew(t, Options{Client: c, Timeout: time.Second, OnScriptMode: log.record, NoCounters: true})
 	ctx := context.Background()
 	if err := s.Ping(ctx); err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func TestScriptModeReload(t *testing.T) {
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
 	var log modeLog
-	s := mustNew(t, Options{Client: c, Timeout: time.Second, OnScriptMode: log.record})
+	s := mustNew(t, Options{Client: c, Timeout: time.Second, OnScriptMode: log.record, NoCounters: true})
 	if n := decideN(t, s, "rl:{re}:a", 1); n != 1 {
 		t.Fatalf("first hit denied")
 	}
@@ -173,7 +173,7 @@ func TestScriptModeEvalACL(t *testing.T) {
 func testEvalFallback(t *testing.T, c *redis.Client) {
 	t.Helper()
 	var log modeLog
-	s := mustNew(t, Options{Client: c, Timeout: time.Second, OnScriptMode: log.record})
+	s := mustNew(t, Options{Client: c, Timeout: time.Second, OnScriptMode: log.record, NoCounters: true})
 	if n := decideN(t, s, "rl:{ev}:a", 3); n != 2 {
 		t.Errorf("%d of 3 allowed, want 2", n)
 	}

@@ -22,7 +22,7 @@ func TestSentinel(t *testing.T) {
 	master := redistest.StartServer(t)
 	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
 	sentinel := redistest.StartSentinel(t, "mymaster", master)
-	s, err := New(Options{URL: "redis://" + sentinel.Addr, Mode: ModeSentinel, MasterName: "mymaster", Timeout: time.Second})
+	s, err := New(Options{URL: "redis://" + sentinel.Addr, Mode: ModeSentinel, MasterName: "mymaster", Timeout: time.Second, NoCounters: true})
 	if err != nil {
 		t.Fatal(err)
 	}

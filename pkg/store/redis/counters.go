@@ -1,0 +1,265 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// Counter calls: the usual check decided by plain commands instead of a
+// script call.
+//
+// A request whose checks all consume hits of a two-counter sliding window
+// or of a fixed window (no refund, write-back, shadow or peek; Redis's own
+// clock; none store.Check.Scarce, which the limiter sets for keys it last
+// saw near their limit, where an INCRBY would mostly be taken back) is
+// first sent as one INCRBY per check of its key's compact value
+// by Hits * lua.CounterStep (the count field), then one TIME, pipelined on
+// the node with the other requests ready (Redis runs a plain INCRBY in a
+// fraction of a script call's time). Its checks are allowed, and consumed,
+// when every reply is the compact form of the check's algorithm, of the
+// window TIME is in, and the count fits the limit:
+//
+//   - a fixed window's key expires when its window ends, and a sliding
+//     window's two windows after its last write, which decide.lua makes
+//     in every window the value is rolled into: a value whose window index
+//     (mod 4) is TIME's window was written in that window, so the INCRBY,
+//     which ran after that write and before TIME, ran in the same window;
+//   - the budget is that of the state before the INCRBY at the earliest
+//     moment the INCRBY can have run (the last TIME this node answered
+//     before the call was sent, else the window's start): a sliding
+//     window's budget only grows as its previous count fades, so the check
+//     fits whenever it ran;
+//   - a sliding value that may have been created by the INCRBY itself (no
+//     TTL yet: Hits in window 0 mod 4, no previous count) is not trusted.
+//
+// Anything else (a count over the limit, a value of another form or
+// window, an INCRBY refused) sends the request to decide.lua, marked with
+// each INCRBY's reply: the script first takes back what the INCRBYs added,
+// where the value still holds it, then decides the request exactly as it
+// would have without them, and writes the key (with its TTL). So the
+// budget a concurrent request sees is never larger than without counter
+// calls: between an INCRBY and the script call that takes it back, hits
+// that were not admitted are counted (a request there may be denied that
+// would have fitted, never the reverse). Near the limit, and in the first
+// request of a key in each window, a decision costs the INCRBY and a
+// script call; everywhere else it costs the INCRBY.
+
+// maxCounterHits bounds the hits of a check sent as a counter call, so
+// that INCRBY's increment (Hits * 2^27) stays far inside int64.
+const maxCounterHits = 1 << 20
+
+// countable reports whether every check of cs may be sent as a counter
+// call.
+func countable(cs []*store.Check) bool {
+	for _, c := range cs {
+		if !c.Consuming() || c.Shadow || c.Scarce || c.Hits >= maxCounterHits {
+			return false
+		}
+		switch c.Algorithm {
+		case store.FixedWindow:
+		case store.SlidingWindow:
+			if c.Precision >= 2 {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return len(cs) > 0
+}
+
+// counterState is a counter call's outcome, kept in its call.
+type counterState struct {
+	counted bool    // send c as a counter call
+	incr    []int64 // INCRBY's reply per check; meaningful where ok[j]
+	ok      []bool  // the INCRBY was applied
+	low     int64   // a lower bound of the INCRBYs' time (Redis microseconds); 0: unknown
+	high    int64   // TIME after them (Redis microseconds)
+	undo    []int64 // for the script call after it: the reply to take back, or -1
+}
+
+// reset clears the counter state for the call's reuse.
+func (cs *counterState) reset() {
+	cs.counted, cs.low, cs.high = false, 0, 0
+	cs.incr, cs.ok, cs.undo = cs.incr[:0], cs.ok[:0], cs.undo[:0]
+}
+
+// count tries c as a counter call. It returns true when c is decided (its
+// results set) or failed (err); false when c must go to the script, with
+// c.undo set.
+func (s *Store) count(ctx context.Context, c *call) (bool, error) {
+	co, _, err := s.coalescer(ctx, c.checks[0].Key)
+	if err != nil {
+		return true, err
+	}
+	if co.noCounters.Load() {
+		return false, nil
+	}
+	c.keys = c.keys[:0]
+	for _, ch := range c.checks {
+		c.keys = append(c.keys, ch.Key)
+	}
+	c.cs.counted = true
+	_, err = s.send(ctx, c)
+	c.cs.counted = false
+	if err != nil {
+		return true, err
+	}
+	if c.admit() {
+		s.counterStats[0].Add(1)
+		return true, nil
+	}
+	s.counterStats[1].Add(1)
+	// Delivered (or never queued): nobody else holds c, which goes out
+	// again as a script call.
+	c.state.Store(callPending)
+	c.reply, c.err = "", nil
+	c.cs.undo = c.cs.undo[:0]
+	for j := range c.checks {
+		u := int64(-1)
+		if c.cs.ok[j] && c.cs.incr[j] >= 0 {
+			u = c.cs.incr[j]
+		}
+		c.cs.undo = append(c.cs.undo, u)
+	}
+	return false, nil
+}
+
+// admit sets c's results from its counter call's replies when every
+// check is allowed (see the package's counter calls), and reports whether
+// they were.
+func (c *call) admit() bool {
+	if c.cs.high <= 0 {
+		return false
+	}
+	for j, ch := range c.checks {
+		if !c.cs.ok[j] {
+			return false
+		}
+		r, ok := c.cs.decide(ch, c.cs.incr[j])
+		if !ok {
+			return false
+		}
+		*c.results[j] = r
+	}
+	return true
+}
+
+// decide returns the result of ch, whose INCRBY replied v, and whether the
+// counter call may allow it.
+func (cs *counterState) decide(ch *store.Check, v int64) (store.Result, bool) {
+	cv := lua.DecodeCounter(ch.Algorithm, v)
+	wus := int64(ch.Window / time.Microsecond)
+	win := cs.high / wus
+	if !cv.OK || cv.WindowMod4 != win%4 || cv.Count < ch.Hits {
+		return store.Result{}, false
+	}
+	rst := time.Duration(wus-(cs.high-win*wus)) * time.Microsecond
+	if ch.Algorithm == store.FixedWindow {
+		if cv.Count > ch.Limit || cv.Count >= lua.CompactFixed {
+			return store.Result{}, false
+		}
+		return store.Result{Allowed: true, Remaining: ch.Limit - cv.Count, Reset: rst, Consumed: true}, true
+	}
+	if cv.Count >= lua.CompactCounts || (cv.Prev == 0 && cv.Count == ch.Hits && cv.WindowMod4 == 0) {
+		return store.Result{}, false // may be the INCRBY's own creation, without TTL yet
+	}
+	var from int64 // the earliest the INCRBY ran, into the window
+	if low := cs.low; low > win*wus && low <= cs.high {
+		from = low - win*wus
+	}
+	r := store.SlidingBudget(int64(cv.Prev), int64(cv.Count-ch.Hits), ch.Limit, from, wus)
+	if ch.Hits > r {
+		return store.Result{}, false
+	}
+	return store.Result{Allowed: true, Remaining: r - ch.Hits, Reset: rst, Consumed: true}, true
+}
+
+// counterClient is the client that reaches the coalescer's node itself
+// (TIME must run where the INCRBYs ran): the node's own in cluster mode.
+func (co *coalescer) counterClient() redis.Cmdable {
+	if b := co.batch.Load(); b != nil {
+		return b
+	}
+	return co.single
+}
+
+// runCounts sends the counter calls of calls (INCRBY per check, then TIME)
+// as one pipeline on the node, and records each call's replies. It returns
+// an error only when the round trip failed as a whole (TIME got no
+// answer): the INCRBYs may then have run or not.
+func (co *coalescer) runCounts(ctx context.Context, calls []*call) error {
+	low := co.lastTime.Load()
+	p := co.counterClient().Pipeline()
+	n := 0
+	for _, c := range calls {
+		n += len(c.checks)
+	}
+	cmds := make([]*redis.IntCmd, 0, n)
+	for _, c := range calls {
+		for _, ch := range c.checks {
+			cmds = append(cmds, p.IncrBy(ctx, ch.Key, int64(ch.Hits)*lua.CounterStep(ch.Algorithm)))
+		}
+	}
+	tc := p.Time(ctx)
+	_, _ = p.Exec(ctx) // every command carries its own error
+	var high int64     // 0: TIME refused, so nothing is admitted here
+	var re redis.Error
+	switch err := tc.Err(); {
+	case err == nil:
+		high = tc.Val().UnixMicro()
+	case !errors.As(err, &re):
+		return err // no answer: the INCRBYs may have run or not
+	case counterRefused(err):
+		co.noCounters.Store(true)
+	}
+	for {
+		last := co.lastTime.Load()
+		if high <= last || co.lastTime.CompareAndSwap(last, high) {
+			break
+		}
+	}
+	k := 0
+	for _, c := range calls {
+		cs := &c.cs
+		cs.low, cs.high = low, high
+		cs.incr, cs.ok = cs.incr[:0], cs.ok[:0]
+		for range c.checks {
+			v, err := cmds[k].Result()
+			k++
+			if counterRefused(err) {
+				co.noCounters.Store(true)
+			}
+			cs.incr, cs.ok = append(cs.incr, v), append(cs.ok, err == nil)
+		}
+	}
+	return nil
+}
+
+// counterRefused reports whether err is a node refusing INCRBY or TIME
+// (an ACL without them, a renamed command): its checks then go to the
+// script only.
+func counterRefused(err error) bool {
+	return redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "ERR unknown command")
+}
+
+// sendCounts runs a batch's counter calls and delivers them.
+func (co *coalescer) sendCounts(ctx context.Context, calls []*call) error {
+	err := co.runCounts(ctx, calls)
+	for _, c := range calls {
+		co.deliver(c, "", err)
+	}
+	return err
+}
+
+// CounterCalls returns how many requests counter calls decided alone, and
+// how many went on to the script after one (see counters.go).
+func (s *Store) CounterCalls() (decided, scripted uint64) {
+	return s.counterStats[0].Load(), s.counterStats[1].Load()
+}
