@@ -114,7 +114,7 @@ func TestConfigGuards(t *testing.T) {
 domain: guard
 descriptors:
   - key: k
-    rate_limit: {unit: hour, requests_per_unit: 2}
+    rate_limit: {unit: day, requests_per_unit: 2}
 `})
 	p := startRLSFast(t, dir)
 	pid := p.cmd.Process.Pid
@@ -124,7 +124,7 @@ descriptors:
 		resp := should(t, c, "guard", desc("k", "x"))
 		st := resp.Statuses[0]
 		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || st.CurrentLimit.GetRequestsPerUnit() != 2 {
-			t.Fatalf("%s: %v %v, want OVER_LIMIT of the 2/hour limit", what, resp.OverallCode, st)
+			t.Fatalf("%s: %v %v, want OVER_LIMIT of the 2/day limit", what, resp.OverallCode, st)
 		}
 	}
 	should(t, c, "guard", desc("k", "x"))

@@ -129,6 +129,7 @@ type coalescer struct {
 	mu       sync.Mutex
 	inflight int
 	queue    []*call
+	ahead    int       // queue[:ahead] are script calls after counter calls (enqueue)
 	free     [][]*call // spare batch slices
 	closed   bool
 
@@ -185,7 +186,7 @@ func (co *coalescer) do(ctx context.Context, c *call) (string, error) {
 		return reply, err
 	}
 	c.ctx = ctx
-	co.queue = append(co.queue, c)
+	co.enqueue(c)
 	co.mu.Unlock()
 
 	select {
@@ -198,6 +199,25 @@ func (co *coalescer) do(ctx context.Context, c *call) (string, error) {
 		<-c.done // delivered just now: use it
 		return c.reply, c.err
 	}
+}
+
+// enqueue queues c (co.mu held): at the end, or, for the script call that
+// follows a counter call, after the other such calls at the head of the
+// queue, so that a request's second round trip does not wait behind
+// requests that have not made their first (a burst at the limit would
+// otherwise wait twice the queue).
+func (co *coalescer) enqueue(c *call) {
+	if !c.cs.first || co.ahead >= len(co.queue) {
+		if c.cs.first {
+			co.ahead++
+		}
+		co.queue = append(co.queue, c)
+		return
+	}
+	co.queue = append(co.queue, nil)
+	copy(co.queue[co.ahead+1:], co.queue[co.ahead:])
+	co.queue[co.ahead] = c
+	co.ahead++
 }
 
 // release frees the send slot held by a send that returned (and recycles
@@ -228,9 +248,10 @@ func (co *coalescer) finish(spent []*call) []*call {
 	}
 	if len(co.queue) <= co.cap {
 		// Swap buffers: the queue continues in the spare slice.
-		b, co.queue = co.queue, b
+		b, co.queue, co.ahead = co.queue, b, 0
 		return b
 	}
+	co.ahead = max(0, co.ahead-co.cap)
 	b = append(b, co.queue[:co.cap]...)
 	n := copy(co.queue, co.queue[co.cap:])
 	clear(co.queue[n:])

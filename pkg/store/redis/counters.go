@@ -82,11 +82,12 @@ type counterState struct {
 	low     int64   // a lower bound of the INCRBYs' time (Redis microseconds); 0: unknown
 	high    int64   // TIME after them (Redis microseconds)
 	undo    []int64 // for the script call after it: the reply to take back, or -1
+	first   bool    // the script call after it: queued ahead of the calls never sent
 }
 
 // reset clears the counter state for the call's reuse.
 func (cs *counterState) reset() {
-	cs.counted, cs.low, cs.high = false, 0, 0
+	cs.counted, cs.first, cs.low, cs.high = false, false, 0, 0
 	cs.incr, cs.ok, cs.undo = cs.incr[:0], cs.ok[:0], cs.undo[:0]
 }
 
@@ -107,10 +108,10 @@ func (s *Store) count(ctx context.Context, c *call) (bool, error) {
 	}
 	c.cs.counted = true
 	_, err = s.send(ctx, c)
-	c.cs.counted = false
 	if err != nil {
-		return true, err
+		return true, err // c may be abandoned, still held by a flusher: leave it
 	}
+	c.cs.counted = false
 	if c.admit() {
 		s.counterStats[0].Add(1)
 		return true, nil
@@ -120,6 +121,7 @@ func (s *Store) count(ctx context.Context, c *call) (bool, error) {
 	// again as a script call.
 	c.state.Store(callPending)
 	c.reply, c.err = "", nil
+	c.cs.first = true // queued ahead of calls that have not been sent yet
 	c.cs.undo = c.cs.undo[:0]
 	for j := range c.checks {
 		u := int64(-1)

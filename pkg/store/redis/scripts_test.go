@@ -271,6 +271,7 @@ var ACLRules = []string{"~*", "resetchannels", "-@all",
 	"+fcall", "+fcall_ro", "+function|load", // the Function library
 	"+evalsha", "+eval", // the script fallback, and the fleet's heartbeat script
 	"+time", "+mget", "+set", "+pttl", "+pexpire", // run by decide.lua
+	"+incrby", // counter calls (with +time)
 	"+zremrangebyscore", "+zadd", "+zcard", "+zrem", // the fleet's heartbeats
 	"+del", "+ping", "+hello", "+cluster|slots", "+cluster|shards"}
 
@@ -306,6 +307,9 @@ func TestACLRules(t *testing.T) {
 		key := "rl:{acl}:" + tc.user
 		if n := decideN(t, s, key, 3); n != 2 { // the third is denied: PTTL
 			t.Errorf("%s: %d of 3 allowed, want 2", tc.user, n)
+		}
+		if d, _ := s.CounterCalls(); d != 1 { // the second, by INCRBY and TIME
+			t.Errorf("%s: counter calls decided %d requests, want 1", tc.user, d)
 		}
 		res := make([]store.Result, 1)
 		if err := s.Peek(ctx, []store.Check{{Key: key, Limit: 2, Window: time.Minute}}, res); err != nil {
