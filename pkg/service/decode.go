@@ -282,7 +282,18 @@ type decodedRequest struct {
 	err error
 }
 
-func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+// RawMarshaler is a message that encodes itself (package rlqs's responses,
+// which echo BucketId bytes that need not be UTF-8).
+type RawMarshaler interface {
+	MarshalRaw() []byte
+}
+
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if m, ok := v.(RawMarshaler); ok {
+		return mem.BufferSlice{mem.SliceBuffer(m.MarshalRaw())}, nil
+	}
+	return c.base.Marshal(v)
+}
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
