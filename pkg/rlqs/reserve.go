@@ -51,6 +51,9 @@ func (st *stream) regrant(b *bucket, now time.Time, extra []store.Check, boundar
 		next -= next / 4 // renewed before it expires
 	}
 	st.schedule(b, next)
+	if !windowEnd.IsZero() && len(res) > 0 && res[len(res)-1].Remaining > 0 {
+		st.scheduleTopUp(b, windowEnd, now)
+	}
 	if g.deny {
 		o.Metrics.action("deny_all", 1)
 	} else {
@@ -199,4 +202,60 @@ func assignment(id map[string]string, g *grant) *rlqsv3.RateLimitQuotaResponse_B
 			AssignmentTimeToLive: durationpb.New(time.Duration(g.ttl) * time.Second),
 			RateLimitStrategy:    g.strategy(),
 		}}}
+}
+
+// topUpDelay is how long after a grant a stream whose demand its share did
+// not cover asks for what the window has left: after every replica's
+// boundary pushes took their shares.
+const topUpDelay = 100 * time.Millisecond
+
+// scheduleTopUp arranges b's top-up when its demand over the window exceeds
+// its grant and the window has time left for one.
+func (st *stream) scheduleTopUp(b *bucket, windowEnd, now time.Time) {
+	if st.topUpWant(b) == 0 || windowEnd.Sub(now) < topUpDelay+4*st.srv.o.Overlap {
+		return
+	}
+	if b.topUp != nil {
+		b.topUp.Stop()
+	}
+	b.topUp = time.AfterFunc(topUpDelay, func() { st.topUpNow(b) })
+}
+
+// topUpWant returns the hits b's demand asks beyond its grant this window.
+func (st *stream) topUpWant(b *bucket) uint64 {
+	want := uint64(b.demandRate() * b.check.Window.Seconds())
+	if b.g.deny || b.g.allow || want <= b.g.reserved {
+		return 0
+	}
+	return want - b.g.reserved
+}
+
+// topUpNow reserves what b's demand asks beyond its grant, from what the
+// window has left (all or nothing, then shrunk to what is left), and sends
+// a grant that replaces the active one: the old grant's rate for the rest
+// of the window (already reserved, less Overlap for the replacement to
+// arrive) plus the hits reserved now.
+func (st *stream) topUpNow(b *bucket) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	now := time.Now()
+	g := b.g
+	left := g.windowEnd.Sub(now) - st.srv.o.Overlap
+	extra := st.topUpWant(b)
+	if b.gone || st.ended || left <= 0 || extra == 0 {
+		return
+	}
+	got, _, _, err := st.reserve(b, shape(extra, 1), 1, nil)
+	if err != nil || got.worst() == 0 {
+		return
+	}
+	extra = got.worst()
+	carry := uint64(float64(g.per) / float64(g.fill) * left.Seconds())
+	ng := shape(carry+extra, wholeSeconds(g.windowEnd.Sub(now)))
+	ng.reservedAt, ng.windowEnd, ng.reserved = now, g.windowEnd, g.reserved+extra
+	b.g = ng
+	b.covered += extra
+	st.srv.o.Metrics.addReserved(extra)
+	st.srv.o.Metrics.action("token_bucket", 1)
+	st.send(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{assignment(b.id, &ng)}})
 }

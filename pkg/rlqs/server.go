@@ -22,6 +22,7 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -155,6 +156,9 @@ func New(o Options) *Server {
 // Register registers s on r with a handler that decodes reports leniently
 // (non-UTF-8 BucketId bytes are kept). The server must use service.Codec.
 func (s *Server) Register(r grpc.ServiceRegistrar) {
+	if s == nil {
+		return
+	}
 	desc := rlqsv3.RateLimitQuotaService_ServiceDesc
 	desc.Streams = []grpc.StreamDesc{{StreamName: "StreamRateLimitQuotas", Handler: func(_ any, ss grpc.ServerStream) error {
 		return s.serve(ss)
@@ -252,6 +256,7 @@ type bucket struct {
 	covered  uint64 // worst case of the grants active since the last report
 	used     uint64 // allowed reported under the active grant
 	timer    *time.Timer
+	topUp    *time.Timer // the window\'s top-up (reserve.go)
 	gone     bool
 }
 
@@ -331,6 +336,9 @@ func (st *stream) drop(b *bucket) {
 	if b.timer != nil {
 		b.timer.Stop()
 	}
+	if b.topUp != nil {
+		b.topUp.Stop()
+	}
 	delete(st.buckets, b.key)
 	st.srv.leave(b)
 	st.srv.o.Metrics.addBuckets(-1)
@@ -343,6 +351,9 @@ func (st *stream) expireAll() {
 	for _, b := range st.sortedBuckets() {
 		if b.timer != nil {
 			b.timer.Stop()
+		}
+		if b.topUp != nil {
+			b.topUp.Stop()
 		}
 		g := b.g
 		if !b.hasGrant {
@@ -387,7 +398,7 @@ func (st *stream) handle(r *report) error {
 		if len(u.bucket) == 0 {
 			continue // Envoy skips an action without a bucket_id: there is nothing to answer
 		}
-		key := canonical(u.bucket)
+		key := BucketKey(u.bucket)
 		b := st.buckets[key]
 		if b == nil {
 			a, n := st.subscribe(key, u, now)
@@ -636,9 +647,9 @@ func abandon(id map[string]string) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}}
 }
 
-// canonical returns a key of id that no other map shares: its entries in
-// key order, each length-prefixed.
-func canonical(id map[string]string) string {
+// BucketKey returns a key of id that no other map shares: its entries in
+// key order, each length-prefixed (BucketId keys are unordered).
+func BucketKey(id map[string]string) string {
 	keys := make([]string, 0, len(id))
 	for k := range id {
 		keys = append(keys, k)
@@ -661,4 +672,32 @@ func printable(s string) string {
 // Register installs a handler that calls it with the raw stream.
 func (s *Server) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	return s.serve(ss)
+}
+
+// Enable returns a Server with o and its metrics on reg when on, else nil:
+// a nil Server's Register, HealthNames and ShutdownWithin do nothing.
+func Enable(on bool, reg prometheus.Registerer, o Options) *Server {
+	if !on {
+		return nil
+	}
+	o.Metrics = NewMetrics(reg)
+	return New(o)
+}
+
+// HealthNames returns the gRPC health service names of s (none when nil).
+func (s *Server) HealthNames() []string {
+	if s == nil {
+		return nil
+	}
+	return []string{HealthName}
+}
+
+// ShutdownWithin is Shutdown bounded by d; nothing when s is nil.
+func (s *Server) ShutdownWithin(d time.Duration) {
+	if s == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	s.Shutdown(ctx)
 }

@@ -177,7 +177,7 @@ func TestFirstReportAnsweredEchoed(t *testing.T) {
 		t.Fatalf("%d actions, want %d: %v", len(resp.BucketAction), len(ids), resp)
 	}
 	for i, a := range resp.BucketAction {
-		if canonical(a.BucketId.Bucket) != canonical(ids[i]) {
+		if BucketKey(a.BucketId.Bucket) != BucketKey(ids[i]) {
 			t.Errorf("action %d echoes %q, want %q byte for byte", i, a.BucketId.Bucket, ids[i])
 		}
 		checkAssignment(t, a)
