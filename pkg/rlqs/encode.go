@@ -129,3 +129,28 @@ func decodeAction(b []byte) (*rlqsv3.RateLimitQuotaResponse_BucketAction, error)
 	})
 	return a, err
 }
+
+// MarshalReports encodes m as protobuf with its strings byte for byte, as
+// Envoy's C++ does (Go's protobuf refuses strings that are not UTF-8): for
+// Go clients whose BucketId values come from request bytes, and tests.
+func MarshalReports(m *rlqsv3.RateLimitQuotaUsageReports) []byte {
+	var b []byte
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, m.Domain)
+	for _, u := range m.BucketQuotaUsages {
+		var e []byte
+		e = protowire.AppendTag(e, 1, protowire.BytesType)
+		e = protowire.AppendBytes(e, appendBucketID(nil, u.GetBucketId().GetBucket()))
+		if u.TimeElapsed != nil {
+			e = protowire.AppendTag(e, 2, protowire.BytesType)
+			e = protowire.AppendBytes(e, mustMarshal(u.TimeElapsed))
+		}
+		e = protowire.AppendTag(e, 3, protowire.VarintType)
+		e = protowire.AppendVarint(e, u.NumRequestsAllowed)
+		e = protowire.AppendTag(e, 4, protowire.VarintType)
+		e = protowire.AppendVarint(e, u.NumRequestsDenied)
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendBytes(b, e)
+	}
+	return b
+}

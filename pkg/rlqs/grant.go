@@ -34,8 +34,9 @@ func (g *grant) worst() uint64 {
 }
 
 // shape returns the grant of at most x hits over ttl seconds: a steady
-// rate of x/ttl per second after a small burst (one hundredth, at least
-// one), so that an Envoy that starts a replaced bucket almost empty (the
+// rate of x/ttl per second after a small burst (a thirty-second, at least one:
+// enough that requests arriving in clumps do not lose the refill of a full
+// bucket, small because the next window is charged for it), so that an Envoy that starts a replaced bucket almost empty (the
 // newest Envoy seeds it with the old bucket's ratio of tokens) still admits
 // nearly x. Below ttl+1 hits it is a bucket of x tokens refilled once per
 // ttl+1 seconds (less than one refill within the ttl). x 0 is DENY_ALL.
@@ -50,7 +51,7 @@ func shape(x uint64, ttl int64) grant {
 	case x <= uint64(ttl):
 		g.max, g.per, g.fill = x, 1, ttl+1
 	default:
-		burst := max(1, x/100)
+		burst := max(1, x/32)
 		g.per = (x - burst) / uint64(ttl)
 		g.max = x - g.per*uint64(ttl)
 		g.fill = 1

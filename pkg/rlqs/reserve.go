@@ -48,7 +48,7 @@ func (st *stream) regrant(b *bucket, now time.Time, extra []store.Check, boundar
 			next = res[len(res)-1].Reset + boundarySlack
 		}
 	} else {
-		next -= next / 4 // renewed before it expires
+		next -= o.Overlap // renewed just before it expires
 	}
 	st.schedule(b, next)
 	if !windowEnd.IsZero() && len(res) > 0 && res[len(res)-1].Remaining > 0 {
@@ -106,8 +106,18 @@ func (st *stream) reserve(b *bucket, g grant, ttl int64, checks []store.Check) (
 // multiples of their length since the Unix epoch, as the store counts
 // them); zero for a token-bucket rule, whose grants last Options.Period.
 func (s *Server) period(b *bucket, now time.Time) (int64, time.Time) {
-	if b.check.Algorithm == store.TokenBucket {
-		return int64(s.o.Period / time.Second), time.Time{}
+	if c := &b.check; c.Algorithm == store.TokenBucket {
+		// A grant's worst case is reserved at once: it must fit the
+		// bucket's capacity, so its TTL is at most capacity / rate.
+		burst := c.Burst
+		if burst == 0 {
+			burst = c.Limit
+		}
+		ttl := int64(s.o.Period / time.Second)
+		if c.Limit > 0 {
+			ttl = min(ttl, int64(float64(burst)/float64(c.Limit)*c.Window.Seconds()))
+		}
+		return max(1, ttl), time.Time{}
 	}
 	w := b.check.Window
 	if w <= 0 {
@@ -123,9 +133,9 @@ func (s *Server) period(b *bucket, now time.Time) (int64, time.Time) {
 // a part of the window's limit) or for ttl seconds (a token bucket: a part
 // of its rate times ttl): this replica's part (the limit over the fleet's
 // size), divided among this replica's streams of the same key by their
-// reported demand, never below MinShare, and never above twice its own
-// demand over the grant's TTL plus MinShare (the rest stays in the store
-// for others).
+// reported demand, never below MinShare, and never above demandHeadroom
+// times its own demand over the grant's TTL plus MinShare (the rest stays
+// in the store for others' top-ups).
 func (s *Server) share(b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
 	w := b.check.Window.Seconds()
 	if w <= 0 {
@@ -150,7 +160,7 @@ func (s *Server) share(b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
 	fleet := max(1, s.o.Fleet())
 	x := uint64(rate * span * frac / float64(fleet))
 	if mine > 0 {
-		x = min(x, uint64(2*mine*max(1, min(float64(ttl), span*w)))+s.o.MinShare)
+		x = min(x, uint64(demandHeadroom*mine*max(1, min(float64(ttl), span*w)))+s.o.MinShare)
 	}
 	return max(x, s.o.MinShare)
 }
@@ -204,6 +214,11 @@ func assignment(id map[string]string, g *grant) *rlqsv3.RateLimitQuotaResponse_B
 		}}}
 }
 
+// demandHeadroom is how much more than its reported demand a stream's share
+// may be: what it leaves is topped up by streams whose share fell short,
+// here or on another replica.
+const demandHeadroom = 1.05
+
 // topUpDelay is how long after a grant a stream whose demand its share did
 // not cover asks for what the window has left: after every replica's
 // boundary pushes took their shares.
@@ -238,16 +253,23 @@ func (st *stream) topUpWant(b *bucket) uint64 {
 func (st *stream) topUpNow(b *bucket) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	now := time.Now()
+	if a := st.topUpLocked(b, time.Now()); a != nil {
+		st.send(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{a}})
+	}
+}
+
+// topUpLocked is topUpNow with st.mu held: it returns the action to send,
+// nil when there is nothing to top up.
+func (st *stream) topUpLocked(b *bucket, now time.Time) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	g := b.g
 	left := g.windowEnd.Sub(now) - st.srv.o.Overlap
 	extra := st.topUpWant(b)
-	if b.gone || st.ended || left <= 0 || extra == 0 {
-		return
+	if b.gone || st.ended || g.windowEnd.IsZero() || left <= 0 || extra == 0 {
+		return nil
 	}
 	got, _, _, err := st.reserve(b, shape(extra, 1), 1, nil)
 	if err != nil || got.worst() == 0 {
-		return
+		return nil
 	}
 	extra = got.worst()
 	carry := uint64(float64(g.per) / float64(g.fill) * left.Seconds())
@@ -257,5 +279,5 @@ func (st *stream) topUpNow(b *bucket) {
 	b.covered += extra
 	st.srv.o.Metrics.addReserved(extra)
 	st.srv.o.Metrics.action("token_bucket", 1)
-	st.send(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{assignment(b.id, &ng)}})
+	return assignment(b.id, &ng)
 }

@@ -77,14 +77,14 @@ type Options struct {
 	// MaxBuckets bounds the buckets of one stream; more are abandoned [1000].
 	MaxBuckets int
 	// MaxReportBytes bounds one report; a bigger one ends the stream
-	// ResourceExhausted [1 MiB].
+	// ResourceExhausted [256 KiB, under the gRPC port's 1 MiB message cap].
 	MaxReportBytes int
 	// Period is the TTL of grants of token-bucket rules and of blanket
 	// answers, a whole number of seconds [2s].
 	Period time.Duration
 	// Overlap bounds how long after a window's end an Envoy may still
 	// apply the window's grant (the delivery of the next one); the next
-	// window is charged for it [50ms].
+	// window is charged for it [40ms].
 	Overlap time.Duration
 	// MinShare is the least grant, in hits per window, of a bucket with
 	// demand while the rule has budget [1].
@@ -109,14 +109,14 @@ func (o *Options) defaults() {
 		o.MaxBuckets = 1000
 	}
 	if o.MaxReportBytes <= 0 {
-		o.MaxReportBytes = 1 << 20
+		o.MaxReportBytes = 256 << 10
 	}
 	if o.Period <= 0 {
 		o.Period = 2 * time.Second
 	}
 	o.Period = time.Duration(wholeSeconds(o.Period)) * time.Second
 	if o.Overlap <= 0 {
-		o.Overlap = 50 * time.Millisecond
+		o.Overlap = 40 * time.Millisecond
 	}
 	if o.MinShare == 0 {
 		o.MinShare = 1
@@ -256,8 +256,10 @@ type bucket struct {
 	covered  uint64 // worst case of the grants active since the last report
 	used     uint64 // allowed reported under the active grant
 	timer    *time.Timer
-	topUp    *time.Timer // the window\'s top-up (reserve.go)
+	topUp    *time.Timer // the window's top-up (reserve.go)
 	gone     bool
+	// pendingTopUp asks handle to top b up after its report's write-backs.
+	pendingTopUp bool
 }
 
 func (st *stream) recvLoop() error {
@@ -429,11 +431,28 @@ func (st *stream) handle(r *report) error {
 		st.srv.o.Metrics.addRefunded(refunds)
 		st.srv.o.Metrics.addWrittenBack(writeBacks)
 	}
+	calls += st.topUpPending(r, resp, now)
 	if m := st.srv.o.Metrics; m != nil {
 		m.callsPerReport.Observe(float64(calls))
 	}
 	st.send(resp)
 	return nil
+}
+
+// topUpPending tops up the buckets of r whose report showed denials,
+// appending the actions to resp; it returns the store calls made.
+func (st *stream) topUpPending(r *report, resp *rlqsv3.RateLimitQuotaResponse, now time.Time) int {
+	calls := 0
+	for _, u := range r.usages {
+		if b := st.buckets[BucketKey(u.bucket)]; b != nil && b.pendingTopUp {
+			b.pendingTopUp = false
+			if a := st.topUpLocked(b, now); a != nil {
+				calls++
+				resp.BucketAction = append(resp.BucketAction, a)
+			}
+		}
+	}
+	return calls
 }
 
 // bind checks the report's domain: the first binds the stream, later ones
@@ -569,6 +588,10 @@ func (st *stream) usage(b *bucket, u *usage, now time.Time) (*rlqsv3.RateLimitQu
 		checks = append(checks, st.force(b, u.allowed-b.covered))
 	}
 	b.covered = b.g.worst()
+	if u.denied > 0 {
+		// Demand beyond the grant: what the window has left, at once.
+		b.pendingTopUp = true
+	}
 	if !grantBefore {
 		b.used = 0 // the report mixes grants: nothing is provably unused
 		return nil, checks

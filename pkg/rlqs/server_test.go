@@ -16,8 +16,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -100,24 +98,13 @@ func (h *harness) rawStream(t *testing.T) grpc.ClientStream {
 
 // encodeReport encodes a report by hand (values may be any bytes).
 func encodeReport(domain string, elapsedSec int64, allowed, denied uint64, ids ...map[string]string) []byte {
-	var b []byte
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, domain)
+	m := &rlqsv3.RateLimitQuotaUsageReports{Domain: domain}
 	for _, id := range ids {
-		var u []byte
-		u = protowire.AppendTag(u, 1, protowire.BytesType)
-		u = protowire.AppendBytes(u, appendBucketID(nil, id))
-		d, _ := proto.Marshal(durationpb.New(time.Duration(elapsedSec) * time.Second))
-		u = protowire.AppendTag(u, 2, protowire.BytesType)
-		u = protowire.AppendBytes(u, d)
-		u = protowire.AppendTag(u, 3, protowire.VarintType)
-		u = protowire.AppendVarint(u, allowed)
-		u = protowire.AppendTag(u, 4, protowire.VarintType)
-		u = protowire.AppendVarint(u, denied)
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendBytes(b, u)
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(time.Duration(elapsedSec) * time.Second),
+			NumRequestsAllowed: allowed, NumRequestsDenied: denied})
 	}
-	return b
+	return MarshalReports(m)
 }
 
 func recv(t *testing.T, cs grpc.ClientStream) *rlqsv3.RateLimitQuotaResponse {
