@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"os"
 	"testing"
 )
 
@@ -52,5 +53,34 @@ descriptors:
 	}
 	if es := cfg.BucketEntries("nope", map[string]string{"api_key": "k"}); es != nil {
 		t.Errorf("unknown domain: %v", es)
+	}
+}
+
+// TestBucketEntriesExample pins docs/rlqs.md's table on config/example.yaml.
+func TestBucketEntriesExample(t *testing.T) {
+	y, err := os.ReadFile("../../config/example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Parse(map[string][]byte{"example.yaml": y})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		bucket map[string]string
+		rule   string
+	}{
+		{map[string]string{"api_key": "k", "route": "/v1/search"}, "search"},
+		{map[string]string{"route": "/v1/orders", "api_key": "k"}, "per-route"},
+		{map[string]string{"api_key": "k", "tenant": "t"}, "per-api-key"},
+		{map[string]string{"route": "/x"}, ""},
+	} {
+		name := ""
+		if r := cfg.Match("example", cfg.BucketEntries("example", tc.bucket)); r != nil {
+			name = r.Name
+		}
+		if name != tc.rule {
+			t.Errorf("BucketId %v: rule %q, want %q", tc.bucket, name, tc.rule)
+		}
 	}
 }
