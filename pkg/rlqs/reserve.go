@@ -253,7 +253,7 @@ func (st *stream) topUpWant(b *bucket) uint64 {
 func (st *stream) topUpNow(b *bucket) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if a := st.topUpLocked(b, time.Now()); a != nil {
+	if a := st.topUpLocked(b, st.srv.o.Now()); a != nil {
 		st.send(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{a}})
 	}
 }

@@ -97,8 +97,11 @@ type Options struct {
 	SendQueue int
 	// StoreTimeout bounds one store call [1s].
 	StoreTimeout time.Duration
-	Metrics      *Metrics
-	Log          *slog.Logger
+	// Now is the clock of grants, windows and demand [time.Now]; the
+	// store's clock must agree with it (windows are the store's).
+	Now     func() time.Time
+	Metrics *Metrics
+	Log     *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -129,6 +132,9 @@ func (o *Options) defaults() {
 	}
 	if o.StoreTimeout <= 0 {
 		o.StoreTimeout = time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -390,7 +396,7 @@ func (st *stream) handle(r *report) error {
 		st.srv.o.Metrics.refuse("domain")
 		return err
 	}
-	now := time.Now()
+	now := st.srv.o.Now()
 	resp := &rlqsv3.RateLimitQuotaResponse{}
 	var checks []store.Check
 	var refunds, writeBacks uint64
@@ -562,7 +568,7 @@ func (st *stream) usage(b *bucket, u *usage, now time.Time) (*rlqsv3.RateLimitQu
 	if m := o.Metrics; m != nil {
 		m.reportInterval.Observe(since.Seconds())
 	}
-	grantBefore := b.hasGrant && b.g.reservedAt.Before(b.last)
+	grantBefore := b.hasGrant && !b.g.reservedAt.After(b.last) // the grant covers the whole interval
 	b.last = now
 	b.setDemand(u, since)
 	if u.allowed == 0 && u.denied == 0 {
@@ -658,7 +664,7 @@ func (st *stream) push(b *bucket) {
 	if b.static != nil {
 		a = st.staticAction(b)
 	} else {
-		a, _ = st.regrant(b, time.Now(), nil, true)
+		a, _ = st.regrant(b, st.srv.o.Now(), nil, true)
 	}
 	if a != nil {
 		st.send(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{a}})

@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"math"
 	"net"
 	"strings"
 	"testing"
@@ -54,7 +55,7 @@ func newHarness(t *testing.T, o Options) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{st: memory.New(memory.Options{})}
+	h := &harness{st: memory.New(memory.Options{Now: o.Now})}
 	h.svc = service.New(cfg, limiter.New(h.st, limiter.Options{}), service.Options{})
 	h.m = NewMetrics(prometheus.NewRegistry())
 	o.Store, o.Resolver, o.Metrics = h.st, h.svc, h.m
@@ -210,16 +211,8 @@ func TestReserveBeforeGrant(t *testing.T) {
 		t.Errorf("grants' worst cases sum to %d: the demand asked for the whole limit 600", worst)
 	}
 	// ShouldRateLimit sees the reservation in the same key.
-	c, _, _, err := h.svc.BucketCheck("d", h.svc.Config().BucketEntries("d", id))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := make([]store.Result, 1)
-	if err := h.st.Peek(context.Background(), []store.Check{c}, res); err != nil {
-		t.Fatal(err)
-	}
-	if res[0].Remaining+worst > 600 {
-		t.Errorf("store has %d left after grants of %d: the grants were not reserved", res[0].Remaining, worst)
+	if left := h.remaining(t, id); left+worst > 600 {
+		t.Errorf("store has %d left after grants of %d: the grants were not reserved", left, worst)
 	}
 }
 
@@ -355,3 +348,63 @@ func hist(t *testing.T, m *Metrics) *dto.Histogram {
 
 func histCount(t *testing.T, m *Metrics) uint64 { return hist(t, m).GetSampleCount() }
 func histSum(t *testing.T, m *Metrics) float64  { return hist(t, m).GetSampleSum() }
+
+// TestRefundProvenUnused: a report gives back what it proves unused (all of
+// the reservation but what was used and what the grant can still admit
+// until its window ends), in the same window, to the same key.
+func TestRefundProvenUnused(t *testing.T) {
+	start := time.Unix(1_800_000_000, 0).Truncate(time.Minute).Add(time.Second)
+	clk := testkit.NewClock(start)
+	h := newHarness(t, Options{Now: clk.Now})
+	cs := h.rawStream(t)
+	id := map[string]string{"api_key": "k", "route": "r"} // 600 a minute, sliding window
+	if err := cs.SendMsg(&raw{encodeReport("d", 0, 0, 1000, id)}); err != nil {
+		t.Fatal(err)
+	}
+	a := recv(t, cs).BucketAction[0]
+	q := a.GetQuotaAssignmentAction()
+	tb := q.GetRateLimitStrategy().GetTokenBucket()
+	if tb == nil {
+		t.Fatalf("got %v, want a token bucket", a)
+	}
+	ttl, fill := uint64(q.AssignmentTimeToLive.Seconds), uint64(tb.FillInterval.Seconds)
+	reserved := uint64(tb.MaxTokens) + uint64(tb.TokensPerFill.Value)*ttl/fill
+	clk.Advance(30 * time.Second)
+	if err := cs.SendMsg(&raw{encodeReport("d", 30, 10, 0, id)}); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, h.m, 2)
+	left := (29*time.Second + 40*time.Millisecond).Seconds() // to the window's end, plus Overlap
+	need := 10 + uint64(tb.MaxTokens) + uint64(math.Ceil(float64(tb.TokensPerFill.Value)*left/float64(fill)))
+	if got := uint64(testutil.ToFloat64(h.m.refunded)); got != reserved-need {
+		t.Errorf("refunded %d, want %d (reserved %d, still needed %d)", got, reserved-need, reserved, need)
+	}
+	if left := h.remaining(t, id); left != 600-need {
+		t.Errorf("store has %d left, want %d: the refund did not reach the rule's key", left, 600-need)
+	}
+	// In the next window nothing of the old reservation is refunded.
+	clk.Advance(30 * time.Second)
+	before := testutil.ToFloat64(h.m.refunded)
+	if err := cs.SendMsg(&raw{encodeReport("d", 30, 0, 0, id)}); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, h.m, 3)
+	if got := testutil.ToFloat64(h.m.refunded); got != before {
+		t.Errorf("refunded %v more after the window ended, want none", got-before)
+	}
+}
+
+// remaining returns the budget of bucket id's rule key in the store, as
+// ShouldRateLimit would see it.
+func (h *harness) remaining(t *testing.T, id map[string]string) uint64 {
+	t.Helper()
+	c, _, _, err := h.svc.BucketCheck("d", h.svc.Config().BucketEntries("d", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := make([]store.Result, 1)
+	if err := h.st.Peek(context.Background(), []store.Check{c}, res); err != nil {
+		t.Fatal(err)
+	}
+	return res[0].Remaining
+}
