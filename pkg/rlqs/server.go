@@ -223,7 +223,9 @@ func (s *Server) serve(ss grpc.ServerStream) error {
 	select {
 	case err := <-recvd:
 		if errors.Is(err, io.EOF) {
-			return nil
+			// The client sends no more reports but may still read: its
+			// buckets keep their pushes until it goes away.
+			return <-sent
 		}
 		return err
 	case err := <-sent:
@@ -295,6 +297,8 @@ func (st *stream) sendLoop() error {
 			if err := st.ss.SendMsg(rawResponse{m}); err != nil {
 				return err
 			}
+		case <-st.ss.Context().Done():
+			return st.ss.Context().Err()
 		case <-st.cut:
 			st.srv.o.Metrics.refuse("slow_reader")
 			return status.Errorf(codes.ResourceExhausted, "send queue of %d responses full: the client does not read its stream", cap(st.out))
