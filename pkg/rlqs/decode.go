@@ -42,7 +42,7 @@ var errTooBig = errors.New("report over the bound")
 func (r *report) UnmarshalRaw(b []byte) {
 	r.size = len(b)
 	if r.maxBytes > 0 && len(b) > r.maxBytes {
-		r.err = fmt.Errorf("%w: %d bytes, over the limit of %d bytes per report (--rlqs-max-report-bytes)", errTooBig, len(b), r.maxBytes)
+		r.err = fmt.Errorf("%w: %d bytes, over the limit of %d bytes per report", errTooBig, len(b), r.maxBytes)
 		return
 	}
 	if err := r.decode(b); err != nil {
