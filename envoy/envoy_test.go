@@ -13,10 +13,12 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	rlqshttp "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rate_limit_quota/v3"
 	rlhttp "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	rlnet "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/ratelimit/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"gopkg.in/yaml.v3"
 
 	"github.com/rls-project/rls/envoy"
@@ -569,4 +571,57 @@ func installSteps(sh string) []string {
 		}
 	}
 	return steps
+}
+
+// TestRLQSFilter pins envoy-rlqs.yaml's rate_limit_quota filter: it points
+// at rls, in the example domain, and every bucket has the fallbacks
+// docs/rlqs.md asks for (deny before the first assignment, a token bucket
+// on expiry); the validator refuses the file without a bucket's required
+// reporting_interval.
+func TestRLQSFilter(t *testing.T) {
+	b := load(t, "envoy-rlqs.yaml")
+	hcm := &hcmv3.HttpConnectionManager{}
+	if err := b.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+		t.Fatal(err)
+	}
+	f := hcm.GetHttpFilters()[0]
+	if f.GetName() != "envoy.filters.http.rate_limit_quota" {
+		t.Fatalf("first HTTP filter %q", f.GetName())
+	}
+	cfg := &rlqshttp.RateLimitQuotaFilterConfig{}
+	if err := f.GetTypedConfig().UnmarshalTo(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.GetDomain() != "example" || cfg.GetRlqsServer().GetEnvoyGrpc().GetClusterName() != "rls" {
+		t.Errorf("filter config %v", cfg)
+	}
+	ms := cfg.GetBucketMatchers().GetMatcherList().GetMatchers()
+	if len(ms) != 2 {
+		t.Fatalf("%d bucket matchers, want 2", len(ms))
+	}
+	for _, m := range ms {
+		s := &rlqshttp.RateLimitQuotaBucketSettings{}
+		if err := m.GetOnMatch().GetAction().GetTypedConfig().UnmarshalTo(s); err != nil {
+			t.Fatal(err)
+		}
+		ids := s.GetBucketIdBuilder().GetBucketIdBuilder()
+		if ids["api_key"].GetCustomValue() == nil || ids["route"] == nil {
+			t.Errorf("bucket %s: BucketId %v, want api_key from a header and route", m.GetOnMatch().GetAction().GetName(), ids)
+		}
+		if s.GetNoAssignmentBehavior().GetFallbackRateLimit().GetBlanketRule() != typev3.RateLimitStrategy_DENY_ALL {
+			t.Errorf("bucket %s: no_assignment_behavior %v, want DENY_ALL", m.GetOnMatch().GetAction().GetName(), s.GetNoAssignmentBehavior())
+		}
+		tb := s.GetExpiredAssignmentBehavior().GetFallbackRateLimit().GetTokenBucket()
+		if tb == nil || tb.GetTokensPerFill() == nil || tb.GetFillInterval().GetNanos() != 0 {
+			t.Errorf("bucket %s: expired fallback %v, want a whole-second token bucket", m.GetOnMatch().GetAction().GetName(), tb)
+		}
+	}
+	y, err := os.ReadFile("envoy-rlqs.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(y), "reporting_interval: 5s", "", 1)
+	if _, err := envoy.LoadBootstrap([]byte(bad)); err == nil || !strings.Contains(strings.ToLower(err.Error()), "reporting") {
+		t.Errorf("without reporting_interval: %v, want a validation error naming it", err)
+	}
 }

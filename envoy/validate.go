@@ -1,5 +1,5 @@
 // Package envoy validates the Envoy and Istio configuration that rls ships in
-// this directory (envoy.yaml, envoy-tcp.yaml, istio/*.yaml) against Envoy's own
+// this directory (envoy.yaml, envoy-tcp.yaml, envoy-rlqs.yaml, istio/*.yaml) against Envoy's own
 // protos, without an Envoy binary: YAML is converted to JSON and unmarshalled
 // into go-control-plane's messages with unknown fields rejected, every
 // typed_config's "@type" is resolved through the global protobuf registry, and
@@ -29,11 +29,13 @@ import (
 
 	// Every extension the shipped files name in a typed_config: the registry
 	// must know them for "@type" to resolve.
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rate_limit_quota/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/ratelimit/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 )
 
 // YAMLToJSON converts one YAML document to JSON. Duplicate keys are an error

@@ -46,7 +46,7 @@ type Config struct {
 	DefaultAlgorithm              string // of rules naming none, files and xDS; a compat mode may set it before Validate
 	FleetSize, MinFleetSize       int
 	OverLimitCache                bool
-	Reserve                       bool
+	Reserve, RLQS                 bool
 	LocalMaxBytes, MemoryMaxBytes int64
 	ResponseHeaders               bool
 	AllowNegativeHits             bool
@@ -148,6 +148,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters; the oldest are evicted beyond it")
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-* headers, and Retry-After to OVER_LIMIT answers")
 	fs.BoolVar(&c.AllowNegativeHits, "allow-negative-hits", true, "decide refunds (is_negative_hits); false answers them InvalidArgument")
+	fs.BoolVar(&c.RLQS, "rlqs", true, "serve Envoy's RLQS (StreamRateLimitQuotas) on the gRPC port")
 
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate (chain) for TLS on the gRPC port, with --grpc-tls-key")
 	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert")
@@ -188,7 +189,7 @@ var helpGroups = []helpGroup{
 	{"Redis", []string{"redis-url", "redis-timeout"},
 		[][2]string{{redisPasswordEnv, "Redis password, overriding the URL's (never a flag: ps shows flags)"}}},
 	{"Limits", []string{"on-store-error", "default-algorithm", "fleet-size", "min-fleet-size", "over-limit-cache", "reserve", "local-max-bytes",
-		"memory-max-bytes", "response-headers", "allow-negative-hits"}, nil},
+		"memory-max-bytes", "response-headers", "allow-negative-hits", "rlqs"}, nil},
 	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "grpc-tls-client-san", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
 	{"xDS", []string{"config-source", "xds-server", "xds-node-id", "xds-tls-ca", "xds-tls-cert", "xds-tls-key"}, nil},
 	{"Tracing", []string{"trace-descriptor-values"}, [][2]string{

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	redisstore "github.com/rls-project/rls/pkg/store/redis"
 )
 
 // dryRun is `rls serve --dry-run`: parseConfig has parsed and validated the
@@ -16,7 +18,7 @@ import (
 func dryRun(cfg *Config, stdout, stderr io.Writer) error {
 	store := cfg.storeKind()
 	if store == "redis" {
-		store = fmt.Sprintf("redis (%s, %s)", cfg.redisMode(), redactURL(cfg.RedisURL))
+		store = fmt.Sprintf("redis (%s, %s)", cfg.redisMode(), redisstore.RedactURL(cfg.RedisURL))
 	}
 	if _, err := os.Stat(cfg.ConfigDir); errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(stdout, "rls serve --dry-run: flags ok, store %s; --config-dir %s does not exist here: not checked\n", store, cfg.ConfigDir)

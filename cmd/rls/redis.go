@@ -55,15 +55,6 @@ func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
 	return s, nil
 }
 
-// redactURL hides a URL's password so it can be logged.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
-
 // newFleet returns the fleet-size source: --fleet-size when set, 1 on the
 // memory store, else heartbeats in Redis.
 func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {

@@ -30,6 +30,7 @@ import (
 	"github.com/rls-project/rls/pkg/gctune"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/reload"
+	"github.com/rls-project/rls/pkg/rlqs"
 	"github.com/rls-project/rls/pkg/service"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
@@ -103,6 +104,7 @@ type app struct {
 	fleet   *limiter.Fleet
 	lim     *limiter.Limiter
 	svc     *service.Service
+	rlqs    *rlqs.Server    // --rlqs; nil when off
 	watcher *reload.Watcher // --config-source file
 	xds     *xds.Client     // --config-source xds
 
@@ -193,7 +195,7 @@ func (a *app) logStart() {
 	if cfg.storeKind() == "memory" {
 		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", source...)
 	} else {
-		a.log.Info("rls starting on redis", append([]any{"mode", cfg.redisMode(), "url", redactURL(cfg.RedisURL)}, source...)...)
+		a.log.Info("rls starting on redis", append([]any{"mode", cfg.redisMode(), "url", redisstore.RedactURL(cfg.RedisURL)}, source...)...)
 	}
 }
 
@@ -393,6 +395,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis",
 	})
 	a.admin.Register(service.NewAdmin(a.svc, a.st, a.lim))
+	a.rlqs = rlqs.Enable(cfg.RLQS, a.reg, rlqs.Options{Store: a.tracing.Store(a.st), Resolver: a.svc, Fleet: a.fleet.Size, Log: a.log})
 }
 
 // buildReloader makes the config directory's watcher: every valid new
@@ -424,11 +427,12 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 // credentials does (telemetry.Health).
 func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
+	a.rlqs.Register(a.grpcSrv)
 	a.healthSrv = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpcSrv, a.healthSrv)
 	reflection.Register(a.grpcSrv)
 	// The store's health follows it; rls's, the config and the store's credentials.
-	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, "", rlsServiceName, upstreamHealthName)
+	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, append([]string{"", rlsServiceName, upstreamHealthName}, a.rlqs.HealthNames()...)...)
 	a.health.SetReady(a.configReady.Load())
 }
 
@@ -588,6 +592,7 @@ func (a *app) shutdown(runErr error) {
 		a.log.Info("draining", "for", a.cfg.ShutdownDrain)
 		time.Sleep(a.cfg.ShutdownDrain)
 	}
+	a.rlqs.ShutdownWithin(a.cfg.ShutdownTimeout) // TTL 0 to every Envoy, then its streams end
 	a.stopGRPC()
 	a.stopHTTP()
 	a.servers.Wait()

@@ -266,6 +266,14 @@ func Codec() encoding.CodecV2 {
 
 type codec struct{ base encoding.CodecV2 }
 
+// RawMessage is a message that decodes its own bytes (another service's
+// lenient decoder, such as package rlqs's usage reports): Codec hands it the
+// serialized message, which it must copy what it keeps of, and it keeps its
+// own decoding error for its handler to answer with a status of its choice.
+type RawMessage interface {
+	UnmarshalRaw(b []byte)
+}
+
 // decodedRequest is what Register's handler asks the codec to decode into:
 // the request and DecodeRequest's error, which the handler answers
 // InvalidArgument (an error from the codec itself would be Internal).
@@ -274,7 +282,18 @@ type decodedRequest struct {
 	err error
 }
 
-func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+// RawMarshaler is a message that encodes itself (package rlqs's responses,
+// which echo BucketId bytes that need not be UTF-8).
+type RawMarshaler interface {
+	MarshalRaw() []byte
+}
+
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if m, ok := v.(RawMarshaler); ok {
+		return mem.BufferSlice{mem.SliceBuffer(m.MarshalRaw())}, nil
+	}
+	return c.base.Marshal(v)
+}
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
@@ -282,6 +301,11 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 		defer buf.Free()
 		m.err = DecodeRequest(buf.ReadOnlyData(), &m.req)
+		return nil
+	case RawMessage:
+		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+		defer buf.Free()
+		m.UnmarshalRaw(buf.ReadOnlyData())
 		return nil
 	case *rlsv3.RateLimitRequest:
 		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())

@@ -443,3 +443,12 @@ func redact(s string, o Options) string {
 func DefaultPoolSize() int {
 	return max(100, 10*runtime.GOMAXPROCS(0))
 }
+
+// RedactURL hides a Redis URL's password so it can be logged.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,333 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/rlqs"
+	"github.com/rls-project/rls/pkg/testkit"
+)
+
+const rlqsLimit = 400 // per second, shared by the fleet
+
+func rlqsConfig(alg string) map[string]string {
+	return map[string]string{"d.yaml": fmt.Sprintf(`
+domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: %d, algorithm: %s}
+`, rlqsLimit, alg)}
+}
+
+// rlqsFleet starts one Redis, two rls replicas on it and four fake Envoys,
+// two on each replica (each falling over to the other).
+func rlqsFleet(t *testing.T, alg string) ([]*rlsProc, []*fakeEnvoy) {
+	t.Helper()
+	srv := redistest.StartServer(t)
+	dir := writeConfig(t, rlqsConfig(alg))
+	var ps []*rlsProc
+	for i := 0; i < 2; i++ {
+		ps = append(ps, startRLSFast(t, dir, "--store", "redis", "--redis-url", srv.URL()))
+	}
+	var es []*fakeEnvoy
+	for i := 0; i < 4; i++ {
+		a, b := ps[i/2].GRPCAddr, ps[1-i/2].GRPCAddr
+		e := newFakeEnvoy("d", time.Second, a, b) // Envoy's 5 s, shortened
+		e.expiredDeny = true                      // deny-all fallback for a strict rule
+		es = append(es, e)
+		t.Cleanup(e.close)
+	}
+	return ps, es
+}
+
+// TestRLQSFleetFixedWindow: 4 Envoys on 2 replicas share one limit, each
+// sending 2x its share, steady then skewed (one Envoy 70 %), then with one
+// replica stopped: admitted per window never passes the limit, and after the
+// first window at least 80 % of it is admitted (but in the first skewed
+// window, and the window of the stop and the one after, while its Envoys
+// move over).
+func TestRLQSFleetFixedWindow(t *testing.T) {
+	ps, es := rlqsFleet(t, "fixed_window")
+	id := map[string]string{"api_key": "k"}
+	share := int64(rlqsLimit / 4)
+	first := waitSecond()
+	load := startLoad(es, id, 2*share, 2*share, 2*share, 2*share)
+	defer load.end()
+	const windows = 10
+	var skewedAt, stoppedAt int64
+	for w := first; w < first+windows; w++ {
+		time.Sleep(time.Until(time.Unix(w+1, 0)))
+		switch w - first {
+		case 3: // skewed: the same total, one Envoy 70 % of it
+			skewedAt = w + 1
+			total := 8 * share
+			load.rates[0].Store(total * 7 / 10)
+			for i := 1; i < 4; i++ {
+				load.rates[i].Store(total * 1 / 10)
+			}
+		case 6:
+			stoppedAt = w + 1
+			go ps[1].stop(t) // SIGTERM: TTL 0, then its Envoys move to replica 0
+		}
+	}
+	load.end()
+	calls := metricValues(t, ps[0].HTTPAddr)
+	for w := first; w < first+windows; w++ {
+		got := load.window(w)
+		t.Logf("window %d: admitted %d of %d", w-first, got, rlqsLimit)
+		if got > rlqsLimit {
+			t.Errorf("window %d: admitted %d, over the limit %d", w-first, got, rlqsLimit)
+		}
+		// The windows of a change (the first skewed one: shares follow a
+		// report later; the replica's stop and the next, while its Envoys
+		// fall back and reconnect) are exempt from the 80 %.
+		// While skewed, each replica's part of the limit (the limit over
+		// the fleet size, which stays 2 for its heartbeat hold after the
+		// stop) is divided by its own streams' demand and topped up from
+		// what is left (replicas do not share demand yet, docs/rlqs.md):
+		// the bound there is 75 %.
+		want := rlqsLimit * 8 / 10
+		if w >= skewedAt {
+			want = rlqsLimit * 75 / 100
+		}
+		if w > first && w != skewedAt && w != stoppedAt && w != stoppedAt+1 && got < want {
+			t.Errorf("window %d: admitted %d, under %d of %d", w-first, got, want, rlqsLimit)
+		}
+	}
+	perReport := calls["rls_rlqs_store_calls_per_report_sum"] / calls["rls_rlqs_store_calls_per_report_count"]
+	t.Logf("store calls per report: %.2f over %v reports; reserved %v hits", perReport, calls["rls_rlqs_store_calls_per_report_count"], calls["rls_rlqs_reserved_hits_total"])
+	if perReport > 2 {
+		t.Errorf("%.2f store calls per report of one bucket, want about 1 whatever the request rate", perReport)
+	}
+}
+
+// TestRLQSFleetSlidingWindow: the same fleet on a sliding window never
+// admits more than the limit in any window (and, with 1 s windows, about
+// half of it: see the note below and docs/rlqs.md).
+func TestRLQSFleetSlidingWindow(t *testing.T) {
+	_, es := rlqsFleet(t, "sliding_window")
+	id := map[string]string{"api_key": "k"}
+	first := waitSecond()
+	load := startLoad(es, id, 200, 200, 200, 200)
+	time.Sleep(time.Until(time.Unix(first+5, 0)))
+	load.end()
+	after := 0
+	for w := first; w < first+5; w++ {
+		got := load.window(w)
+		t.Logf("window %d: admitted %d of %d", w-first, got, rlqsLimit)
+		if got > rlqsLimit {
+			t.Errorf("window %d: admitted %d, over the limit %d", w-first, got, rlqsLimit)
+		}
+		if w > first {
+			after += got
+		}
+	}
+	// A grant is reserved at once, and a sliding window counts the whole
+	// previous window at a boundary: with 1 s windows (the grants' whole-
+	// second granularity) about every other window has budget.
+	if after < rlqsLimit*4*35/100 {
+		t.Errorf("admitted %d in windows 1..4, under 35 %% of the limit's %d", after, rlqsLimit*4)
+	}
+}
+
+// TestRLQSFleetTokenBucket: a token-bucket rule's fleet admits at most its
+// burst plus its rate over the run and the grants' lead (rate x TTL, the
+// stated bound), and at least 80 % of its rate after the first seconds.
+func TestRLQSFleetTokenBucket(t *testing.T) {
+	_, es := rlqsFleet(t, "token_bucket")
+	id := map[string]string{"api_key": "k"}
+	first := waitSecond()
+	start := time.Now()
+	load := startLoad(es, id, 200, 200, 200, 200)
+	const secs = 6
+	time.Sleep(time.Until(time.Unix(first+secs, 0)))
+	load.end()
+	elapsed := time.Since(start).Seconds()
+	total := load.total.Load()
+	const ttl = 1 // grants of a token-bucket rule last at most capacity / rate: 1 s here
+	bound := int64(rlqsLimit + rlqsLimit*(elapsed+ttl+0.1))
+	t.Logf("admitted %d in %.1f s; bound %d", total, elapsed, bound)
+	if total > bound {
+		t.Errorf("admitted %d in %.1f s, over burst + rate x (time + TTL) = %d", total, elapsed, bound)
+	}
+	steady := 0
+	for w := first + 2; w < first+secs; w++ {
+		steady += load.window(w)
+	}
+	if want := int(float64(rlqsLimit*(secs-2)) * 0.8); steady < want {
+		t.Errorf("admitted %d in seconds 2..%d, under 80 %% of the rate (%d)", steady, secs, want)
+	}
+}
+
+// TestRLQSConformance: a first report is answered within 1 s with the
+// BucketId echoed; assignments are whole seconds, tokens_per_fill set,
+// never requests_per_time_unit; idle buckets are abandoned; SIGTERM sends
+// TTL 0 before the stream ends.
+func TestRLQSConformance(t *testing.T) {
+	p := startRLS(t, writeConfig(t, rlqsConfig("fixed_window")))
+	e := newFakeEnvoy("d", time.Second, p.GRPCAddr)
+	defer e.close()
+	id := map[string]string{"api_key": "k", "route": "/a"}
+	start := time.Now()
+	e.request(id)
+	var first *rlqsv3.RateLimitQuotaResponse
+	testkit.WaitFor(t, "first answer", 5*time.Second, func() bool {
+		if r := e.responses(); len(r) > 0 {
+			first = r[0]
+			return true
+		}
+		return false
+	})
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("first answer after %v, want within 1 s", d)
+	}
+	a := first.BucketAction[0]
+	if bucketKey(a.BucketId.Bucket) != bucketKey(id) {
+		t.Errorf("BucketId echoed as %q, want %q", a.BucketId.Bucket, id)
+	}
+	// The bucket goes idle: after 3 reports with no requests it is abandoned.
+	testkit.WaitFor(t, "abandon of the idle bucket", 10*time.Second, func() bool {
+		for _, r := range e.responses() {
+			for _, a := range r.BucketAction {
+				if a.GetAbandonAction() != nil {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	for _, r := range e.responses() {
+		for _, a := range r.BucketAction {
+			checkEnvoyAction(t, a)
+		}
+	}
+	// A new request subscribes again; SIGTERM then expires it (TTL 0) and ends the stream.
+	e.request(id)
+	n := len(e.responses())
+	testkit.WaitFor(t, "second subscription answered", 5*time.Second, func() bool { return len(e.responses()) > n })
+	p.stop(t)
+	var ttl0 bool
+	for _, r := range e.responses()[n:] {
+		for _, a := range r.BucketAction {
+			if q := a.GetQuotaAssignmentAction(); q != nil && q.AssignmentTimeToLive.AsDuration() == 0 {
+				ttl0 = true
+			}
+		}
+	}
+	if !ttl0 {
+		t.Errorf("no TTL 0 before the stream closed on SIGTERM: %v", e.responses()[n:])
+	}
+	e.mu.Lock()
+	errs := e.recvErrs
+	e.mu.Unlock()
+	if len(errs) == 0 || status.Code(errs[len(errs)-1]) != codes.Unavailable {
+		t.Errorf("stream end after SIGTERM: %v, want Unavailable", errs)
+	}
+}
+
+func checkEnvoyAction(t *testing.T, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
+	t.Helper()
+	q := a.GetQuotaAssignmentAction()
+	if q == nil {
+		return
+	}
+	if ttl := q.AssignmentTimeToLive; ttl == nil || ttl.Nanos != 0 || ttl.Seconds < 1 {
+		t.Errorf("TTL %v: want whole seconds >= 1", ttl)
+	}
+	s := q.RateLimitStrategy
+	if s.GetRequestsPerTimeUnit() != nil || s.GetStrategy() == nil {
+		t.Errorf("strategy %v: want blanket_rule or token_bucket", s)
+	}
+	if tb := s.GetTokenBucket(); tb != nil && (tb.TokensPerFill == nil || tb.FillInterval.Nanos != 0 || tb.FillInterval.Seconds < 1) {
+		t.Errorf("token bucket %v: tokens_per_fill unset or fill_interval not whole seconds", tb)
+	}
+}
+
+// TestRLQSNonUTF8AndOversized: a BucketId value with bytes that are not
+// UTF-8 is decided and the stream stays up; an oversized report is refused
+// with ResourceExhausted naming the bound.
+func TestRLQSNonUTF8AndOversized(t *testing.T) {
+	p := startRLS(t, writeConfig(t, rlqsConfig("fixed_window")))
+	cs, err := p.conn.NewStream(context.Background(), &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],
+		rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpcRawCodec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := map[string]string{"api_key": "k\xff\xfe"}
+	if err := cs.SendMsg(rawBytes(encodeRLQSReport("d", bad))); err != nil {
+		t.Fatal(err)
+	}
+	resp := recvRLQS(t, cs)
+	if len(resp.BucketAction) != 1 || resp.BucketAction[0].BucketId.Bucket["api_key"] != "k\xff\xfe" {
+		t.Fatalf("non-UTF-8 bucket answered %v, want its id echoed byte for byte", resp)
+	}
+	if tb := resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket(); tb == nil {
+		t.Errorf("non-UTF-8 bucket got %v, want a grant of its rule", resp.BucketAction[0])
+	}
+	big := make([]map[string]string, 0, 5000)
+	for i := 0; i < 5000; i++ {
+		big = append(big, map[string]string{"api_key": fmt.Sprintf("%s%d", strings.Repeat("x", 40), i)})
+	}
+	if err := cs.SendMsg(rawBytes(encodeRLQSReport("d", big...))); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		err := cs.RecvMsg(rawBytes(nil))
+		if err == nil {
+			continue // a boundary push may come first
+		}
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "bytes per report") {
+			t.Fatalf("oversized report: %v, want ResourceExhausted naming the bound", err)
+		}
+		break
+	}
+}
+
+// rawMsg is a message sent and received as bytes (rawCodec), so a test can
+// send BucketId bytes that Go's protobuf refuses to marshal.
+type rawMsg struct{ b []byte }
+
+func rawBytes(b []byte) *rawMsg { return &rawMsg{b} }
+
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return v.(*rawMsg).b, nil }
+func (rawCodec) Unmarshal(b []byte, v any) error {
+	v.(*rawMsg).b = append([]byte(nil), b...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+func grpcRawCodec() grpc.CallOption { return grpc.ForceCodec(rawCodec{}) }
+
+func encodeRLQSReport(domain string, ids ...map[string]string) []byte {
+	m := &rlqsv3.RateLimitQuotaUsageReports{Domain: domain}
+	for _, id := range ids {
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(0), NumRequestsAllowed: 1})
+	}
+	return rlqs.MarshalReports(m)
+}
+
+func recvRLQS(t *testing.T, cs grpc.ClientStream) *rlqsv3.RateLimitQuotaResponse {
+	t.Helper()
+	m := rawBytes(nil)
+	if err := cs.RecvMsg(m); err != nil {
+		t.Fatalf("recv: %v", err)
+	}
+	resp, err := rlqs.DecodeResponse(m.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}

@@ -1,0 +1,159 @@
+package rlqs
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// Envoy's C++ protobuf does not check that strings are UTF-8, and a
+// BucketId value can come from a request header. Go's protobuf refuses such
+// a message, which would fail Recv and kill the Envoy's whole stream for one
+// bad byte. So reports are decoded here with protowire, strings taken byte
+// for byte, as package service decodes RateLimitRequest.
+
+// usage is one decoded BucketQuotaUsage.
+type usage struct {
+	bucket   map[string]string
+	elapsed  time.Duration // Envoy's whole seconds; 0 on a bucket's first report
+	allowed  uint64
+	denied   uint64
+	hasBktID bool
+}
+
+// report is one decoded RateLimitQuotaUsageReports: the message that
+// service.Codec hands its bytes (service.RawMessage). err is the reason it
+// is refused: tooBig for a message over the size bound, otherwise a
+// decoding error naming where it broke.
+type report struct {
+	maxBytes int
+	domain   string
+	usages   []usage
+	err      error
+	size     int
+}
+
+// errTooBig marks a report over the size bounds (ResourceExhausted).
+var errTooBig = errors.New("report over the bound")
+
+// UnmarshalRaw decodes b (service.RawMessage).
+func (r *report) UnmarshalRaw(b []byte) {
+	r.size = len(b)
+	if r.maxBytes > 0 && len(b) > r.maxBytes {
+		r.err = fmt.Errorf("%w: %d bytes, over the limit of %d bytes per report", errTooBig, len(b), r.maxBytes)
+		return
+	}
+	if err := r.decode(b); err != nil {
+		r.err = fmt.Errorf("invalid RateLimitQuotaUsageReports: %w", err)
+	}
+}
+
+// each calls f for every field of b, with its number, wire type, varint
+// value and (for length-delimited fields) bytes.
+func each(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, data []byte) error) error {
+	for i := 0; i < len(b); {
+		num, typ, n := protowire.ConsumeTag(b[i:])
+		if n < 0 {
+			return fmt.Errorf("byte %d: field tag: %w", i, protowire.ParseError(n))
+		}
+		i += n
+		var v uint64
+		var data []byte
+		switch typ {
+		case protowire.VarintType:
+			v, n = protowire.ConsumeVarint(b[i:])
+		case protowire.BytesType:
+			data, n = protowire.ConsumeBytes(b[i:])
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b[i:])
+		}
+		if n < 0 {
+			return fmt.Errorf("byte %d: field %d: %w", i, num, protowire.ParseError(n))
+		}
+		i += n
+		if err := f(num, typ, v, data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *report) decode(b []byte) error {
+	return each(b, func(num protowire.Number, typ protowire.Type, _ uint64, data []byte) error {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			r.domain = string(data)
+		case num == 2 && typ == protowire.BytesType:
+			var u usage
+			if err := u.decode(data); err != nil {
+				return fmt.Errorf("bucket_quota_usages[%d]: %w", len(r.usages), err)
+			}
+			r.usages = append(r.usages, u)
+		}
+		return nil
+	})
+}
+
+func (u *usage) decode(b []byte) error {
+	return each(b, func(num protowire.Number, typ protowire.Type, v uint64, data []byte) error {
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			u.hasBktID = true
+			return u.bucketID(data)
+		case num == 2 && typ == protowire.BytesType:
+			return u.duration(data)
+		case num == 3 && typ == protowire.VarintType:
+			u.allowed = v
+		case num == 4 && typ == protowire.VarintType:
+			u.denied = v
+		}
+		return nil
+	})
+}
+
+func (u *usage) bucketID(b []byte) error {
+	if u.bucket == nil {
+		u.bucket = map[string]string{}
+	}
+	return each(b, func(num protowire.Number, typ protowire.Type, _ uint64, data []byte) error {
+		if num != 1 || typ != protowire.BytesType {
+			return nil
+		}
+		var k, v string
+		err := each(data, func(num protowire.Number, typ protowire.Type, _ uint64, d []byte) error {
+			if typ == protowire.BytesType && num == 1 {
+				k = string(d)
+			} else if typ == protowire.BytesType && num == 2 {
+				v = string(d)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("bucket_id: %w", err)
+		}
+		u.bucket[k] = v
+		return nil
+	})
+}
+
+func (u *usage) duration(b []byte) error {
+	var sec, nanos int64
+	err := each(b, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
+		if typ == protowire.VarintType && num == 1 {
+			sec = int64(v)
+		} else if typ == protowire.VarintType && num == 2 {
+			nanos = int64(int32(v))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("time_elapsed: %w", err)
+	}
+	if sec < 0 || nanos < 0 || sec > 1<<31 {
+		return fmt.Errorf("time_elapsed %ds %dns is negative or too large", sec, nanos)
+	}
+	u.elapsed = time.Duration(sec)*time.Second + time.Duration(nanos)
+	return nil
+}

@@ -1,0 +1,283 @@
+package rlqs
+
+import (
+	"context"
+	"math"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// boundarySlack is how long after a window's end (by the store's Reset) a
+// push runs, so that the store has rolled to the next window.
+const boundarySlack = 5 * time.Millisecond
+
+// regrant reserves and returns b's next grant, with extra checks (write-
+// backs) decided in the same store call, and schedules the push after it.
+// At a push (boundary true) the next window is also charged what the
+// previous grant can admit after the boundary until the new one arrives:
+// its whole bucket and Overlap of refill. It returns the action (nil when
+// the store could not answer: Envoy's grant then runs out into its
+// expired_assignment_behavior) and the store calls made.
+func (st *stream) regrant(b *bucket, now time.Time, extra []store.Check, boundary bool) (*rlqsv3.RateLimitQuotaResponse_BucketAction, int) {
+	o := &st.srv.o
+	ttl, windowEnd := st.srv.period(b, now)
+	x := st.srv.share(b, ttl, windowEnd, now)
+	g := shape(x, ttl)
+	checks := extra
+	if boundary {
+		checks = st.chargeOverlap(b, checks)
+	}
+	g, res, calls, err := st.reserve(b, g, ttl, checks)
+	if err != nil {
+		st.schedule(b, time.Second)
+		return nil, calls
+	}
+	want := g.worst()
+	g.reservedAt, g.windowEnd, g.reserved = now, windowEnd, want
+	o.Metrics.addReserved(want)
+	b.g, b.hasGrant, b.used = g, true, 0
+	b.covered += want
+	next := time.Duration(ttl) * time.Second
+	if !windowEnd.IsZero() {
+		next = windowEnd.Sub(now) + boundarySlack
+		if len(res) > 0 && res[len(res)-1].Reset > 0 {
+			next = res[len(res)-1].Reset + boundarySlack
+		}
+	} else {
+		next -= o.Overlap // renewed just before it expires
+	}
+	st.schedule(b, next)
+	if !windowEnd.IsZero() && len(res) > 0 && res[len(res)-1].Remaining > 0 {
+		st.scheduleTopUp(b, windowEnd, now)
+	}
+	if g.deny {
+		o.Metrics.action("deny_all", 1)
+	} else {
+		o.Metrics.action("token_bucket", 1)
+	}
+	return assignment(b.id, &g), calls
+}
+
+// chargeOverlap appends to checks the write-back of what b's previous
+// grant can admit after the boundary until the next one arrives: its whole
+// bucket and Overlap of refill.
+func (st *stream) chargeOverlap(b *bucket, checks []store.Check) []store.Check {
+	if !b.hasGrant || b.g.deny || b.g.allow {
+		return checks
+	}
+	over := min(b.g.max, b.g.worst()) + uint64(math.Ceil(float64(b.g.per)*st.srv.o.Overlap.Seconds()/float64(b.g.fill)))
+	if over == 0 {
+		return checks
+	}
+	st.srv.o.Metrics.addReserved(over)
+	return append(checks, st.force(b, over))
+}
+
+// reserve consumes g's worst case, with checks decided in the same call,
+// all or nothing; when it does not fit, it shrinks g to what is left and
+// consumes that in a second call, or makes it DENY_ALL. It returns the
+// grant reserved, the results of the last call and the calls made.
+func (st *stream) reserve(b *bucket, g grant, ttl int64, checks []store.Check) (grant, []store.Result, int, error) {
+	want := g.worst()
+	consume := b.check
+	consume.Hits, consume.Shadow = want, false
+	checks = append(checks, consume)
+	res, err := st.srv.decideResults(checks)
+	if err != nil || res[len(res)-1].Allowed {
+		return g, res, 1, err
+	}
+	g = shape(min(res[len(res)-1].Remaining, want), ttl)
+	if consume.Hits = g.worst(); consume.Hits == 0 {
+		return g, res, 1, nil
+	}
+	r2, err := st.srv.decideResults([]store.Check{consume})
+	if err != nil || !r2[0].Allowed {
+		return shape(0, ttl), res, 2, nil
+	}
+	return g, r2, 2, nil
+}
+
+// period returns the TTL of b's next grant in whole seconds and, for a
+// windowed rule, the end of the window now is in (windows start at
+// multiples of their length since the Unix epoch, as the store counts
+// them); zero for a token-bucket rule, whose grants last Options.Period.
+func (s *Server) period(b *bucket, now time.Time) (int64, time.Time) {
+	if c := &b.check; c.Algorithm == store.TokenBucket {
+		// A grant's worst case is reserved at once: it must fit the
+		// bucket's capacity, so its TTL is at most capacity / rate.
+		burst := c.Burst
+		if burst == 0 {
+			burst = c.Limit
+		}
+		ttl := int64(s.o.Period / time.Second)
+		if c.Limit > 0 {
+			ttl = min(ttl, int64(float64(burst)/float64(c.Limit)*c.Window.Seconds()))
+		}
+		return max(1, ttl), time.Time{}
+	}
+	w := b.check.Window
+	if w <= 0 {
+		w = time.Second
+	}
+	us := now.UnixMicro()
+	wus := w.Microseconds()
+	end := time.UnixMicro((us/wus + 1) * wus)
+	return wholeSeconds(end.Sub(now)), end
+}
+
+// share returns the hits b may be granted until windowEnd (a windowed rule:
+// a part of the window's limit) or for ttl seconds (a token bucket: a part
+// of its rate times ttl): this replica's part (the limit over the fleet's
+// size), divided among this replica's streams of the same key by their
+// reported demand, never below MinShare, and never above demandHeadroom
+// times its own demand over the grant's TTL plus MinShare (the rest stays
+// in the store for others' top-ups).
+func (s *Server) share(b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
+	w := b.check.Window.Seconds()
+	if w <= 0 {
+		w = 1
+	}
+	// A window's budget does not refill within it: a share is a part of
+	// the whole window's limit. A token bucket refills at limit/window.
+	rate, span := float64(b.check.Limit)/w, float64(ttl)
+	if !windowEnd.IsZero() {
+		rate, span = float64(b.check.Limit), 1
+	}
+	mine, total := b.demandRate(), 0.0
+	s.mu.Lock()
+	for o := range s.groups[b.check.Key] {
+		total += o.demandRate()
+	}
+	s.mu.Unlock()
+	frac := 1.0
+	if total > 0 {
+		frac = mine / total
+	}
+	fleet := max(1, s.o.Fleet())
+	x := uint64(rate * span * frac / float64(fleet))
+	if mine > 0 {
+		x = min(x, uint64(demandHeadroom*mine*max(1, min(float64(ttl), span*w)))+s.o.MinShare)
+	}
+	return max(x, s.o.MinShare)
+}
+
+func (s *Server) join(b *bucket) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.groups[b.check.Key]
+	if g == nil {
+		g = map[*bucket]struct{}{}
+		s.groups[b.check.Key] = g
+	}
+	g[b] = struct{}{}
+}
+
+func (s *Server) leave(b *bucket) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.groups[b.check.Key]; g != nil {
+		delete(g, b)
+		if len(g) == 0 {
+			delete(s.groups, b.check.Key)
+		}
+	}
+}
+
+func (s *Server) decide(checks []store.Check) error {
+	_, err := s.decideResults(checks)
+	return err
+}
+
+func (s *Server) decideResults(checks []store.Check) ([]store.Result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.StoreTimeout)
+	defer cancel()
+	res := make([]store.Result, len(checks))
+	err := s.o.Store.Decide(ctx, checks, res)
+	if err != nil {
+		if held, ok := s.storeLog.Allow(); ok {
+			s.o.Log.Warn("rlqs: store call failed; no grant was sent", "err", err, "held", held)
+		}
+	}
+	return res, err
+}
+
+// assignment returns g as a QuotaAssignmentAction for id, echoed as it came.
+func assignment(id map[string]string, g *grant) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: &rlqsv3.BucketId{Bucket: id},
+		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+			AssignmentTimeToLive: durationpb.New(time.Duration(g.ttl) * time.Second),
+			RateLimitStrategy:    g.strategy(),
+		}}}
+}
+
+// demandHeadroom is how much more than its reported demand a stream's share
+// may be: what it leaves is topped up by streams whose share fell short,
+// here or on another replica.
+const demandHeadroom = 1.05
+
+// topUpDelay is how long after a grant a stream whose demand its share did
+// not cover asks for what the window has left: after every replica's
+// boundary pushes took their shares.
+const topUpDelay = 100 * time.Millisecond
+
+// scheduleTopUp arranges b's top-up when its demand over the window exceeds
+// its grant and the window has time left for one.
+func (st *stream) scheduleTopUp(b *bucket, windowEnd, now time.Time) {
+	if st.topUpWant(b) == 0 || windowEnd.Sub(now) < topUpDelay+4*st.srv.o.Overlap {
+		return
+	}
+	if b.topUp != nil {
+		b.topUp.Stop()
+	}
+	b.topUp = time.AfterFunc(topUpDelay, func() { st.topUpNow(b) })
+}
+
+// topUpWant returns the hits b's demand asks beyond its grant this window.
+func (st *stream) topUpWant(b *bucket) uint64 {
+	want := uint64(b.demandRate() * b.check.Window.Seconds())
+	if b.g.deny || b.g.allow || want <= b.g.reserved {
+		return 0
+	}
+	return want - b.g.reserved
+}
+
+// topUpNow reserves what b's demand asks beyond its grant, from what the
+// window has left (all or nothing, then shrunk to what is left), and sends
+// a grant that replaces the active one: the old grant's rate for the rest
+// of the window (already reserved, less Overlap for the replacement to
+// arrive) plus the hits reserved now.
+func (st *stream) topUpNow(b *bucket) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if a := st.topUpLocked(b, st.srv.o.Now()); a != nil {
+		st.send(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{a}})
+	}
+}
+
+// topUpLocked is topUpNow with st.mu held: it returns the action to send,
+// nil when there is nothing to top up.
+func (st *stream) topUpLocked(b *bucket, now time.Time) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	g := b.g
+	left := g.windowEnd.Sub(now) - st.srv.o.Overlap
+	extra := st.topUpWant(b)
+	if b.gone || st.ended || g.windowEnd.IsZero() || left <= 0 || extra == 0 {
+		return nil
+	}
+	got, _, _, err := st.reserve(b, shape(extra, 1), 1, nil)
+	if err != nil || got.worst() == 0 {
+		return nil
+	}
+	extra = got.worst()
+	carry := uint64(float64(g.per) / float64(g.fill) * left.Seconds())
+	ng := shape(carry+extra, wholeSeconds(g.windowEnd.Sub(now)))
+	ng.reservedAt, ng.windowEnd, ng.reserved = now, g.windowEnd, g.reserved+extra
+	b.g = ng
+	b.covered += extra
+	st.srv.o.Metrics.addReserved(extra)
+	st.srv.o.Metrics.action("token_bucket", 1)
+	return assignment(b.id, &ng)
+}

@@ -1,0 +1,410 @@
+package rlqs
+
+import (
+	"context"
+	"math"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/service"
+	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
+)
+
+const testYAML = `
+domain: d
+descriptors:
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 1000, algorithm: fixed_window}
+    descriptors:
+      - key: route
+        rate_limit: {unit: minute, requests_per_unit: 600}
+  - key: open
+    rate_limit: {unlimited: true}
+  - key: tb
+    rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket}
+`
+
+type harness struct {
+	srv  *Server
+	st   *memory.Store
+	svc  *service.Service
+	conn *grpc.ClientConn
+	m    *Metrics
+}
+
+func newHarness(t *testing.T, o Options) *harness {
+	t.Helper()
+	cfg, err := descriptors.Parse(map[string][]byte{"d.yaml": []byte(testYAML)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{st: memory.New(memory.Options{Now: o.Now})}
+	h.svc = service.New(cfg, limiter.New(h.st, limiter.Options{}), service.Options{})
+	h.m = NewMetrics(prometheus.NewRegistry())
+	o.Store, o.Resolver, o.Metrics = h.st, h.svc, h.m
+	h.srv = New(o)
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer(grpc.ForceServerCodecV2(service.Codec()))
+	h.srv.Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	h.conn, err = grpc.NewClient("passthrough:///buf", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.conn.Close() })
+	return h
+}
+
+// raw is a message sent and received as bytes, so tests can send what Go's
+// protobuf refuses to marshal (non-UTF-8 strings) and read rls's echo of it.
+type raw struct{ b []byte }
+
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error)   { return v.(*raw).b, nil }
+func (rawCodec) Unmarshal(b []byte, v any) error { v.(*raw).b = append([]byte(nil), b...); return nil }
+func (rawCodec) Name() string                    { return "proto" }
+
+func (h *harness) rawStream(t *testing.T) grpc.ClientStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	cs, err := h.conn.NewStream(ctx, &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0], rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName,
+		grpc.ForceCodec(rawCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// encodeReport encodes a report by hand (values may be any bytes).
+func encodeReport(domain string, elapsedSec int64, allowed, denied uint64, ids ...map[string]string) []byte {
+	m := &rlqsv3.RateLimitQuotaUsageReports{Domain: domain}
+	for _, id := range ids {
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(time.Duration(elapsedSec) * time.Second),
+			NumRequestsAllowed: allowed, NumRequestsDenied: denied})
+	}
+	return MarshalReports(m)
+}
+
+func recv(t *testing.T, cs grpc.ClientStream) *rlqsv3.RateLimitQuotaResponse {
+	t.Helper()
+	var m raw
+	if err := cs.RecvMsg(&m); err != nil {
+		t.Fatalf("recv: %v", err)
+	}
+	resp, err := DecodeResponse(m.b)
+	if err != nil {
+		t.Fatalf("decode response: %v", err)
+	}
+	return resp
+}
+
+// checkAssignment asserts what Envoy needs of every assignment.
+func checkAssignment(t *testing.T, a *rlqsv3.RateLimitQuotaResponse_BucketAction) {
+	t.Helper()
+	q := a.GetQuotaAssignmentAction()
+	if q == nil {
+		t.Fatalf("action %v is not an assignment", a)
+	}
+	ttl := q.GetAssignmentTimeToLive()
+	if ttl == nil || ttl.Nanos != 0 || ttl.Seconds < 1 {
+		t.Errorf("TTL %v: want whole seconds >= 1", ttl)
+	}
+	s := q.GetRateLimitStrategy()
+	if s.GetRequestsPerTimeUnit() != nil || s.GetStrategy() == nil {
+		t.Errorf("strategy %v: want blanket_rule or token_bucket", s)
+	}
+	if tb := s.GetTokenBucket(); tb != nil {
+		if tb.TokensPerFill == nil || tb.TokensPerFill.Value < 1 {
+			t.Errorf("token bucket %v: tokens_per_fill unset or 0", tb)
+		}
+		if f := tb.FillInterval; f == nil || f.Nanos != 0 || f.Seconds < 1 {
+			t.Errorf("token bucket %v: fill_interval not whole seconds >= 1", tb)
+		}
+		if tb.MaxTokens < 1 {
+			t.Errorf("token bucket %v: max_tokens 0", tb)
+		}
+	}
+}
+
+func TestFirstReportAnsweredEchoed(t *testing.T) {
+	h := newHarness(t, Options{})
+	cs := h.rawStream(t)
+	ids := []map[string]string{{"api_key": "k1", "route": "r"}, {"api_key": "k2\xff\xfe"}, {"open": "x"}, {"tb": "t"}, {"nothing": "here"}}
+	start := time.Now()
+	if err := cs.SendMsg(&raw{encodeReport("d", 0, 1, 0, ids...)}); err != nil {
+		t.Fatal(err)
+	}
+	resp := recv(t, cs)
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("first answer after %v, want within 1 s", d)
+	}
+	if len(resp.BucketAction) != len(ids) {
+		t.Fatalf("%d actions, want %d: %v", len(resp.BucketAction), len(ids), resp)
+	}
+	for i, a := range resp.BucketAction {
+		if BucketKey(a.BucketId.Bucket) != BucketKey(ids[i]) {
+			t.Errorf("action %d echoes %q, want %q byte for byte", i, a.BucketId.Bucket, ids[i])
+		}
+		checkAssignment(t, a)
+	}
+	if tb := resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket(); tb == nil {
+		t.Errorf("limited bucket got %v, want a token bucket", resp.BucketAction[0])
+	}
+	if r := resp.BucketAction[2].GetQuotaAssignmentAction().GetRateLimitStrategy(); r.GetBlanketRule().String() != "ALLOW_ALL" || r.GetTokenBucket() != nil {
+		t.Errorf("unlimited bucket got %v, want ALLOW_ALL", r)
+	}
+	// The stream is still up after the non-UTF-8 bucket: a second report is answered or accepted.
+	if err := cs.SendMsg(&raw{encodeReport("d", 1, 0, 0, ids[1])}); err != nil {
+		t.Fatalf("stream after a non-UTF-8 BucketId: %v", err)
+	}
+	if got := testutil.ToFloat64(h.m.buckets); got != float64(len(ids)) {
+		t.Errorf("buckets gauge %v, want %d", got, len(ids))
+	}
+}
+
+// TestReserveBeforeGrant checks that a grant's worst case is consumed from
+// the same key ShouldRateLimit counts before it is sent, and that two
+// streams together never get more than the limit.
+func TestReserveBeforeGrant(t *testing.T) {
+	h := newHarness(t, Options{})
+	id := map[string]string{"api_key": "k", "route": "r"}
+	var worst uint64
+	for i := 0; i < 3; i++ {
+		cs := h.rawStream(t)
+		if err := cs.SendMsg(&raw{encodeReport("d", 0, 0, 1000, id)}); err != nil {
+			t.Fatal(err)
+		}
+		a := recv(t, cs).BucketAction[0]
+		checkAssignment(t, a)
+		if tb := a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket(); tb != nil {
+			ttl := uint64(a.GetQuotaAssignmentAction().AssignmentTimeToLive.Seconds)
+			worst += uint64(tb.MaxTokens) + uint64(tb.TokensPerFill.Value)*ttl/uint64(tb.FillInterval.Seconds)
+		}
+	}
+	if worst > 600 {
+		t.Errorf("grants' worst cases sum to %d, over the limit 600", worst)
+	}
+	if worst < 500 {
+		t.Errorf("grants' worst cases sum to %d: the demand asked for the whole limit 600", worst)
+	}
+	// ShouldRateLimit sees the reservation in the same key.
+	if left := h.remaining(t, id); left+worst > 600 {
+		t.Errorf("store has %d left after grants of %d: the grants were not reserved", left, worst)
+	}
+}
+
+func TestOversizedReportRefused(t *testing.T) {
+	h := newHarness(t, Options{MaxReportBytes: 200})
+	cs := h.rawStream(t)
+	ids := make([]map[string]string, 20)
+	for i := range ids {
+		ids[i] = map[string]string{"api_key": strings.Repeat("x", 20)}
+	}
+	if err := cs.SendMsg(&raw{encodeReport("d", 0, 1, 0, ids...)}); err != nil {
+		t.Fatal(err)
+	}
+	err := cs.RecvMsg(&raw{})
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "over the limit of 200 bytes") {
+		t.Fatalf("oversized report: %v, want ResourceExhausted naming the bound", err)
+	}
+}
+
+func TestIdleBucketsAbandoned(t *testing.T) {
+	h := newHarness(t, Options{IdleReports: 2})
+	cs := h.rawStream(t)
+	id := map[string]string{"open": "x"}
+	if err := cs.SendMsg(&raw{encodeReport("d", 0, 1, 0, id)}); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, cs)
+	for i := 0; i < 2; i++ {
+		if err := cs.SendMsg(&raw{encodeReport("d", 5, 0, 0, id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp := recv(t, cs)
+	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetAbandonAction() == nil {
+		t.Fatalf("after 2 idle reports got %v, want an abandon", resp)
+	}
+	if got := testutil.ToFloat64(h.m.buckets); got != 0 {
+		t.Errorf("buckets gauge %v after abandon, want 0", got)
+	}
+}
+
+func TestUnmatchedDefault(t *testing.T) {
+	for _, tc := range []struct {
+		a    Action
+		want string
+	}{{Allow, "ALLOW_ALL"}, {Deny, "DENY_ALL"}, {Abandon, "abandon"}} {
+		h := newHarness(t, Options{Unmatched: tc.a})
+		cs := h.rawStream(t)
+		if err := cs.SendMsg(&raw{encodeReport("d", 0, 1, 0, map[string]string{"unknown": "x"})}); err != nil {
+			t.Fatal(err)
+		}
+		a := recv(t, cs).BucketAction[0]
+		got := "abandon"
+		if q := a.GetQuotaAssignmentAction(); q != nil {
+			got = q.GetRateLimitStrategy().GetBlanketRule().String()
+		}
+		if got != tc.want {
+			t.Errorf("unmatched with %v: got %s, want %s", tc.a, got, tc.want)
+		}
+	}
+}
+
+// subscribed returns a harness and a stream on which id got its first answer.
+func subscribed(t *testing.T, id map[string]string) (*harness, grpc.ClientStream, map[string]string) {
+	h := newHarness(t, Options{})
+	cs := h.rawStream(t)
+	if err := cs.SendMsg(&raw{encodeReport("d", 0, 1, 0, id)}); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, cs)
+	return h, cs, id
+}
+
+func TestDomainMismatch(t *testing.T) {
+	_, cs, id := subscribed(t, map[string]string{"open": "x"})
+	_ = cs.SendMsg(&raw{encodeReport("other", 0, 1, 0, id)})
+	if err := cs.RecvMsg(&raw{}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `"other"`) {
+		t.Fatalf("second domain: %v, want InvalidArgument naming it", err)
+	}
+}
+
+func TestShutdownSendsTTLZero(t *testing.T) {
+	h, cs, _ := subscribed(t, map[string]string{"api_key": "k"})
+	go h.srv.Shutdown(context.Background())
+	for {
+		var m raw
+		err := cs.RecvMsg(&m)
+		if err != nil {
+			t.Fatalf("stream ended (%v) before a TTL 0", err)
+		}
+		resp, _ := DecodeResponse(m.b)
+		if q := resp.BucketAction[0].GetQuotaAssignmentAction(); q != nil && q.AssignmentTimeToLive.AsDuration() == 0 {
+			break
+		}
+	}
+	if err := cs.RecvMsg(&raw{}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("after TTL 0: %v, want Unavailable", err)
+	}
+}
+
+// TestWriteBackAndCallsPerReport: what Envoy allowed before its first
+// assignment is written back, and a report costs one store call whatever
+// its counts.
+func TestWriteBackAndCallsPerReport(t *testing.T) {
+	h := newHarness(t, Options{})
+	cs := h.rawStream(t)
+	id := map[string]string{"api_key": "k", "route": "r"}
+	_ = cs.SendMsg(&raw{encodeReport("d", 0, 50, 0, id)})
+	recv(t, cs)
+	if got := testutil.ToFloat64(h.m.writtenBack); got != 50 {
+		t.Errorf("written back %v, want the 50 allowed before any assignment", got)
+	}
+	_ = cs.SendMsg(&raw{encodeReport("d", 5, 100000, 5, id)})
+	waitCount(t, h.m, 2)
+	if sum := histSum(t, h.m); sum > 3 {
+		t.Errorf("%v store calls for 2 reports, want about one per bucket per report", sum)
+	}
+}
+
+func waitCount(t *testing.T, m *Metrics, n uint64) {
+	t.Helper()
+	testkit.WaitFor(t, "reports processed", 5*time.Second, func() bool { return histCount(t, m) >= n })
+}
+
+func hist(t *testing.T, m *Metrics) *dto.Histogram {
+	t.Helper()
+	var d dto.Metric
+	if err := m.callsPerReport.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetHistogram()
+}
+
+func histCount(t *testing.T, m *Metrics) uint64 { return hist(t, m).GetSampleCount() }
+func histSum(t *testing.T, m *Metrics) float64  { return hist(t, m).GetSampleSum() }
+
+// TestRefundProvenUnused: a report gives back what it proves unused (all of
+// the reservation but what was used and what the grant can still admit
+// until its window ends), in the same window, to the same key.
+func TestRefundProvenUnused(t *testing.T) {
+	start := time.Unix(1_800_000_000, 0).Truncate(time.Minute).Add(time.Second)
+	clk := testkit.NewClock(start)
+	h := newHarness(t, Options{Now: clk.Now})
+	cs := h.rawStream(t)
+	id := map[string]string{"api_key": "k", "route": "r"} // 600 a minute, sliding window
+	if err := cs.SendMsg(&raw{encodeReport("d", 0, 0, 1000, id)}); err != nil {
+		t.Fatal(err)
+	}
+	a := recv(t, cs).BucketAction[0]
+	q := a.GetQuotaAssignmentAction()
+	tb := q.GetRateLimitStrategy().GetTokenBucket()
+	if tb == nil {
+		t.Fatalf("got %v, want a token bucket", a)
+	}
+	ttl, fill := uint64(q.AssignmentTimeToLive.Seconds), uint64(tb.FillInterval.Seconds)
+	reserved := uint64(tb.MaxTokens) + uint64(tb.TokensPerFill.Value)*ttl/fill
+	clk.Advance(30 * time.Second)
+	if err := cs.SendMsg(&raw{encodeReport("d", 30, 10, 0, id)}); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, h.m, 2)
+	left := (29*time.Second + 40*time.Millisecond).Seconds() // to the window's end, plus Overlap
+	need := 10 + uint64(tb.MaxTokens) + uint64(math.Ceil(float64(tb.TokensPerFill.Value)*left/float64(fill)))
+	if got := uint64(testutil.ToFloat64(h.m.refunded)); got != reserved-need {
+		t.Errorf("refunded %d, want %d (reserved %d, still needed %d)", got, reserved-need, reserved, need)
+	}
+	if left := h.remaining(t, id); left != 600-need {
+		t.Errorf("store has %d left, want %d: the refund did not reach the rule's key", left, 600-need)
+	}
+	// In the next window nothing of the old reservation is refunded.
+	clk.Advance(30 * time.Second)
+	before := testutil.ToFloat64(h.m.refunded)
+	if err := cs.SendMsg(&raw{encodeReport("d", 30, 0, 0, id)}); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, h.m, 3)
+	if got := testutil.ToFloat64(h.m.refunded); got != before {
+		t.Errorf("refunded %v more after the window ended, want none", got-before)
+	}
+}
+
+// remaining returns the budget of bucket id's rule key in the store, as
+// ShouldRateLimit would see it.
+func (h *harness) remaining(t *testing.T, id map[string]string) uint64 {
+	t.Helper()
+	c, _, _, err := h.svc.BucketCheck("d", h.svc.Config().BucketEntries("d", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := make([]store.Result, 1)
+	if err := h.st.Peek(context.Background(), []store.Check{c}, res); err != nil {
+		t.Fatal(err)
+	}
+	return res[0].Remaining
+}
