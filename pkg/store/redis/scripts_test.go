@@ -271,7 +271,7 @@ var ACLRules = []string{"~*", "resetchannels", "-@all",
 	"+fcall", "+fcall_ro", "+function|load", // the Function library
 	"+evalsha", "+eval", // the script fallback, and the fleet's heartbeat script
 	"+time", "+mget", "+set", "+pttl", "+pexpire", // run by decide.lua
-	"+incrby", // counter calls (with +time)
+	"+incrby",                                       // counter calls (with +time)
 	"+zremrangebyscore", "+zadd", "+zcard", "+zrem", // the fleet's heartbeats
 	"+del", "+ping", "+hello", "+cluster|slots", "+cluster|shards"}
 
