@@ -1,26 +1,59 @@
 package simulate
 
 import (
+	"time"
+
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// RedisCost returns what a candidate costs Redis per decision, for a
-// request of one descriptor (one key, one hash slot) that admitted of
-// total were allowed: calls is script calls (EVALSHA) per decision, 1,
-// as rls sends it when the node is idle (under load, concurrent decisions
-// of one node share a call: fewer); commands is the Redis commands that
-// call runs, TIME and MGET always and a SET (with its TTL) when the
-// request was admitted (a denied request writes nothing). The same for
-// every algorithm and precision: what differs is the script's CPU, which
-// grows with the precision (docs/BENCHMARKS.md), and the memory.
-func RedisCost(admitted, total int) (calls, commands float64) {
-	if total == 0 {
+// RedisCost returns what candidate c costs Redis per decision when the
+// Redis store decides trace tr as allowed says, one request of one
+// descriptor at a time, as rls sends it when the node is idle (under load,
+// concurrent decisions of one node share a pipeline and its TIME: fewer):
+// calls is script calls (FCALL or EVALSHA) per decision; commands is the
+// Redis commands per decision.
+//
+// A token bucket or a sliding window of precision 2 or more is one script
+// call per decision, which runs TIME and MGET always and a SET (with its
+// TTL) when the request was admitted. A fixed window or a two-counter
+// sliding window is first sent as a counter call, INCRBY and TIME (see
+// pkg/store/redis's counter calls); it goes on to the script (TIME, MGET
+// and a SET, as it writes the key back after taking the INCRBY back) when
+// it was denied, or when no script call has written the key in the
+// event's window yet (the key's value is of another window, or new).
+// In the service, the limiter sends a key it last saw near its limit
+// straight to the script: a denial there costs one script call and no
+// INCRBY, which this model leaves out.
+func RedisCost(tr Trace, l Limit, c Candidate, allowed []bool) (calls, commands float64) {
+	n := min(len(tr.Events), len(allowed))
+	if n == 0 {
 		return 0, 0
 	}
-	return 1, 2 + float64(admitted)/float64(total)
+	countable := c.Algorithm == store.FixedWindow || (c.Algorithm == store.SlidingWindow && c.Precision < 2)
+	if !countable {
+		admitted := 0
+		for _, ok := range allowed[:n] {
+			if ok {
+				admitted++
+			}
+		}
+		return 1, 2 + float64(admitted)/float64(n)
+	}
+	w := int64(l.Window / time.Microsecond)
+	written := map[string]int64{} // key: the window its last script call wrote it in
+	scripts := 0
+	for i, e := range tr.Events[:n] {
+		win := floorDiv(e.At, w)
+		if last, ok := written[e.Key]; allowed[i] && ok && last == win {
+			continue
+		}
+		scripts++
+		written[e.Key] = win
+	}
+	return float64(scripts) / float64(n), 2 + 3*float64(scripts)/float64(n)
 }
 
 // RedisBytes returns what one key of candidate c holds in Redis: bytes

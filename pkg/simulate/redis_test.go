@@ -214,8 +214,10 @@ func BenchmarkRedisScript(b *testing.B) {
 	}
 }
 
-// TestRedisCommands checks RedisCost on a real redis-server: a decision is
-// one EVALSHA, which runs TIME and MGET, and SET only when it admits.
+// TestRedisCommands checks RedisCost on a real redis-server: a window
+// that counter calls decide is an INCRBY and TIME, and a script call when
+// denied or first in its window; others one script call (TIME and MGET,
+// and SET only when it admits).
 func TestRedisCommands(t *testing.T) {
 	srv := redistest.StartServer(t)
 	rc := srv.Client()
@@ -226,7 +228,7 @@ func TestRedisCommands(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	l := Limit{Requests: 5, Window: time.Hour}
+	l := Limit{Requests: 5, Window: 24 * time.Hour}
 	// Load the script first (the first call is an EVALSHA answered
 	// NOSCRIPT, then an EVAL).
 	if err := s.Decide(ctx, []store.Check{{Key: "warm-up", Limit: 1, Window: time.Second, Hits: 1}}, make([]store.Result, 1)); err != nil {
@@ -236,15 +238,21 @@ func TestRedisCommands(t *testing.T) {
 		rc.ConfigResetStat(ctx)
 		const n = 12
 		admitted := 0
+		tr := Trace{}
+		allowed := make([]bool, 0, n)
 		for range n {
 			res := make([]store.Result, 1)
+			at := time.Now().UnixMicro() // Redis's clock is this machine's
 			if err := s.Decide(ctx, []store.Check{c.check(l, RedisExampleKey(c), 1)}, res); err != nil {
 				t.Fatal(err)
 			}
+			tr.Events = append(tr.Events, Event{At: at, Key: RedisExampleKey(c), Hits: 1})
+			allowed = append(allowed, res[0].Allowed)
 			if res[0].Allowed {
 				admitted++
 			}
 		}
+		days := tr.Events[n-1].At/l.Window.Microseconds() - tr.Events[0].At/l.Window.Microseconds()
 		info, err := rc.Info(ctx, "commandstats").Result()
 		if err != nil {
 			t.Fatal(err)
@@ -258,14 +266,20 @@ func TestRedisCommands(t *testing.T) {
 			}
 			return 0
 		}
-		got := [4]int{calls("evalsha") + calls("eval") + calls("fcall"), calls("time"), calls("mget"), calls("set")}
-		want := [4]int{n, n, n, admitted}
-		if got != want || admitted != 5 {
-			t.Errorf("%s: %d decisions, %d admitted: EVALSHA, TIME, MGET, SET calls %v, want %v", c.Name(l), n, admitted, got, want)
+		got := [5]int{calls("evalsha") + calls("eval") + calls("fcall"), calls("incrby"), calls("time"), calls("mget"), calls("set")}
+		if admitted != 5 && days == 0 {
+			t.Errorf("%s: %d decisions, %d admitted, want 5", c.Name(l), n, admitted)
 		}
-		callsPer, cmdsPer := RedisCost(admitted, n)
-		if callsPer != float64(got[0])/n || cmdsPer != float64(got[1]+got[2]+got[3])/n {
-			t.Errorf("%s: RedisCost says %v calls and %v commands per decision; Redis counted %v", c.Name(l), callsPer, cmdsPer, got)
+		callsPer, cmdsPer := RedisCost(tr, l, c, allowed)
+		if callsPer != float64(got[0])/n || cmdsPer != float64(got[1]+got[2]+got[3]+got[4])/n {
+			t.Errorf("%s: RedisCost says %v calls and %v commands per decision; Redis counted %v (script calls, INCRBY, TIME, MGET, SET)", c.Name(l), callsPer, cmdsPer, got)
+		}
+		if c.Precision >= 2 || c.Algorithm == store.TokenBucket {
+			if want := [5]int{n, 0, n, n, admitted}; got != want {
+				t.Errorf("%s: script calls, INCRBY, TIME, MGET, SET %v, want %v", c.Name(l), got, want)
+			}
+		} else if got[1] != n || got[0] != got[3] || got[0] != got[4] || got[2] != n+got[0] {
+			t.Errorf("%s: script calls, INCRBY, TIME, MGET, SET %v: want an INCRBY and a TIME per decision, and TIME, MGET and SET per script call", c.Name(l), got)
 		}
 	}
 }

@@ -266,7 +266,7 @@ func run(ctx context.Context, tr Trace, l Limit, cands []Candidate) (*Report, er
 		}
 		r.WronglyAdmittedShare = share(r.WronglyAdmitted, exactDenied)
 		r.WronglyDeniedShare = share(r.WronglyDenied, exactAdmitted)
-		r.RedisCalls, r.RedisCommands = RedisCost(r.Admitted, len(allowed))
+		r.RedisCalls, r.RedisCommands = RedisCost(tr, l, c, allowed)
 		r.RedisBytes, r.RedisValueBytes = RedisBytes(c)
 		rep.Results = append(rep.Results, r)
 	}
