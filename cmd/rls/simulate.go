@@ -69,10 +69,8 @@ Per candidate: peak/L, the most hits admitted in any trailing window over
 the limit (the busiest key's); wrongly admitted, requests it admitted that
 the exact log denied (share of the log's denials); wrongly denied, requests
 it denied that the log admitted (share of the log's admissions); Redis
-script calls and commands per decision (a fixed or two-counter sliding
-window is an INCRBY and TIME, and a script call when denied or the key's
-first in its window; others one script call: TIME, MGET, and SET when
-admitted); Redis MEMORY USAGE per key of its state.
+script calls and commands per decision (pkg/simulate's RedisCost); Redis
+MEMORY USAGE per key of its state.
 
 CSV: timestamp,key=value[,key=value...][,hits] a line; timestamp in
 seconds (12.5 or 1751540400.123456; windows align to multiples of the
