@@ -133,3 +133,32 @@ func TestVersion(t *testing.T) {
 		t.Errorf("rls version = %q, %v", out.String(), err)
 	}
 }
+
+// TestValidateBucketUnreachable: a rule no RLQS BucketId reaches is a note
+// naming its file, line and path; validate still succeeds, since
+// ShouldRateLimit reaches it.
+func TestValidateBucketUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	yaml := `domain: d
+descriptors:
+  - key: a
+    descriptors:
+      - key: a
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: b
+    rate_limit: {unit: second, requests_per_unit: 1}
+`
+	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runValidate(dir)
+	if err != nil {
+		t.Fatalf("validate: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "d.yaml:5: rule a > a: no RLQS BucketId reaches it") || !strings.Contains(out, "ok, 1 domain(s) [d]") {
+		t.Errorf("validate output lacks the note or the ok line:\n%s", out)
+	}
+	if strings.Contains(out, "rule b:") {
+		t.Errorf("a reachable rule is reported:\n%s", out)
+	}
+}

@@ -1,7 +1,9 @@
 package descriptors
 
 import (
+	"fmt"
 	"sort"
+	"strings"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 )
@@ -45,4 +47,101 @@ func (c *Config) BucketEntries(domain string, bucket map[string]string) []*rlcom
 		lv = n.children
 	}
 	return out
+}
+
+// BucketUnreachable returns, for every descriptor of domain that has a
+// rule and that no BucketId reaches by BucketEntries' walk, where it is
+// and why, in file order: "file:line: rule k1 > k2: why". A BucketId holds
+// one value per key, and at each level the walk takes the smallest of its
+// keys that belong to the level, so a rule is unreachable when its path
+// names one key twice, or when a key of its path sorts after another key
+// of the same level that the path also needs elsewhere. ShouldRateLimit
+// reaches such rules as before; only RLQS buckets cannot.
+func (c *Config) BucketUnreachable(domain string) []string {
+	if c == nil || c.domains[domain] == nil {
+		return nil
+	}
+	type found struct {
+		file string
+		line int
+		msg  string
+	}
+	var out []found
+	var path []string
+	var levels []*level
+	var walk func(lv *level)
+	walk = func(lv *level) {
+		keys := make([]string, 0, len(lv.byKey))
+		for k := range lv.byKey {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			g := lv.byKey[k]
+			path, levels = append(path, k), append(levels, lv)
+			for _, n := range g.nodes() {
+				if n.rule != nil {
+					if why := bucketBlocked(path, levels); why != "" {
+						out = append(out, found{n.file, n.line, fmt.Sprintf("%s:%d: rule %s: %s", n.file, n.line, strings.Join(path, " > "), why)})
+					}
+				}
+				if n.children != nil {
+					walk(n.children)
+				}
+			}
+			path, levels = path[:len(path)-1], levels[:len(levels)-1]
+		}
+	}
+	walk(c.domains[domain])
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].file != out[j].file {
+			return out[i].file < out[j].file
+		}
+		return out[i].line < out[j].line
+	})
+	msgs := make([]string, len(out))
+	for i, f := range out {
+		msgs[i] = f.msg
+	}
+	return msgs
+}
+
+// bucketBlocked says why no BucketId reaches the descriptor at path (its
+// keys, top first), levels[i] being the level path[i] belongs to; "" when
+// one does.
+func bucketBlocked(path []string, levels []*level) string {
+	for i, k := range path {
+		for j := range i {
+			if path[j] == k {
+				return fmt.Sprintf("no RLQS BucketId reaches it: key %q is on its path twice, and a BucketId holds one value per key", k)
+			}
+		}
+	}
+	for i, k := range path {
+		for j, other := range path {
+			if j != i && other < k && levels[i].byKey[other] != nil {
+				return fmt.Sprintf("no RLQS BucketId reaches it: at the level of %q, the walk takes %q first (also a key of that level, and needed elsewhere on the path)", k, other)
+			}
+		}
+	}
+	return ""
+}
+
+// nodes returns the group's descriptors: exact values, wildcards, then the
+// key-only default.
+func (g *group) nodes() []*node {
+	var ns []*node
+	vals := make([]string, 0, len(g.exact))
+	for v := range g.exact {
+		vals = append(vals, v)
+	}
+	sort.Strings(vals)
+	for _, v := range vals {
+		ns = append(ns, g.exact[v])
+	}
+	ns = append(ns, g.wild...)
+	if g.def != nil {
+		ns = append(ns, g.def)
+	}
+	return ns
 }

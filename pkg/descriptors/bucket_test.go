@@ -2,11 +2,22 @@ package descriptors
 
 import (
 	"os"
+	"strings"
 	"testing"
 )
 
+// parseA parses yaml as the one file a.yaml, failing the test on an error.
+func parseA(t *testing.T, yaml string) *Config {
+	t.Helper()
+	cfg, err := Parse(map[string][]byte{"a.yaml": []byte(yaml)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 func TestBucketEntries(t *testing.T) {
-	cfg, err := Parse(map[string][]byte{"a.yaml": []byte(`
+	cfg := parseA(t, `
 domain: d
 descriptors:
   - key: api_key
@@ -16,10 +27,7 @@ descriptors:
   - key: tenant
     value: t1
     rate_limit: {unit: minute, requests_per_unit: 7}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	for _, tc := range []struct {
 		bucket map[string]string
 		want   string // key=value joined by /
@@ -82,5 +90,64 @@ func TestBucketEntriesExample(t *testing.T) {
 		if name != tc.rule {
 			t.Errorf("BucketId %v: rule %q, want %q", tc.bucket, name, tc.rule)
 		}
+	}
+}
+
+// TestBucketUnreachable: the rules BucketUnreachable lists are exactly
+// those whose own BucketId (its path's keys and values) BucketEntries walks
+// elsewhere.
+func TestBucketUnreachable(t *testing.T) {
+	cfg := parseA(t, `
+domain: d
+descriptors:
+  - key: b
+    descriptors:
+      - key: a
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: a
+    value: x
+    rate_limit: {unit: second, requests_per_unit: 2}
+    descriptors:
+      - key: a
+        rate_limit: {unit: second, requests_per_unit: 3}
+      - key: c
+        rate_limit: {unit: second, requests_per_unit: 4}
+  - key: z
+    descriptors:
+      - key: y
+        rate_limit: {unit: second, requests_per_unit: 5}
+`)
+	got := cfg.BucketUnreachable("d")
+	// a > c too: at c's level the BucketId's "a" (a sibling of c) sorts first.
+	if len(got) != 3 || !strings.HasPrefix(got[0], "a.yaml:6: rule b > a: ") || !strings.Contains(got[0], `walk takes "a" first`) ||
+		!strings.HasPrefix(got[1], "a.yaml:12: rule a > a: ") || !strings.Contains(got[1], "twice") ||
+		!strings.HasPrefix(got[2], "a.yaml:14: rule a > c: ") {
+		t.Errorf("unreachable: %q", got)
+	}
+	// The differential: each rule's own BucketId.
+	for _, tc := range []struct {
+		path      [][2]string
+		reachable bool
+	}{
+		{[][2]string{{"b", "v"}, {"a", "v"}}, false},
+		{[][2]string{{"a", "x"}}, true},
+		{[][2]string{{"a", "x"}, {"c", "v"}}, false},
+		{[][2]string{{"z", "v"}, {"y", "v"}}, true},
+	} {
+		bucket := map[string]string{}
+		for _, e := range tc.path {
+			bucket[e[0]] = e[1]
+		}
+		es := cfg.BucketEntries("d", bucket)
+		same := len(es) == len(tc.path)
+		for i := range es {
+			same = same && es[i].Key == tc.path[i][0] && es[i].Value == tc.path[i][1]
+		}
+		if same != tc.reachable {
+			t.Errorf("%v: BucketEntries %v, reachable %v", tc.path, es, tc.reachable)
+		}
+	}
+	if got := cfg.BucketUnreachable("nope"); got != nil {
+		t.Errorf("unknown domain: %q", got)
 	}
 }

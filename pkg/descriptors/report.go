@@ -20,8 +20,9 @@ func LoadDir(dir string, opts LoadOptions) (*Config, []string, error) {
 }
 
 // Report loads dir as LoadDir does and prints to out what rls validate
-// prints: the notes, then each error as file:line: message, or a line
-// naming the domains. It fails when any file is invalid.
+// prints: the notes, then each error as file:line: message, or the rules
+// no RLQS BucketId reaches (BucketUnreachable) and a line naming the
+// domains. It fails when any file is invalid.
 func Report(dir string, opts LoadOptions, out io.Writer) error {
 	cfg, notes, err := LoadDir(dir, opts)
 	for _, n := range notes {
@@ -39,6 +40,11 @@ func Report(dir string, opts LoadOptions, out io.Writer) error {
 	}
 	domains := cfg.Domains()
 	sort.Strings(domains)
+	for _, d := range domains {
+		for _, m := range cfg.BucketUnreachable(d) {
+			fmt.Fprintln(out, m) // a note: ShouldRateLimit still reaches the rule
+		}
+	}
 	fmt.Fprintf(out, "%s: ok, %d domain(s) %v\n", dir, len(domains), domains)
 	return nil
 }
