@@ -29,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reportInterval: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "rls_rlqs_report_interval_seconds",
 			Help: "Time between two reports of one bucket on one stream, on rls's clock (the lag of the demand shares follow).", Buckets: []float64{0.5, 1, 2, 5, 6, 10, 30}}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rls_rlqs_refused_total",
-			Help: "Streams ended by rls, by reason: too_big, invalid, domain, slow_reader."}, []string{"reason"}),
+			Help: "Streams ended by rls, by reason: too_big, invalid, domain, slow_reader, per_connection (refused at open)."}, []string{"reason"}),
 	}
 	reg.MustRegister(m.streams, m.buckets, m.actions, m.reserved, m.refunded, m.writtenBack, m.callsPerReport, m.reportInterval, m.refused)
 	return m

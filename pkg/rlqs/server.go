@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"sort"
 	"strings"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -76,6 +78,11 @@ type Options struct {
 	IdleReports int
 	// MaxBuckets bounds the buckets of one stream; more are abandoned [1000].
 	MaxBuckets int
+	// StreamsPerConn bounds the open streams of one TCP connection; more
+	// are refused ResourceExhausted [64: Envoy opens one per domain and
+	// filter config]. Streams over other transports (a Unix socket, whose
+	// peers share one address) are not counted.
+	StreamsPerConn int
 	// MaxReportBytes bounds one report; a bigger one ends the stream
 	// ResourceExhausted [256 KiB, under the gRPC port's 1 MiB message cap].
 	MaxReportBytes int
@@ -110,6 +117,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxBuckets <= 0 {
 		o.MaxBuckets = 1000
+	}
+	if o.StreamsPerConn <= 0 {
+		o.StreamsPerConn = 64
 	}
 	if o.MaxReportBytes <= 0 {
 		o.MaxReportBytes = 256 << 10
@@ -146,6 +156,7 @@ type Server struct {
 	o        Options
 	mu       sync.Mutex
 	streams  map[*stream]struct{}
+	perConn  map[string]int                  // open streams by TCP connection (connOf)
 	groups   map[string]map[*bucket]struct{} // by store key: the buckets of every stream counting on it
 	closing  bool
 	storeLog *logthrottle.Throttle
@@ -155,7 +166,7 @@ type Server struct {
 // New returns a Server.
 func New(o Options) *Server {
 	o.defaults()
-	return &Server{o: o, streams: map[*stream]struct{}{}, groups: map[string]map[*bucket]struct{}{},
+	return &Server{o: o, streams: map[*stream]struct{}{}, perConn: map[string]int{}, groups: map[string]map[*bucket]struct{}{},
 		storeLog: logthrottle.New(logthrottle.Every, nil)}
 }
 
@@ -199,10 +210,19 @@ func (s *Server) Shutdown(ctx context.Context) {
 func (s *Server) serve(ss grpc.ServerStream) error {
 	st := &stream{srv: s, ss: ss, buckets: map[string]*bucket{}, out: make(chan *rlqsv3.RateLimitQuotaResponse, s.o.SendQueue),
 		quit: make(chan struct{}), cut: make(chan struct{})}
+	conn := connOf(ss.Context())
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
 		return errShutdown
+	}
+	if conn != "" && s.perConn[conn] >= s.o.StreamsPerConn {
+		s.mu.Unlock()
+		s.o.Metrics.refuse("per_connection")
+		return status.Errorf(codes.ResourceExhausted, "this connection already has %d RLQS streams open, the most rls allows on one connection (Envoy opens one per domain and filter config): end one, or open another connection", s.o.StreamsPerConn)
+	}
+	if conn != "" {
+		s.perConn[conn]++
 	}
 	s.streams[st] = struct{}{}
 	s.wg.Add(1)
@@ -212,6 +232,11 @@ func (s *Server) serve(ss grpc.ServerStream) error {
 		st.end()
 		s.mu.Lock()
 		delete(s.streams, st)
+		if conn != "" {
+			if s.perConn[conn]--; s.perConn[conn] == 0 {
+				delete(s.perConn, conn)
+			}
+		}
 		s.mu.Unlock()
 		s.o.Metrics.addStreams(-1)
 		s.wg.Done()
@@ -231,6 +256,25 @@ func (s *Server) serve(ss grpc.ServerStream) error {
 	case err := <-sent:
 		return err
 	}
+}
+
+// connOf names the TCP connection a stream came on by its two addresses,
+// or returns "" for any other transport (Unix-socket peers share one
+// address, and one sidecar is all such a socket serves).
+func connOf(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return ""
+	}
+	r, ok := p.Addr.(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	local := ""
+	if p.LocalAddr != nil {
+		local = p.LocalAddr.String()
+	}
+	return r.String() + " " + local
 }
 
 // stream is one StreamRateLimitQuotas stream: one Envoy and one domain.

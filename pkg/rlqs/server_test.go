@@ -61,18 +61,30 @@ func newHarness(t *testing.T, o Options) *harness {
 	o.Store, o.Resolver, o.Metrics = h.st, h.svc, h.m
 	h.srv = New(o)
 	lis := bufconn.Listen(1 << 20)
+	h.serve(t, lis)
+	h.conn = dial(t, "passthrough:///buf", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}))
+	return h
+}
+
+// serve serves h.srv on lis until the test ends.
+func (h *harness) serve(t *testing.T, lis net.Listener) {
 	gs := grpc.NewServer(grpc.ForceServerCodecV2(service.Codec()))
 	h.srv.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
-	h.conn, err = grpc.NewClient("passthrough:///buf", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-		return lis.DialContext(ctx)
-	}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// dial returns a client connection to target, closed when the test ends.
+func dial(t *testing.T, target string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(target, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = h.conn.Close() })
-	return h
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }
 
 // raw is a message sent and received as bytes, so tests can send what Go's
@@ -87,9 +99,22 @@ func (rawCodec) Name() string                    { return "proto" }
 
 func (h *harness) rawStream(t *testing.T) grpc.ClientStream {
 	t.Helper()
+	return rawStreamOn(t, h.conn)
+}
+
+// rawStreamOn opens a raw StreamRateLimitQuotas stream on conn.
+func rawStreamOn(t *testing.T, conn *grpc.ClientConn) grpc.ClientStream {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
-	cs, err := h.conn.NewStream(ctx, &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0], rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName,
+	return rawStreamCtx(t, ctx, conn)
+}
+
+// rawStreamCtx opens a raw StreamRateLimitQuotas stream on conn that ends
+// with ctx.
+func rawStreamCtx(t *testing.T, ctx context.Context, conn *grpc.ClientConn) grpc.ClientStream {
+	t.Helper()
+	cs, err := conn.NewStream(ctx, &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0], rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName,
 		grpc.ForceCodec(rawCodec{}))
 	if err != nil {
 		t.Fatal(err)
@@ -407,4 +432,47 @@ func (h *harness) remaining(t *testing.T, id map[string]string) uint64 {
 		t.Fatal(err)
 	}
 	return res[0].Remaining
+}
+
+// TestStreamsPerConnCapped: over real TCP, a connection holding the most
+// streams rls allows gets ResourceExhausted naming the cap for one more;
+// another connection is not affected, and the first can open a stream
+// again once one of its own ends.
+func TestStreamsPerConnCapped(t *testing.T) {
+	h := newHarness(t, Options{StreamsPerConn: 2})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.serve(t, lis)
+	first := dial(t, lis.Addr().String())
+	id := map[string]string{"open": "x"}
+	answered := func(cs grpc.ClientStream) error {
+		if err := cs.SendMsg(&raw{encodeReport("d", 0, 1, 0, id)}); err != nil {
+			return err
+		}
+		return cs.RecvMsg(&raw{})
+	}
+	ctx, cancelFirst := context.WithCancel(context.Background())
+	defer cancelFirst()
+	if err := answered(rawStreamCtx(t, ctx, first)); err != nil {
+		t.Fatalf("stream 1 within the cap: %v", err)
+	}
+	if err := answered(rawStreamOn(t, first)); err != nil {
+		t.Fatalf("stream 2 within the cap: %v", err)
+	}
+	err = answered(rawStreamOn(t, first))
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "already has 2 RLQS streams open") {
+		t.Fatalf("third stream on one connection: %v, want ResourceExhausted naming the cap of 2", err)
+	}
+	if got := testutil.ToFloat64(h.m.refused.WithLabelValues("per_connection")); got != 1 {
+		t.Errorf("rls_rlqs_refused_total{reason=per_connection} = %v, want 1", got)
+	}
+	if err := answered(rawStreamOn(t, dial(t, lis.Addr().String()))); err != nil {
+		t.Errorf("a stream on another connection: %v, want an answer", err)
+	}
+	cancelFirst() // the client goes away: its stream ends on the server
+	testkit.WaitFor(t, "a stream slot freed on the first connection", 10*time.Second, func() bool {
+		return answered(rawStreamOn(t, first)) == nil
+	})
 }
