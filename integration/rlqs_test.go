@@ -31,7 +31,7 @@ descriptors:
 
 // rlqsFleet starts one Redis, two rls replicas on it and four fake Envoys,
 // two on each replica (each falling over to the other).
-func rlqsFleet(t *testing.T, alg string) ([]*rlsProc, []*fakeEnvoy) {
+func rlqsFleet(t *testing.T, alg string) (*redistest.Server, []*rlsProc, []*fakeEnvoy) {
 	t.Helper()
 	srv := redistest.StartServer(t)
 	dir := writeConfig(t, rlqsConfig(alg))
@@ -47,7 +47,7 @@ func rlqsFleet(t *testing.T, alg string) ([]*rlsProc, []*fakeEnvoy) {
 		es = append(es, e)
 		t.Cleanup(e.close)
 	}
-	return ps, es
+	return srv, ps, es
 }
 
 // TestRLQSFleetFixedWindow: 4 Envoys on 2 replicas share one limit, each
@@ -57,7 +57,7 @@ func rlqsFleet(t *testing.T, alg string) ([]*rlsProc, []*fakeEnvoy) {
 // window, and the window of the stop and the one after, while its Envoys
 // move over).
 func TestRLQSFleetFixedWindow(t *testing.T) {
-	ps, es := rlqsFleet(t, "fixed_window")
+	srv, ps, es := rlqsFleet(t, "fixed_window")
 	id := map[string]string{"api_key": "k"}
 	share := int64(rlqsLimit / 4)
 	first := waitSecond()
@@ -81,6 +81,16 @@ func TestRLQSFleetFixedWindow(t *testing.T) {
 		}
 	}
 	load.end()
+	// The replicas shared their demand for the key through Redis; the one
+	// stopped withdrew its own.
+	rdb := srv.Client()
+	defer rdb.Close()
+	hashes, err := rdb.Keys(context.Background(), "rls:rlqs-demand:*").Result()
+	if err != nil || len(hashes) != 1 {
+		t.Errorf("demand hashes %v (%v), want one for the key", hashes, err)
+	} else if n := rdb.HLen(context.Background(), hashes[0]).Val(); n != 1 {
+		t.Errorf("%s holds %d replicas' demand after one replica stopped, want 1", hashes[0], n)
+	}
 	calls := metricValues(t, ps[0].HTTPAddr)
 	for w := first; w < first+windows; w++ {
 		got := load.window(w)
@@ -91,11 +101,10 @@ func TestRLQSFleetFixedWindow(t *testing.T) {
 		// The windows of a change (the first skewed one: shares follow a
 		// report later; the replica's stop and the next, while its Envoys
 		// fall back and reconnect) are exempt from the 80 %.
-		// While skewed, each replica's part of the limit (the limit over
-		// the fleet size, which stays 2 for its heartbeat hold after the
-		// stop) is divided by its own streams' demand and topped up from
-		// what is left (replicas do not share demand yet, docs/rlqs.md):
-		// the bound there is 75 %.
+		// While skewed, and after the stop, the windows lose more at their
+		// boundaries (docs/rlqs.md, "Not yet"), although each replica's part
+		// follows its share of the fleet's demand shared through Redis: the
+		// bound there is 75 %.
 		want := rlqsLimit * 8 / 10
 		if w >= skewedAt {
 			want = rlqsLimit * 75 / 100
@@ -115,7 +124,7 @@ func TestRLQSFleetFixedWindow(t *testing.T) {
 // admits more than the limit in any window (and, with 1 s windows, about
 // half of it: see the note below and docs/rlqs.md).
 func TestRLQSFleetSlidingWindow(t *testing.T) {
-	_, es := rlqsFleet(t, "sliding_window")
+	_, _, es := rlqsFleet(t, "sliding_window")
 	id := map[string]string{"api_key": "k"}
 	first := waitSecond()
 	load := startLoad(es, id, 200, 200, 200, 200)
@@ -144,7 +153,7 @@ func TestRLQSFleetSlidingWindow(t *testing.T) {
 // burst plus its rate over the run and the grants' lead (rate x TTL, the
 // stated bound), and at least 80 % of its rate after the first seconds.
 func TestRLQSFleetTokenBucket(t *testing.T) {
-	_, es := rlqsFleet(t, "token_bucket")
+	_, _, es := rlqsFleet(t, "token_bucket")
 	id := map[string]string{"api_key": "k"}
 	first := waitSecond()
 	start := time.Now()

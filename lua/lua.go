@@ -74,6 +74,15 @@ var FleetSource string
 // returns the number of live replicas (see fleet.lua).
 var Fleet = redis.NewScript(FleetSource)
 
+// DemandSource is the text of demand.lua.
+//
+//go:embed demand.lua
+var DemandSource string
+
+// Demand shares one replica's RLQS demand for a counter with the fleet and
+// returns the fleet's (see demand.lua).
+var Demand = redis.NewScript(DemandSource)
+
 // The tag bytes of decide.lua's stored state (TAG_* in decide.lua).
 const (
 	TagSliding     = 's'

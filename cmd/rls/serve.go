@@ -395,7 +395,11 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis",
 	})
 	a.admin.Register(service.NewAdmin(a.svc, a.st, a.lim))
-	a.rlqs = rlqs.Enable(cfg.RLQS, a.reg, rlqs.Options{Store: a.tracing.Store(a.st), Resolver: a.svc, Fleet: a.fleet.Size, Log: a.log})
+	o := rlqs.Options{Store: a.tracing.Store(a.st), Resolver: a.svc, Fleet: a.fleet.Size, Log: a.log}
+	if rs, ok := a.rawStore.(*redisstore.Store); ok {
+		o.Demand = rs.ShareDemand // replicas' parts of a limit follow their demand
+	}
+	a.rlqs = rlqs.Enable(cfg.RLQS, a.reg, o)
 }
 
 // buildReloader makes the config directory's watcher: every valid new

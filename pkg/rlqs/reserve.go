@@ -131,8 +131,7 @@ func (s *Server) period(b *bucket, now time.Time) (int64, time.Time) {
 
 // share returns the hits b may be granted until windowEnd (a windowed rule:
 // a part of the window's limit) or for ttl seconds (a token bucket: a part
-// of its rate times ttl): this replica's part (the limit over the fleet's
-// size), divided among this replica's streams of the same key by their
+// of its rate times ttl): this replica's part (see part), divided among this replica's streams of the same key by their
 // reported demand, never below MinShare, and never above demandHeadroom
 // times its own demand over the grant's TTL plus MinShare (the rest stays
 // in the store for others' top-ups).
@@ -157,12 +156,102 @@ func (s *Server) share(b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
 	if total > 0 {
 		frac = mine / total
 	}
-	fleet := max(1, s.o.Fleet())
-	x := uint64(rate * span * frac / float64(fleet))
+	x := uint64(rate * span * frac * s.part(b, total, now))
 	if mine > 0 {
 		x = min(x, uint64(demandHeadroom*mine*max(1, min(float64(ttl), span*w)))+s.o.MinShare)
 	}
 	return max(x, s.o.MinShare)
+}
+
+// part returns this replica's part of b's limit, here being its demand for
+// b's key over all its streams: its share of the fleet's demand, shared
+// through Options.Demand; or, without Demand, when it fails or while no
+// demand is known here, one over the fleet's size.
+func (s *Server) part(b *bucket, here float64, now time.Time) float64 {
+	even := 1 / float64(max(1, s.o.Fleet()))
+	if s.o.Demand == nil || here <= 0 {
+		return even
+	}
+	fleet, ok := s.fleetDemand(b, here, now)
+	if !ok || fleet <= 0 {
+		return even
+	}
+	return here / max(fleet, here)
+}
+
+// demandSeen is the fleet's demand for a key, less this replica's, as last
+// read through Options.Demand.
+type demandSeen struct {
+	others float64
+	at     time.Time
+}
+
+// demandReuse is how long a reading of the fleet's demand serves the other
+// streams of the same key here (their pushes at one boundary) without
+// another store call.
+const demandReuse = 250 * time.Millisecond
+
+// demandBackoff is how long after a failed Demand call grants are sized
+// without asking again (a Redis that is down, or a user whose ACL lacks the
+// hash commands, costs one call per backoff, not one per grant).
+const demandBackoff = 5 * time.Second
+
+// fleetDemand shares here (this replica's demand for b's key) and returns
+// the fleet's; false when the store could not answer.
+func (s *Server) fleetDemand(b *bucket, here float64, now time.Time) (float64, bool) {
+	key := b.check.Key
+	s.mu.Lock()
+	seen, ok := s.demands[key]
+	s.mu.Unlock()
+	if age := now.Sub(seen.at); ok && age >= 0 && age < demandReuse {
+		return seen.others + here, true
+	}
+	if now.UnixNano() < s.demandDown.Load() {
+		return 0, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.o.StoreTimeout)
+	defer cancel()
+	fleet, err := s.o.Demand(ctx, key, here, s.demandTTL(b))
+	if err != nil {
+		s.demandDown.Store(now.Add(demandBackoff).UnixNano())
+		if held, ok := s.storeLog.Allow(); ok {
+			s.o.Log.Warn("rlqs: sharing demand failed; this replica takes the limit over the fleet's size", "err", err, "held", held,
+				"retry_in", demandBackoff)
+		}
+		return 0, false
+	}
+	s.mu.Lock()
+	s.demands[key] = demandSeen{others: max(0, fleet-here), at: now}
+	s.mu.Unlock()
+	return fleet, true
+}
+
+// demandTTL is how long a replica's demand for b's key holds: two of its
+// pushes (a window, or a token-bucket grant's Period), and at least the
+// fleet's heartbeat TTL, 6 s. A replica that stopped cleanly withdrew it.
+func (s *Server) demandTTL(b *bucket) time.Duration {
+	d := 2 * b.check.Window
+	if b.check.Algorithm == store.TokenBucket {
+		d = 2 * s.o.Period
+	}
+	return max(d, 6*time.Second)
+}
+
+// withdrawDemand withdraws this replica's demand for keys (those it shared
+// one for), so that the replicas left take the whole limit at their next
+// push; it stops when ctx is done.
+func (s *Server) withdrawDemand(ctx context.Context, keys []string) {
+	if s.o.Demand == nil {
+		return
+	}
+	for _, k := range keys {
+		if ctx.Err() != nil {
+			return
+		}
+		c, cancel := context.WithTimeout(ctx, s.o.StoreTimeout)
+		_, _ = s.o.Demand(c, k, 0, time.Second)
+		cancel()
+	}
 }
 
 func (s *Server) join(b *bucket) {
@@ -183,6 +272,7 @@ func (s *Server) leave(b *bucket) {
 		delete(g, b)
 		if len(g) == 0 {
 			delete(s.groups, b.check.Key)
+			delete(s.demands, b.check.Key) // its record in the store expires
 		}
 	}
 }

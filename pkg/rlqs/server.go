@@ -96,9 +96,16 @@ type Options struct {
 	// MinShare is the least grant, in hits per window, of a bucket with
 	// demand while the rule has budget [1].
 	MinShare uint64
-	// Fleet returns the number of rls replicas sharing the store; each
-	// divides a rule's limit among its own streams by their demand [1].
+	// Fleet returns the number of rls replicas sharing the store; without
+	// Demand (or when it fails) each takes the limit over this number as
+	// its part, and divides that among its own streams by their demand [1].
 	Fleet func() int
+	// Demand shares this replica's demand for a counter (hits per second
+	// over its streams of the key) with the other replicas for ttl, and
+	// returns the fleet's, this replica's included; 0 withdraws it. Each
+	// replica's part of a limit then follows its share of the fleet's
+	// demand [nil: the limit over Fleet].
+	Demand func(ctx context.Context, key string, demand float64, ttl time.Duration) (float64, error)
 	// SendQueue bounds the responses waiting to be sent on one stream; a
 	// stream whose client does not read them is cut [64].
 	SendQueue int
@@ -153,20 +160,22 @@ func (o *Options) defaults() {
 
 // Server implements StreamRateLimitQuotas.
 type Server struct {
-	o        Options
-	mu       sync.Mutex
-	streams  map[*stream]struct{}
-	perConn  map[string]int                  // open streams by TCP connection (connOf)
-	groups   map[string]map[*bucket]struct{} // by store key: the buckets of every stream counting on it
-	closing  bool
-	storeLog *logthrottle.Throttle
-	wg       sync.WaitGroup
+	o          Options
+	mu         sync.Mutex
+	streams    map[*stream]struct{}
+	perConn    map[string]int                  // open streams by TCP connection (connOf)
+	groups     map[string]map[*bucket]struct{} // by store key: the buckets of every stream counting on it
+	closing    bool
+	demands    map[string]demandSeen // by store key: the fleet's demand as last read (Options.Demand)
+	demandDown atomic.Int64          // unix nanoseconds until which Demand is not called (demandBackoff)
+	storeLog   *logthrottle.Throttle
+	wg         sync.WaitGroup
 }
 
 // New returns a Server.
 func New(o Options) *Server {
 	o.defaults()
-	return &Server{o: o, streams: map[*stream]struct{}{}, perConn: map[string]int{}, groups: map[string]map[*bucket]struct{}{},
+	return &Server{o: o, streams: map[*stream]struct{}{}, perConn: map[string]int{}, demands: map[string]demandSeen{}, groups: map[string]map[*bucket]struct{}{},
 		storeLog: logthrottle.New(logthrottle.Every, nil)}
 }
 
@@ -195,10 +204,15 @@ func (s *Server) Shutdown(ctx context.Context) {
 	for st := range s.streams {
 		sts = append(sts, st)
 	}
+	shared := make([]string, 0, len(s.demands))
+	for k := range s.demands {
+		shared = append(shared, k)
+	}
 	s.mu.Unlock()
 	for _, st := range sts {
 		st.expireAll()
 	}
+	s.withdrawDemand(ctx, shared)
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
 	select {

@@ -476,3 +476,68 @@ func TestStreamsPerConnCapped(t *testing.T) {
 		return answered(rawStreamOn(t, first)) == nil
 	})
 }
+
+// worstOf returns what an assignment can admit at most: its bucket and its
+// refill over its TTL (0 for a blanket rule).
+func worstOf(a *rlqsv3.RateLimitQuotaResponse_BucketAction) uint64 {
+	q := a.GetQuotaAssignmentAction()
+	tb := q.GetRateLimitStrategy().GetTokenBucket()
+	if tb == nil {
+		return 0
+	}
+	return uint64(tb.MaxTokens) + uint64(tb.TokensPerFill.Value)*uint64(q.AssignmentTimeToLive.Seconds)/uint64(tb.FillInterval.Seconds)
+}
+
+// demandCall is one call of a fake Options.Demand.
+type demandCall struct {
+	key    string
+	demand float64
+	ttl    time.Duration
+}
+
+// TestShareFollowsFleetDemand: with Options.Demand, a replica's part of a
+// limit is its share of the fleet's demand (here a quarter), shared under
+// the counter's key; at shutdown it withdraws it. When Demand fails, the
+// part is the limit over the fleet's size, and Demand is not asked again
+// for demandBackoff.
+func TestShareFollowsFleetDemand(t *testing.T) {
+	var calls []demandCall
+	var fail bool
+	demand := func(_ context.Context, key string, d float64, ttl time.Duration) (float64, error) {
+		calls = append(calls, demandCall{key, d, ttl}) // calls are serialized by the stream
+		if fail {
+			return 0, status.Error(codes.Unavailable, "redis down")
+		}
+		return d + 3000, nil // three times this replica's demand elsewhere
+	}
+	grant := func(h *harness, key string) uint64 {
+		cs := h.rawStream(t)
+		if err := cs.SendMsg(&raw{encodeReport("d", 0, 0, 1000, map[string]string{"api_key": key})}); err != nil {
+			t.Fatal(err)
+		}
+		a := recv(t, cs).BucketAction[0]
+		checkAssignment(t, a)
+		return worstOf(a)
+	}
+
+	h := newHarness(t, Options{Demand: demand})
+	if got := grant(h, "k"); got < 200 || got > 260 {
+		t.Errorf("grant %d with a quarter of the fleet's demand here, want about 250 of the limit 1000", got)
+	}
+	if len(calls) != 1 || calls[0].key == "" || calls[0].demand != 1000 || calls[0].ttl < 6*time.Second {
+		t.Fatalf("Demand calls %+v, want one sharing 1000 hits/s under the counter's key for >= 6 s", calls)
+	}
+	h.srv.Shutdown(context.Background())
+	if last := calls[len(calls)-1]; len(calls) != 2 || last.key != calls[0].key || last.demand != 0 {
+		t.Errorf("Demand calls after Shutdown %+v, want the key's demand withdrawn (0)", calls)
+	}
+
+	calls, fail = nil, true
+	h = newHarness(t, Options{Demand: demand})
+	if got := grant(h, "k"); got < 900 {
+		t.Errorf("grant %d while Demand fails, want the whole limit 1000 (fleet of 1)", got)
+	}
+	if got := grant(h, "other"); got < 900 || len(calls) != 1 {
+		t.Errorf("second key while Demand fails: grant %d, %d Demand calls; want the whole limit and no second call within the backoff", got, len(calls))
+	}
+}

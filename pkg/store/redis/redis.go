@@ -63,6 +63,8 @@ type Store struct {
 	// the script after one (CounterCalls).
 	counterStats [2]atomic.Uint64
 	fleetKey     string // KeyPrefix + FleetKey
+	demandPrefix string // KeyPrefix + DemandKeyPart
+	replica      string // this process's id in the demand hashes (replicaID)
 
 	brOpts       breaker.Options
 	onChange     func(node string, from, to breaker.State)
@@ -86,7 +88,8 @@ func New(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{client: o.Client, timeout: o.Timeout, now: o.Clock, counters: !o.NoCounters, brOpts: o.Breaker, onChange: o.OnBreakerChange,
-		onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch, fleetKey: o.KeyPrefix + FleetKey}
+		onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch, fleetKey: o.KeyPrefix + FleetKey,
+		demandPrefix: o.KeyPrefix + DemandKeyPart, replica: replicaID()}
 	if s.client == nil {
 		p, err := o.clientOptions()
 		if err != nil {

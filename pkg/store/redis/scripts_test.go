@@ -273,6 +273,7 @@ var ACLRules = []string{"~*", "resetchannels", "-@all",
 	"+time", "+mget", "+set", "+pttl", "+pexpire", // run by decide.lua
 	"+incrby",                                       // counter calls (with +time)
 	"+zremrangebyscore", "+zadd", "+zcard", "+zrem", // the fleet's heartbeats
+	"+hset", "+hdel", "+hgetall", // RLQS demand shared by the replicas
 	"+del", "+ping", "+hello", "+cluster|slots", "+cluster|shards"}
 
 // TestACLRules: a user with just ACLRules decides, peeks, deletes and
@@ -320,6 +321,9 @@ func TestACLRules(t *testing.T) {
 		}
 		if err := s.Leave(ctx, "r1"); err != nil {
 			t.Errorf("%s: Leave: %v", tc.user, err)
+		}
+		if d, err := s.ShareDemand(ctx, key, 5, time.Second); err != nil || d != 5 {
+			t.Errorf("%s: ShareDemand = %v, %v", tc.user, d, err)
 		}
 		if err := s.Delete(ctx, key); err != nil {
 			t.Errorf("%s: Delete: %v", tc.user, err)
