@@ -340,3 +340,62 @@ func recvRLQS(t *testing.T, cs grpc.ClientStream) *rlqsv3.RateLimitQuotaResponse
 	}
 	return resp
 }
+
+// TestRLQSRedisPaused: Redis hangs (SIGSTOP) for three windows under two
+// Envoys each sending twice its share, with a deny-all expiry fallback. No
+// window passes the limit; the windows wholly inside the hang admit
+// nothing (no grant is sent that the store did not reserve); the streams
+// stay up; and once Redis answers again grants resume without a reconnect.
+func TestRLQSRedisPaused(t *testing.T) {
+	srv := redistest.StartServer(t)
+	t.Cleanup(srv.Resume) // before the server is stopped
+	p := startRLSFast(t, writeConfig(t, rlqsConfig("fixed_window")), "--store", "redis", "--redis-url", srv.URL())
+	var es []*fakeEnvoy
+	for i := 0; i < 2; i++ {
+		e := newFakeEnvoy("d", time.Second, p.GRPCAddr)
+		e.expiredDeny = true
+		es = append(es, e)
+		t.Cleanup(e.close)
+	}
+	id := map[string]string{"api_key": "paused"}
+	first := waitSecond()
+	load := startLoad(es, id, rlqsLimit, rlqsLimit)
+	defer load.end()
+	const pauseAt, resumeAt, windows = 3, 6, 11
+	for w := first; w < first+windows; w++ {
+		time.Sleep(time.Until(time.Unix(w, 0)))
+		switch w - first {
+		case pauseAt:
+			srv.Pause()
+		case resumeAt:
+			srv.Resume()
+		}
+	}
+	time.Sleep(time.Until(time.Unix(first+windows, 0)))
+	load.end()
+	for w := first; w < first+windows; w++ {
+		got, i := load.window(w), w-first
+		t.Logf("window %d: admitted %d of %d", i, got, rlqsLimit)
+		if got > rlqsLimit {
+			t.Errorf("window %d: admitted %d, over the limit %d", i, got, rlqsLimit)
+		}
+		// The window the hang begins in may still run on its grant; the
+		// next ones have none the store reserved.
+		if i > pauseAt && i < resumeAt && got != 0 {
+			t.Errorf("window %d (Redis hung): admitted %d, want 0 (deny-all fallback, no unreserved grant)", i, got)
+		}
+		// Grants resume within two windows of Redis answering (a failed
+		// push is retried after 1 s; the sharing of demand backs off 5 s
+		// but does not hold grants back).
+		if i >= resumeAt+2 && got < rlqsLimit/2 {
+			t.Errorf("window %d (Redis back for %d s): admitted %d, under half the limit", i, i-resumeAt, got)
+		}
+	}
+	for i, e := range es {
+		e.mu.Lock()
+		if e.streams != 1 {
+			t.Errorf("Envoy %d opened %d streams, want 1: the stream should outlive the hang (errors %v)", i, e.streams, e.recvErrs)
+		}
+		e.mu.Unlock()
+	}
+}
