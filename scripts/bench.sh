@@ -16,6 +16,7 @@
 #   BENCH_DURATION=10s BENCH_ROUNDS=1 BENCH_STORES="memory redis cluster" BENCH_MICRO_COUNT=5 make bench
 #   BENCH_QUICK=1 make bench      # = make bench-quick: 3 s runs, one round, single Redis only, into bin/bench-quick/
 #   BENCH_PEER_ENV="REDIS_PIPELINE_WINDOW=150us" make bench   # extra env for the peer, recorded in the report
+#   BENCH_RLS_ARGS="--default-algorithm fixed_window" make bench   # extra rls flags (here the peer's algorithm), recorded too
 #   BENCH_STORES=redis BENCH_SCENARIOS="a c d e f g" make bench   # some scenarios only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +60,7 @@ else
   OUT=${BENCH_OUT:-docs/bench}; DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
 fi
 PEER_ENV=${BENCH_PEER_ENV:-}
+read -r -a RLS_ARGS <<<"${BENCH_RLS_ARGS:-}"
 # envoyproxy/ratelimit's main branch at 3fb7025 (2026-01-22), the version
 # the side-by-side figures compare with; its binary is the service_cmd package.
 PEER_MOD=github.com/envoyproxy/ratelimit
@@ -185,7 +187,7 @@ start_redis_cluster() {
 start_rls() {
   read -r GRPC HTTP <<<"$(free_ports 2)"
   bin/rls serve --config-dir "$WORK/config" --grpc-addr "127.0.0.1:$GRPC" --http-addr "127.0.0.1:$HTTP" \
-    --debug-addr '' --admin-addr '' --log-level warn "$@" > "$WORK/rls-$GRPC.log" 2>&1 &
+    --debug-addr '' --admin-addr '' --log-level warn "$@" "${RLS_ARGS[@]}" > "$WORK/rls-$GRPC.log" 2>&1 &
   RLS=$!; PIDS+=($RLS); wait_server "$RLS" "$GRPC" "$WORK/rls-$GRPC.log"
 }
 # start_peer REDIS_PORT: envoyproxy/ratelimit on the single Redis, its local
@@ -230,12 +232,13 @@ ONLY=${BENCH_SCENARIOS:-}
 # meta STORE: how this store's results were taken, for the report.
 meta() {
   python3 - "$OUT/meta-$1.json" "$1" "$DUR" "$WARMUP" "$ROUNDS" "$QUICK" "$PEER_VERSION" "$PEER_ENV" \
-    "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo +changes)" "$CMD" "${PEER_FIXED_ENV[*]//"$WORK"/\$WORK}" <<'PY'
+    "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo +changes)" "$CMD" "${PEER_FIXED_ENV[*]//"$WORK"/\$WORK}" \
+    "${RLS_ARGS[*]}" <<'PY'
 import json, sys, time
-f, store, dur, warm, rounds, quick, pv, penv, commit, cmd, fixed = sys.argv[1:]
+f, store, dur, warm, rounds, quick, pv, penv, commit, cmd, fixed, rargs = sys.argv[1:]
 json.dump({"store": store, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "duration": dur, "warmup": warm,
            "rounds": int(rounds), "quick": quick == "1", "commit": commit, "command": cmd, "peer_version": pv,
-           "peer_env": fixed, "peer_extra_env": penv}, open(f, "w"), indent=1)
+           "peer_env": fixed, "peer_extra_env": penv, "rls_extra_args": rargs}, open(f, "w"), indent=1)
 PY
 }
 bench_run() { # OUTFILE ARGS...: one measured run, its one-line summary on stdout

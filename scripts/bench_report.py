@@ -206,7 +206,9 @@ def side_by_side(out_dir, meta):
                    "`EXPIRATION_JITTER_MAX_SECONDS=300`, `NEAR_LIMIT_RATIO=0.8`, stats flushed every 10 s to a logging sink, GOGC 100). "
                    "Its local over-limit cache is on (64 MiB).")
         out.append("- rls: `bin/rls serve --store redis --redis-url redis://127.0.0.1:<port> --log-level warn --debug-addr ''` "
-                   "built from this worktree, every other flag at its default.")
+                   "built from this worktree, "
+                   + (f"with `{meta['rls_extra_args']}`, " if meta.get('rls_extra_args') else "")
+                   + "every other flag at its default.")
         out.append("- Every figure of this section comes from this run: none is compared with a figure of another day.")
         out.append("")
     # Targets table.
