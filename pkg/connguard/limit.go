@@ -117,8 +117,8 @@ func (l *Listener) Accept() (net.Conn, error) {
 		}
 		if n := l.n.Add(1); l.max > 0 && n > l.max && !l.evictIdle() {
 			l.n.Add(-1)
+			l.refused.Inc() // counted before the peer can see the close
 			c.Close()
-			l.refused.Inc()
 			if held, ok := l.warned.Allow(); ok {
 				l.log.Warn("connection limit reached with a call in flight on every connection; closing new connections",
 					"port", l.port, "max_conns", l.max, "refused", held+1, "note", "logged at most every "+l.warned.Interval().String())
@@ -165,8 +165,8 @@ func (l *Listener) evictIdle() bool {
 			return false
 		}
 		if victim.claim() {
+			l.evicted.Inc() // counted before the peer can see the close
 			victim.Close()
-			l.evicted.Inc()
 			if held, ok := l.warnedEv.Allow(); ok {
 				l.log.Warn("connection limit reached; closed the longest-idle connection to accept a new one",
 					"port", l.port, "max_conns", l.max, "peer", victim.RemoteAddr().String(), "evicted", held+1,
