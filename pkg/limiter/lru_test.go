@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"testing"
@@ -138,51 +139,66 @@ func TestLRUBytesEvictsLeastRecentlyUsed(t *testing.T) {
 
 // TestLRUEntryOverhead measures what an entry of each local table costs
 // beyond its key and checks the overhead constants cover it, at several
-// points of the maps' growth.
+// points of the maps' growth. HeapAlloc counts every goroutine's garbage
+// and allocations, so a size whose figure is over is measured again (up
+// to three times) and the least of its figures is the one held to the
+// constant: others' allocations only ever add to a figure.
 func TestLRUEntryOverhead(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measures the heap")
 	}
+	names := []string{"over_limit_cache", "bucket", "write-back"}
+	overheads := []int{overLimitCacheOverhead, bucketOverhead, writeBackOverhead}
 	for _, n := range []int{30_000, 45_000, 60_000, 90_000} {
-		keys := make([]string, n)
-		for i := range keys {
-			keys[i] = fmt.Sprintf("k%015d", i) // 16 bytes: no size-class rounding
-		}
-		h0 := heapInUse()
-		kn := newLRU[overLimitEntry](1<<30, 1<<40, overLimitCacheOverhead)
-		for _, k := range keys {
-			put(kn, k, overLimitEntry{})
-		}
-		h1 := heapInUse()
-		lb := newLRU[*bucket](1<<30, 1<<40, bucketOverhead)
-		for _, k := range keys {
-			put(lb, k, &bucket{})
-		}
-		h2 := heapInUse()
-		var w writeBacks
-		w.init(1<<30, 1<<40)
-		b := &bucket{window: 1}
-		for _, k := range keys {
-			w.add(&store.Check{Key: k}, b, 0)
-		}
-		h3 := heapInUse()
-		for _, m := range []struct {
-			name     string
-			per      float64
-			overhead int
-		}{
-			{"over_limit_cache", float64(h1-h0) / float64(n), overLimitCacheOverhead},
-			{"bucket", float64(h2-h1) / float64(n), bucketOverhead},
-			{"write-back", float64(h3-h2) / float64(n), writeBackOverhead},
-		} {
-			t.Logf("%d keys: %s %.1f bytes per entry beyond the key (overhead %d)", n, m.name, m.per, m.overhead)
-			if m.per > float64(m.overhead) {
-				t.Errorf("%d keys: %s entries cost %.1f bytes beyond the key, over the overhead %d", n, m.name, m.per, m.overhead)
+		least := []float64{math.Inf(1), math.Inf(1), math.Inf(1)}
+		for attempt := 0; attempt < 3; attempt++ {
+			over := false
+			for i, per := range entryCosts(n) {
+				least[i] = min(least[i], per)
+				t.Logf("%d keys, attempt %d: %s %.1f bytes per entry beyond the key (overhead %d)", n, attempt+1, names[i], per, overheads[i])
+				over = over || least[i] > float64(overheads[i])
+			}
+			if !over {
+				break
 			}
 		}
-		runtime.KeepAlive(kn)
-		runtime.KeepAlive(lb)
-		runtime.KeepAlive(w.m)
-		runtime.KeepAlive(keys)
+		for i := range names {
+			if least[i] > float64(overheads[i]) {
+				t.Errorf("%d keys: %s entries cost %.1f bytes beyond the key (the least of 3 measures), over the overhead %d", n, names[i], least[i], overheads[i])
+			}
+		}
 	}
+}
+
+// entryCosts fills each local table with n keys of 16 bytes and returns
+// the heap each entry took beyond its key: over-limit cache, bucket,
+// write-back.
+func entryCosts(n int) [3]float64 {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%015d", i) // 16 bytes: no size-class rounding
+	}
+	h0 := heapInUse()
+	kn := newLRU[overLimitEntry](1<<30, 1<<40, overLimitCacheOverhead)
+	for _, k := range keys {
+		put(kn, k, overLimitEntry{})
+	}
+	h1 := heapInUse()
+	lb := newLRU[*bucket](1<<30, 1<<40, bucketOverhead)
+	for _, k := range keys {
+		put(lb, k, &bucket{})
+	}
+	h2 := heapInUse()
+	var w writeBacks
+	w.init(1<<30, 1<<40)
+	b := &bucket{window: 1}
+	for _, k := range keys {
+		w.add(&store.Check{Key: k}, b, 0)
+	}
+	h3 := heapInUse()
+	runtime.KeepAlive(kn)
+	runtime.KeepAlive(lb)
+	runtime.KeepAlive(w.m)
+	runtime.KeepAlive(keys)
+	return [3]float64{float64(h1-h0) / float64(n), float64(h2-h1) / float64(n), float64(h3-h2) / float64(n)}
 }
