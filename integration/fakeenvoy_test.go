@@ -310,6 +310,7 @@ func (e *fakeEnvoy) responses() []*rlqsv3.RateLimitQuotaResponse {
 type fleetLoad struct {
 	mu       sync.Mutex
 	admitted map[int64]int
+	offered  map[int64]int // requests sent, by second: the generator may fall behind on a busy machine
 	total    atomic.Int64
 	rates    []atomic.Int64
 	stop     chan struct{}
@@ -318,7 +319,7 @@ type fleetLoad struct {
 }
 
 func startLoad(envoys []*fakeEnvoy, id map[string]string, rates ...int64) *fleetLoad {
-	l := &fleetLoad{admitted: map[int64]int{}, rates: make([]atomic.Int64, len(envoys)), stop: make(chan struct{})}
+	l := &fleetLoad{admitted: map[int64]int{}, offered: map[int64]int{}, rates: make([]atomic.Int64, len(envoys)), stop: make(chan struct{})}
 	for i, e := range envoys {
 		l.rates[i].Store(rates[i])
 		l.wg.Add(1)
@@ -336,11 +337,15 @@ func startLoad(envoys []*fakeEnvoy, id map[string]string, rates ...int64) *fleet
 				}
 				owed += float64(l.rates[i].Load()) * tick.Seconds()
 				for ; owed >= 1; owed-- {
-					if e.request(id) {
-						sec := time.Now().Unix()
-						l.mu.Lock()
+					ok := e.request(id)
+					sec := time.Now().Unix()
+					l.mu.Lock()
+					l.offered[sec]++
+					if ok {
 						l.admitted[sec]++
-						l.mu.Unlock()
+					}
+					l.mu.Unlock()
+					if ok {
 						l.total.Add(1)
 					}
 				}
@@ -359,6 +364,13 @@ func (l *fleetLoad) window(sec int64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.admitted[sec]
+}
+
+// offeredIn returns the requests sent in second sec.
+func (l *fleetLoad) offeredIn(sec int64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.offered[sec]
 }
 
 // waitSecond sleeps until the Unix second after now begins and returns it.

@@ -94,7 +94,7 @@ func TestRLQSFleetFixedWindow(t *testing.T) {
 	calls := metricValues(t, ps[0].HTTPAddr)
 	for w := first; w < first+windows; w++ {
 		got := load.window(w)
-		t.Logf("window %d: admitted %d of %d", w-first, got, rlqsLimit)
+		t.Logf("window %d: admitted %d of %d (offered %d)", w-first, got, rlqsLimit, load.offeredIn(w))
 		if got > rlqsLimit {
 			t.Errorf("window %d: admitted %d, over the limit %d", w-first, got, rlqsLimit)
 		}
@@ -109,8 +109,16 @@ func TestRLQSFleetFixedWindow(t *testing.T) {
 		if w >= skewedAt {
 			want = rlqsLimit * 75 / 100
 		}
+		// The generator itself (this test's process, on a machine as busy
+		// as CI's) may fall behind: a window offered under 3/4 of its 2x
+		// load says nothing about the grants, which follow the demand
+		// reported before.
+		if offered := load.offeredIn(w); offered < 8*int(share)*3/4 {
+			t.Logf("window %d: the generator offered only %d of %d requests; its lower bound is not checked", w-first, offered, 8*share)
+			continue
+		}
 		if w > first && w != skewedAt && w != stoppedAt && w != stoppedAt+1 && got < want {
-			t.Errorf("window %d: admitted %d, under %d of %d", w-first, got, want, rlqsLimit)
+			t.Errorf("window %d: admitted %d, under %d of %d (offered %d)", w-first, got, want, rlqsLimit, load.offeredIn(w))
 		}
 	}
 	perReport := calls["rls_rlqs_store_calls_per_report_sum"] / calls["rls_rlqs_store_calls_per_report_count"]
