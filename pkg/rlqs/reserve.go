@@ -131,10 +131,11 @@ func (s *Server) period(b *bucket, now time.Time) (int64, time.Time) {
 
 // share returns the hits b may be granted until windowEnd (a windowed rule:
 // a part of the window's limit) or for ttl seconds (a token bucket: a part
-// of its rate times ttl): this replica's part (see part), divided among this replica's streams of the same key by their
-// reported demand, never below MinShare, and never above demandHeadroom
-// times its own demand over the grant's TTL plus MinShare (the rest stays
-// in the store for others' top-ups).
+// of its rate times ttl): this replica's part (see part), divided among
+// this replica's streams of the same key by their reported demand, never
+// below MinShare, and never above demandHeadroom times its own demand
+// over the grant's TTL plus MinShare (the rest stays in the store for
+// others' top-ups).
 func (s *Server) share(b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
 	w := b.check.Window.Seconds()
 	if w <= 0 {

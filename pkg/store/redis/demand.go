@@ -18,8 +18,9 @@ const DemandKeyPart = "rls:rlqs-demand:"
 // streams) for the counter key, to hold for ttl on Redis's clock (0
 // withdraws it), and returns the demand of every replica whose record
 // holds, this one's included: each replica's part of a limit then follows
-// its demand rather than being the limit over the fleet's size. Errors
-// wrap store.ErrUnavailable.
+// its demand rather than being the limit over the fleet's size. A demand
+// that is not a finite number of hits per second is refused; Redis's
+// errors wrap store.ErrUnavailable.
 func (s *Store) ShareDemand(ctx context.Context, key string, demand float64, ttl time.Duration) (float64, error) {
 	if math.IsNaN(demand) || math.IsInf(demand, 0) || demand < 0 {
 		return 0, fmt.Errorf("share demand of %q: %v is not a demand in hits per second", key, demand)

@@ -36,7 +36,7 @@ func (l *throttledLogger) Printf(_ context.Context, format string, v ...any) {
 // Fleet returns the fleet-size source of replicas sharing s: each beats
 // its heartbeat in Redis, and the fleet is the live ones, at least min.
 func (s *Store) Fleet(min int, log *slog.Logger) *limiter.Fleet {
-	id := replicaID()
+	id := s.replica
 	return limiter.NewFleet(limiter.FleetOptions{
 		Beat:     func(ctx context.Context) (int, error) { return s.Heartbeat(ctx, id, heartbeatTTL) },
 		Leave:    func(ctx context.Context) error { return s.Leave(ctx, id) },

@@ -64,7 +64,7 @@ type Store struct {
 	counterStats [2]atomic.Uint64
 	fleetKey     string // KeyPrefix + FleetKey
 	demandPrefix string // KeyPrefix + DemandKeyPart
-	replica      string // this process's id in the demand hashes (replicaID)
+	replica      string // this process's id in the fleet's heartbeats and the demand hashes (replicaID)
 
 	brOpts       breaker.Options
 	onChange     func(node string, from, to breaker.State)
