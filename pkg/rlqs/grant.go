@@ -34,12 +34,17 @@ func (g *grant) worst() uint64 {
 }
 
 // shape returns the grant of at most x hits over ttl seconds: a steady
-// rate of x/ttl per second after a small burst (a thirty-second, at least one:
-// enough that requests arriving in clumps do not lose the refill of a full
-// bucket, small because the next window is charged for it), so that an Envoy that starts a replaced bucket almost empty (the
-// newest Envoy seeds it with the old bucket's ratio of tokens) still admits
-// nearly x. Below ttl+1 hits it is a bucket of x tokens refilled once per
-// ttl+1 seconds (less than one refill within the ttl). x 0 is DENY_ALL.
+// rate of x/ttl per second after a small burst, so that an Envoy that
+// starts a replaced bucket almost empty (the newest Envoy seeds it with the
+// old bucket's ratio of tokens) still admits nearly x. The burst is a
+// thirty-second of x, at least four tokens (a quarter of x below 16, and
+// never so many that less than one token per second is left to refill): a
+// bucket of one token loses the refill that comes while it is full, which
+// with requests arriving at random at twice its rate is a third of it; two
+// tokens lose 6 %, four 0.3 %. It stays small because a boundary that
+// replaces the bucket is charged for it. Below ttl+1 hits it is a bucket
+// of x tokens refilled once per ttl+1 seconds (less than one refill within
+// the ttl). x 0 is DENY_ALL.
 func shape(x uint64, ttl int64) grant {
 	if ttl < 1 {
 		ttl = 1
@@ -51,7 +56,7 @@ func shape(x uint64, ttl int64) grant {
 	case x <= uint64(ttl):
 		g.max, g.per, g.fill = x, 1, ttl+1
 	default:
-		burst := max(1, x/32)
+		burst := min(max(1, min(4, x/4), x/32), x-uint64(ttl)) // at least 1 per second
 		g.per = (x - burst) / uint64(ttl)
 		g.max = x - g.per*uint64(ttl)
 		g.fill = 1

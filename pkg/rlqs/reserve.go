@@ -18,20 +18,20 @@ const boundarySlack = 5 * time.Millisecond
 // regrant reserves and returns b's next grant, with extra checks (write-
 // backs) decided in the same store call, and schedules the push after it.
 // At a push (boundary true) the next window is also charged what the
-// previous grant can admit after the boundary until the new one arrives:
-// its whole bucket and Overlap of refill. It returns the action (nil when
+// previous grant can admit after the boundary until the new one arrives
+// (chargeOverlap), out of the stream's share (keepShape). It returns the action (nil when
 // the store could not answer: Envoy's grant then runs out into its
 // expired_assignment_behavior) and the store calls made.
 func (st *stream) regrant(b *bucket, now time.Time, extra []store.Check, boundary bool) (*rlqsv3.RateLimitQuotaResponse_BucketAction, int) {
 	o := &st.srv.o
 	ttl, windowEnd := st.srv.period(b, now)
 	x := st.srv.share(b, ttl, windowEnd, now)
-	g := shape(x, ttl)
-	checks := extra
+	g, carried := st.keepShape(b, x, ttl, boundary)
+	checks, onShrink := extra, []store.Check(nil)
 	if boundary {
-		checks = st.chargeOverlap(b, checks)
+		checks, onShrink = st.chargeOverlap(b, checks, carried)
 	}
-	g, res, calls, err := st.reserve(b, g, ttl, checks)
+	g, res, calls, err := st.reserve(b, g, ttl, checks, onShrink)
 	if err != nil {
 		st.schedule(b, time.Second)
 		return nil, calls
@@ -63,25 +63,90 @@ func (st *stream) regrant(b *bucket, now time.Time, extra []store.Check, boundar
 }
 
 // chargeOverlap appends to checks the write-back of what b's previous
-// grant can admit after the boundary until the next one arrives: its whole
-// bucket and Overlap of refill.
-func (st *stream) chargeOverlap(b *bucket, checks []store.Check) []store.Check {
-	if !b.hasGrant || b.g.deny || b.g.allow {
-		return checks
+// grant can admit after the boundary until the next one arrives (see
+// overlapOf): its refill, and its bucket unless the next grant carries the
+// bucket over (carried: the same token bucket, which Envoy keeps, tokens
+// and all, restarting only its TTL; the bucket's tokens at the boundary are
+// then ones the next grant's own worst case already counts, as a limiter
+// never holds more than its max_tokens). A carried bucket goes in onShrink,
+// charged only if reserve shrinks the next grant (replaced after all).
+func (st *stream) chargeOverlap(b *bucket, checks []store.Check, carried bool) (all, onShrink []store.Check) {
+	bucket, over := st.overlapOf(b)
+	if carried && bucket > 0 {
+		onShrink = []store.Check{st.force(b, bucket)}
+	} else {
+		over += bucket
 	}
-	over := min(b.g.max, b.g.worst()) + uint64(math.Ceil(float64(b.g.per)*st.srv.o.Overlap.Seconds()/float64(b.g.fill)))
 	if over == 0 {
-		return checks
+		return checks, onShrink
 	}
 	st.srv.o.Metrics.addReserved(over)
-	return append(checks, st.force(b, over))
+	return append(checks, st.force(b, over)), onShrink
+}
+
+// overlapOf returns what b's active grant can admit after a boundary until
+// the next grant arrives: the tokens its bucket can hold, and Overlap of
+// its refill (zero for none, or a blanket grant).
+func (st *stream) overlapOf(b *bucket) (bucket, refill uint64) {
+	if !b.hasGrant || b.g.deny || b.g.allow {
+		return 0, 0
+	}
+	return min(b.g.max, b.g.worst()), uint64(math.Ceil(float64(b.g.per) * st.srv.o.Overlap.Seconds() / float64(b.g.fill)))
+}
+
+// keepShape returns the grant for a share of x hits over ttl seconds, and
+// whether it carries b's active bucket over. At a push (boundary) the
+// share pays for the boundary's charge (chargeOverlap), so that the
+// fleet's grants and charges together stay within the shares (else the
+// last stream to reserve in a window gets only what the others' charges
+// left). There an active token bucket that still fits the share, and
+// falls short of a fresh grant's worst case by at most a thirty-second of
+// the share, is kept as it is: Envoy
+// then carries its limiter over and only restarts the TTL, so an Envoy
+// whose demand holds steady keeps one bucket across windows, and its
+// tokens are not charged twice. Otherwise the grant is shaped afresh, made
+// distinct from the active bucket where Envoy would take one for the
+// other (see distinct).
+func (st *stream) keepShape(b *bucket, x uint64, ttl int64, boundary bool) (grant, bool) {
+	if boundary {
+		bucket, refill := st.overlapOf(b)
+		if old := b.g; bucket+refill > 0 {
+			k := grant{max: old.max, per: old.per, fill: old.fill, ttl: ttl}
+			if w := k.worst() + refill; w <= x && w+bucket >= x-x/32 {
+				return k, true
+			}
+		}
+		x = max(x-min(x, bucket+refill), min(x, st.srv.o.MinShare))
+	}
+	return st.distinct(b, shape(x, ttl)), false
+}
+
+// distinct returns g, changed where Envoy would take it for b's active
+// token bucket and keep that one: Envoy compares max_tokens,
+// tokens_per_fill and only the nanos of fill_interval, so two buckets of
+// the same max and tokens but other whole-second fill intervals are "the
+// same" to it, and the old fill rate would stay. Doubling tokens_per_fill
+// and fill_interval keeps g's rate and worst case and makes it another
+// bucket to Envoy.
+func (st *stream) distinct(b *bucket, g grant) grant {
+	old := b.g
+	if !b.hasGrant || old.deny || old.allow || g.deny || g.allow {
+		return g
+	}
+	for g.max == old.max && g.per == old.per && g.fill != old.fill {
+		g.per, g.fill = 2*g.per, 2*g.fill
+	}
+	return g
 }
 
 // reserve consumes g's worst case, with checks decided in the same call,
 // all or nothing; when it does not fit, it shrinks g to what is left and
 // consumes that in a second call, or makes it DENY_ALL. It returns the
 // grant reserved, the results of the last call and the calls made.
-func (st *stream) reserve(b *bucket, g grant, ttl int64, checks []store.Check) (grant, []store.Result, int, error) {
+//
+// onShrink are write-backs owed only when g is shrunk (see chargeOverlap):
+// they go with the second call, or alone when the shrunk grant is DENY_ALL.
+func (st *stream) reserve(b *bucket, g grant, ttl int64, checks, onShrink []store.Check) (grant, []store.Result, int, error) {
 	want := g.worst()
 	consume := b.check
 	consume.Hits, consume.Shadow = want, false
@@ -90,15 +155,22 @@ func (st *stream) reserve(b *bucket, g grant, ttl int64, checks []store.Check) (
 	if err != nil || res[len(res)-1].Allowed {
 		return g, res, 1, err
 	}
-	g = shape(min(res[len(res)-1].Remaining, want), ttl)
+	for _, c := range onShrink {
+		st.srv.o.Metrics.addReserved(c.Hits)
+	}
+	g = st.distinct(b, shape(min(res[len(res)-1].Remaining, want), ttl))
 	if consume.Hits = g.worst(); consume.Hits == 0 {
+		if len(onShrink) > 0 {
+			_ = st.srv.decide(onShrink) // a failure is logged; the grant is DENY_ALL
+			return g, res, 2, nil
+		}
 		return g, res, 1, nil
 	}
-	r2, err := st.srv.decideResults([]store.Check{consume})
-	if err != nil || !r2[0].Allowed {
+	r2, err := st.srv.decideResults(append(onShrink, consume))
+	if err != nil || !r2[len(r2)-1].Allowed {
 		return shape(0, ttl), res, 2, nil
 	}
-	return g, r2, 2, nil
+	return g, r2[len(r2)-1:], 2, nil
 }
 
 // period returns the TTL of b's next grant in whole seconds and, for a
@@ -358,13 +430,13 @@ func (st *stream) topUpLocked(b *bucket, now time.Time) *rlqsv3.RateLimitQuotaRe
 	if b.gone || st.ended || g.windowEnd.IsZero() || left <= 0 || extra == 0 {
 		return nil
 	}
-	got, _, _, err := st.reserve(b, shape(extra, 1), 1, nil)
+	got, _, _, err := st.reserve(b, shape(extra, 1), 1, nil, nil)
 	if err != nil || got.worst() == 0 {
 		return nil
 	}
 	extra = got.worst()
 	carry := uint64(float64(g.per) / float64(g.fill) * left.Seconds())
-	ng := shape(carry+extra, wholeSeconds(g.windowEnd.Sub(now)))
+	ng := st.distinct(b, shape(carry+extra, wholeSeconds(g.windowEnd.Sub(now))))
 	ng.reservedAt, ng.windowEnd, ng.reserved = now, g.windowEnd, g.reserved+extra
 	b.g = ng
 	b.covered += extra
