@@ -108,3 +108,61 @@ func usecOf(b *testing.B, c *redis.Client, cmd string) int64 {
 	b.Fatalf("no commandstats for %s", cmd)
 	return 0
 }
+
+// BenchmarkScriptCostCold is BenchmarkScriptCost's calls one at a time,
+// about 200 us apart, with 8 MiB of other memory touched before every
+// fourth: the regime of make bench's scenario (e) (5,000 decisions/s on a
+// shared machine), where each call finds Redis's caches cold. It times a
+// function that does nothing, one that runs TIME, GET and SET (the least a
+// window's roll needs), decide.lua's rls_decide on one check, and a plain
+// INCRBY, by INFO commandstats' usec per call.
+//
+//	go test -run '^$' -bench ScriptCostCold -benchtime 2000x ./pkg/store/redis/
+func BenchmarkScriptCostCold(b *testing.B) {
+	srv := redistest.StartServer(b)
+	c := srv.Client()
+	b.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	for _, lib := range []string{lua.Library,
+		"#!lua name=costnop\nredis.register_function('cost_nop', function() return 1 end)",
+		"#!lua name=costroll\nredis.register_function('cost_roll', function(k) local t = redis.call('TIME'); redis.call('GET', k[1]); redis.call('SET', k[1], t[1], 'PX', '2000'); return 1 end)",
+	} {
+		if err := c.FunctionLoadReplace(ctx, lib).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	blob := lua.AppendCheck(nil, &store.Check{Limit: 1_000_000_000, Window: time.Second, Hits: 1})
+	modes := []struct {
+		name, cmd string
+		call      func(key string) error
+	}{
+		{"nop", "fcall", func(key string) error { return c.FCall(ctx, "cost_nop", []string{key}).Err() }},
+		{"time+get+set", "fcall", func(key string) error { return c.FCall(ctx, "cost_roll", []string{key}).Err() }},
+		{"decide", "fcall", func(key string) error {
+			return c.FCall(ctx, lua.DecideFunction, []string{key}, "", lua.ModeDecide, blob).Err()
+		}},
+		{"incrby", "incrby", func(key string) error { return c.IncrBy(ctx, key, 8).Err() }},
+	}
+	other := make([]byte, 8<<20)
+	for _, m := range modes {
+		b.Run(m.name, func(b *testing.B) {
+			if err := c.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			n := 0
+			for b.Loop() {
+				if err := m.call("rl:{cold}:" + m.name + strconv.Itoa(n%1000)); err != nil && err != redis.Nil {
+					b.Fatal(err)
+				}
+				if n++; n%4 == 0 {
+					for i := range other {
+						other[i]++
+					}
+				} else {
+					time.Sleep(200 * time.Microsecond)
+				}
+			}
+			b.ReportMetric(float64(usecOf(b, c, m.cmd))/float64(n), "redis-us/call")
+		})
+	}
+}
