@@ -19,9 +19,9 @@ const boundarySlack = 5 * time.Millisecond
 // backs) decided in the same store call, and schedules the push after it.
 // At a push (boundary true) the next window is also charged what the
 // previous grant can admit after the boundary until the new one arrives
-// (chargeOverlap), out of the stream's share (keepShape). It returns the action (nil when
-// the store could not answer: Envoy's grant then runs out into its
-// expired_assignment_behavior) and the store calls made.
+// (chargeOverlap), out of the stream's share (keepShape). It returns the
+// action (nil when the store could not answer: Envoy's grant then runs out
+// into its expired_assignment_behavior) and the store calls made.
 func (st *stream) regrant(b *bucket, now time.Time, extra []store.Check, boundary bool) (*rlqsv3.RateLimitQuotaResponse_BucketAction, int) {
 	o := &st.srv.o
 	ttl, windowEnd := st.srv.period(b, now)
@@ -101,12 +101,11 @@ func (st *stream) overlapOf(b *bucket) (bucket, refill uint64) {
 // last stream to reserve in a window gets only what the others' charges
 // left). There an active token bucket that still fits the share, and
 // falls short of a fresh grant's worst case by at most a thirty-second of
-// the share, is kept as it is: Envoy
-// then carries its limiter over and only restarts the TTL, so an Envoy
-// whose demand holds steady keeps one bucket across windows, and its
-// tokens are not charged twice. Otherwise the grant is shaped afresh, made
-// distinct from the active bucket where Envoy would take one for the
-// other (see distinct).
+// the share, is kept as it is: Envoy then carries its limiter over and
+// only restarts the TTL, so an Envoy whose demand holds steady keeps one
+// bucket across windows, and its tokens are not charged twice. Otherwise
+// the grant is shaped afresh, made distinct from the active bucket where
+// Envoy would take one for the other (see distinct).
 func (st *stream) keepShape(b *bucket, x uint64, ttl int64, boundary bool) (grant, bool) {
 	if boundary {
 		bucket, refill := st.overlapOf(b)
