@@ -73,9 +73,7 @@ func BenchmarkScriptCost(b *testing.B) {
 	}
 	for _, m := range modes {
 		b.Run(m.name, func(b *testing.B) {
-			if err := c.ConfigResetStat(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
+			resetStat(b, c)
 			n := 0
 			for b.Loop() {
 				p := c.Pipeline()
@@ -96,6 +94,13 @@ func BenchmarkScriptCost(b *testing.B) {
 	}
 }
 
+// resetStat zeroes Redis's commandstats (CONFIG RESETSTAT).
+func resetStat(b *testing.B, c *redis.Client) {
+	if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // usecOf returns INFO commandstats' usec of cmd.
 func usecOf(b *testing.B, c *redis.Client, cmd string) int64 {
 	info := c.Info(context.Background(), "commandstats").Val()
@@ -110,8 +115,7 @@ func usecOf(b *testing.B, c *redis.Client, cmd string) int64 {
 }
 
 // BenchmarkScriptCostCold is BenchmarkScriptCost's calls one at a time,
-// about 200 us apart, with 8 MiB of other memory touched before every
-// fourth: the regime of make bench's scenario (e) (5,000 decisions/s on a
+// with 2 MiB of other memory touched between two calls: the regime of make bench's scenario (e) (5,000 decisions/s on a
 // shared machine), where each call finds Redis's caches cold. It times a
 // function that does nothing, one that runs TIME, GET and SET (the least a
 // window's roll needs), decide.lua's rls_decide on one check, and a plain
@@ -143,23 +147,18 @@ func BenchmarkScriptCostCold(b *testing.B) {
 		}},
 		{"incrby", "incrby", func(key string) error { return c.IncrBy(ctx, key, 8).Err() }},
 	}
-	other := make([]byte, 8<<20)
+	other := make([]byte, 2<<20)
 	for _, m := range modes {
 		b.Run(m.name, func(b *testing.B) {
-			if err := c.ConfigResetStat(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
+			resetStat(b, c)
 			n := 0
 			for b.Loop() {
 				if err := m.call("rl:{cold}:" + m.name + strconv.Itoa(n%1000)); err != nil && err != redis.Nil {
 					b.Fatal(err)
 				}
-				if n++; n%4 == 0 {
-					for i := range other {
-						other[i]++
-					}
-				} else {
-					time.Sleep(200 * time.Microsecond)
+				n++
+				for i := range other { // the other work between two calls
+					other[i]++
 				}
 			}
 			b.ReportMetric(float64(usecOf(b, c, m.cmd))/float64(n), "redis-us/call")
