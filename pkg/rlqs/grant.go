@@ -33,6 +33,14 @@ func (g *grant) worst() uint64 {
 	return g.max + g.per*uint64(g.ttl)/uint64(g.fill)
 }
 
+// rate returns g's refill in tokens per second (0 for a blanket grant).
+func (g *grant) rate() float64 {
+	if g.deny || g.allow || g.fill <= 0 {
+		return 0
+	}
+	return float64(g.per) / float64(g.fill)
+}
+
 // shape returns the grant of at most x hits over ttl seconds: a steady
 // rate of x/ttl per second after a small burst, so that an Envoy that
 // starts a replaced bucket almost empty (the newest Envoy seeds it with the

@@ -1,6 +1,7 @@
 package rlqs
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -81,47 +82,70 @@ func TestDistinctFromActive(t *testing.T) {
 // bucket still fits keeps that bucket (Envoy carries it over), and the
 // boundary is charged only its refill, with the bucket's tokens held back
 // for a shrink; a share that moved gets a fresh grant that pays the whole
-// charge from the share. Either way the grant and the charge fit the share.
-func TestBoundaryKeepsSteadyBucket(t *testing.T) {
-	st := testStream(40 * time.Millisecond)
-	b := &bucket{hasGrant: true, check: store.Check{Key: "k", Algorithm: store.FixedWindow, Limit: 400, Window: time.Second}}
+// TestBoundaryCharge: at a boundary the next window is charged what the
+// previous grant can admit after it beyond the next grant's worst case,
+// whether Envoy carries an identical bucket over or, its grant having
+// expired first, starts the next bucket full: the old bucket's tokens, and
+// the old refill only where it is faster. A bucket whose share holds
+// steady is sent again unchanged, and grant plus charge fit the share.
+func TestBoundaryCharge(t *testing.T) {
+	const overlap = 40 * time.Millisecond
+	st := testStream(overlap)
+	fixed := store.Check{Key: "k", Algorithm: store.FixedWindow, Limit: 400, Window: time.Second}
+	b := &bucket{hasGrant: true, check: fixed}
 	b.g = shape(96, 1)
-	bucketTokens, refill := st.overlapOf(b)
-	if bucketTokens != b.g.max || refill == 0 {
-		t.Fatalf("overlapOf(%+v) = %d, %d", b.g, bucketTokens, refill)
-	}
-	for _, x := range []uint64{100, 102, 104} {
-		g, carried := st.keepShape(b, x, 1, true)
-		if !carried || !envoySame(g, b.g) || g.fill != b.g.fill {
-			t.Errorf("share %d: keepShape = %+v, %v; want the active %+v kept", x, g, carried, b.g)
+	for _, x := range []uint64{100, 102, 103} {
+		g := st.keepShape(b, x, 1, true)
+		if !envoySame(g, b.g) || g.fill != b.g.fill {
+			t.Errorf("share %d: keepShape = %+v; want the active %+v sent again", x, g, b.g)
 		}
-		checks, onShrink := st.chargeOverlap(b, nil, carried)
-		if len(checks) != 1 || checks[0].Hits != refill || !checks[0].Force {
-			t.Errorf("share %d: charge %+v, want the refill %d alone, forced", x, checks, refill)
-		}
-		if len(onShrink) != 1 || onShrink[0].Hits != bucketTokens {
-			t.Errorf("share %d: on shrink %+v, want the bucket's %d", x, onShrink, bucketTokens)
-		}
-		if g.worst()+refill > x {
-			t.Errorf("share %d: grant %d and charge %d pass it", x, g.worst(), refill)
+		if c := st.overlapOf(b, g); c != b.g.max || g.worst()+c > x {
+			t.Errorf("share %d: charge %d, want the bucket's %d alone (its refill is the next grant's); grant %d", x, c, b.g.max, g.worst())
 		}
 	}
-	for _, x := range []uint64{90, 150, 400} {
-		g, carried := st.keepShape(b, x, 1, true)
-		if carried || envoySame(g, b.g) {
-			t.Errorf("share %d: keepShape = %+v, %v; want a fresh grant", x, g, carried)
-		}
-		checks, onShrink := st.chargeOverlap(b, nil, carried)
-		if len(checks) != 1 || checks[0].Hits != bucketTokens+refill || onShrink != nil {
-			t.Errorf("share %d: charge %+v, %v; want bucket and refill, %d", x, checks, onShrink, bucketTokens+refill)
-		}
-		if g.worst()+bucketTokens+refill > x {
-			t.Errorf("share %d: grant %d and charge %d pass it", x, g.worst(), bucketTokens+refill)
+	if g := st.keepShape(b, 150, 1, true); envoySame(g, b.g) || st.overlapOf(b, g) != b.g.max || g.worst()+b.g.max > 150 {
+		t.Errorf("share 150: %+v, charge %d; want a fresh, faster grant charged the bucket", g, st.overlapOf(b, g))
+	}
+	g := st.keepShape(b, 90, 1, true)
+	if c := st.overlapOf(b, g); c <= b.g.max || g.worst()+c > 90 {
+		t.Errorf("share 90: %+v, charge %d; want a slower grant charged the bucket and its faster refill", g, c)
+	}
+	// A token-bucket rule has no window the next grant covers: the whole
+	// Overlap of the refill is owed; so it is after a push so late that
+	// its ttl falls short of the window.
+	tb := &bucket{hasGrant: true, check: store.Check{Key: "k", Algorithm: store.TokenBucket, Limit: 100, Window: time.Second}, g: b.g}
+	refill := uint64(math.Ceil(b.g.rate() * overlap.Seconds()))
+	if c := st.overlapOf(tb, b.g); c != b.g.max+refill {
+		t.Errorf("token bucket: charge %d, want bucket and refill %d", c, b.g.max+refill)
+	}
+	late := &bucket{hasGrant: true, check: store.Check{Key: "k", Algorithm: store.FixedWindow, Limit: 6000, Window: time.Minute}, g: shape(600, 60)}
+	if c, r := st.overlapOf(late, shape(590, 59)), uint64(math.Ceil(late.g.rate()*overlap.Seconds())); c != late.g.max+r {
+		t.Errorf("late push: charge %d, want bucket and refill %d", c, late.g.max+r)
+	}
+	// The bound, over many shapes: after the boundary the old grant runs
+	// until the next one arrives, within overlap, from a full bucket (its
+	// tokens carried over or spent before it expired), and the next one
+	// then admits its bucket and its refill to the window's end.
+	for old := uint64(1); old <= 400; old += 7 {
+		b.g = shape(old, 1)
+		for x := uint64(1); x <= 400; x++ {
+			g := st.keepShape(b, x, 1, true)
+			c := st.overlapOf(b, g)
+			if x >= c+8 && g.worst()+c > x+1 {
+				t.Fatalf("old %+v, share %d: next %+v and charge %d pass the share", b.g, x, g, c)
+			}
+			for _, d := range []float64{0, overlap.Seconds()} {
+				admits := float64(b.g.max) + b.g.rate()*d + float64(g.max) + g.rate()*(1-d)
+				if uint64(admits+1e-9) > c+g.worst() {
+					t.Fatalf("old %+v, share %d: next %+v and charge %d; an arrival %.0f ms after the boundary admits %.2f",
+						b.g, x, g, c, d*1000, admits)
+				}
+			}
 		}
 	}
 	// Not at a boundary (a first grant, a top-up): nothing is charged,
 	// and the share is the grant's.
-	if g, carried := st.keepShape(b, 100, 1, false); carried || g != st.distinct(b, shape(100, 1)) {
-		t.Errorf("first grant: %+v, %v", g, carried)
+	if g := st.keepShape(b, 100, 1, false); g != st.distinct(b, shape(100, 1)) {
+		t.Errorf("first grant: %+v", g)
 	}
 }

@@ -18,20 +18,21 @@ const boundarySlack = 5 * time.Millisecond
 // regrant reserves and returns b's next grant, with extra checks (write-
 // backs) decided in the same store call, and schedules the push after it.
 // At a push (boundary true) the next window is also charged what the
-// previous grant can admit after the boundary until the new one arrives
-// (chargeOverlap), out of the stream's share (keepShape). It returns the
-// action (nil when the store could not answer: Envoy's grant then runs out
-// into its expired_assignment_behavior) and the store calls made.
+// previous grant can admit after the boundary beyond the next grant's own
+// worst case (chargeOverlap), out of the stream's share (keepShape). It
+// returns the action (nil when the store could not answer: Envoy's grant
+// then runs out into its expired_assignment_behavior) and the store calls
+// made.
 func (st *stream) regrant(b *bucket, now time.Time, extra []store.Check, boundary bool) (*rlqsv3.RateLimitQuotaResponse_BucketAction, int) {
 	o := &st.srv.o
 	ttl, windowEnd := st.srv.period(b, now)
 	x := st.srv.share(b, ttl, windowEnd, now)
-	g, carried := st.keepShape(b, x, ttl, boundary)
-	checks, onShrink := extra, []store.Check(nil)
+	g := st.keepShape(b, x, ttl, boundary)
+	checks := extra
 	if boundary {
-		checks, onShrink = st.chargeOverlap(b, checks, carried)
+		checks = st.chargeOverlap(b, checks, g)
 	}
-	g, res, calls, err := st.reserve(b, g, ttl, checks, onShrink)
+	g, res, calls, err := st.reserve(b, g, ttl, checks, boundary)
 	if err != nil {
 		st.schedule(b, time.Second)
 		return nil, calls
@@ -62,62 +63,91 @@ func (st *stream) regrant(b *bucket, now time.Time, extra []store.Check, boundar
 	return assignment(b.id, &g), calls
 }
 
-// chargeOverlap appends to checks the write-back of what b's previous
-// grant can admit after the boundary until the next one arrives (see
-// overlapOf): its refill, and its bucket unless the next grant carries the
-// bucket over (carried: the same token bucket, which Envoy keeps, tokens
-// and all, restarting only its TTL; the bucket's tokens at the boundary are
-// then ones the next grant's own worst case already counts, as a limiter
-// never holds more than its max_tokens). A carried bucket goes in onShrink,
-// charged only if reserve shrinks the next grant (replaced after all).
-func (st *stream) chargeOverlap(b *bucket, checks []store.Check, carried bool) (all, onShrink []store.Check) {
-	bucket, over := st.overlapOf(b)
-	if carried && bucket > 0 {
-		onShrink = []store.Check{st.force(b, bucket)}
-	} else {
-		over += bucket
-	}
+// At a boundary the previous grant keeps admitting until the next one
+// arrives (within Overlap of the boundary, the guarantee's assumption).
+// What it admits after the boundary beyond the next grant's worst case,
+// which the next window is charged, is:
+//
+//   - its bucket's tokens (min(max_tokens, worst case)), always. An
+//     identical next bucket is carried over by Envoy, tokens and all, only
+//     while the active grant lives; but the active grant's TTL, counted
+//     from its own receipt, ends about when the next push lands (both a
+//     window after the previous push), and where it ends first Envoy falls
+//     back, then starts the next bucket full. A fake Envoy's fleet test
+//     lost that race at 2 of 12 boundaries. So carrying a bucket over
+//     cannot be counted on, and its tokens are charged as a replaced
+//     bucket's are.
+//   - its refill until the next grant arrives, only where that refills
+//     slower: the next grant's worst case counts ttl seconds of its own
+//     refill from its arrival, where ttl (whole seconds up from the time
+//     left in the window) is at least the window, so it covers the whole
+//     window's refill at its own rate, the span before its arrival too.
+//     What the previous grant refills faster there, over at most Overlap,
+//     is owed. Should ttl fall short of the window (a push more than a
+//     second late), or the rule be a token bucket (no window), the whole
+//     Overlap of the previous refill is.
+
+// chargeOverlap appends to checks the forced write-back of what b's
+// previous grant can admit after the boundary beyond g's worst case (see
+// overlapOf).
+func (st *stream) chargeOverlap(b *bucket, checks []store.Check, g grant) []store.Check {
+	over := st.overlapOf(b, g)
 	if over == 0 {
-		return checks, onShrink
+		return checks
 	}
 	st.srv.o.Metrics.addReserved(over)
-	return append(checks, st.force(b, over)), onShrink
+	return append(checks, st.force(b, over))
 }
 
 // overlapOf returns what b's active grant can admit after a boundary until
-// the next grant arrives: the tokens its bucket can hold, and Overlap of
-// its refill (zero for none, or a blanket grant).
-func (st *stream) overlapOf(b *bucket) (bucket, refill uint64) {
+// g, the next grant, arrives, beyond g's worst case: its bucket's tokens,
+// and Overlap of its refill beyond g's (zero for no grant, or a blanket
+// one; see the comment above chargeOverlap).
+func (st *stream) overlapOf(b *bucket, g grant) uint64 {
 	if !b.hasGrant || b.g.deny || b.g.allow {
-		return 0, 0
+		return 0
 	}
-	return min(b.g.max, b.g.worst()), uint64(math.Ceil(float64(b.g.per) * st.srv.o.Overlap.Seconds() / float64(b.g.fill)))
+	bucket := min(b.g.max, b.g.worst())
+	faster := b.g.rate()
+	if w := b.check.Window; b.check.Algorithm != store.TokenBucket && (g.allow || (w > 0 && time.Duration(g.ttl)*time.Second >= w)) {
+		faster -= g.rate()
+	}
+	if faster <= 0 {
+		return bucket
+	}
+	return bucket + uint64(math.Ceil(faster*st.srv.o.Overlap.Seconds()))
 }
 
-// keepShape returns the grant for a share of x hits over ttl seconds, and
-// whether it carries b's active bucket over. At a push (boundary) the
-// share pays for the boundary's charge (chargeOverlap), so that the
-// fleet's grants and charges together stay within the shares (else the
-// last stream to reserve in a window gets only what the others' charges
-// left). There an active token bucket that still fits the share, and
-// falls short of a fresh grant's worst case by at most a thirty-second of
-// the share, is kept as it is: Envoy then carries its limiter over and
-// only restarts the TTL, so an Envoy whose demand holds steady keeps one
-// bucket across windows, and its tokens are not charged twice. Otherwise
-// the grant is shaped afresh, made distinct from the active bucket where
-// Envoy would take one for the other (see distinct).
-func (st *stream) keepShape(b *bucket, x uint64, ttl int64, boundary bool) (grant, bool) {
-	if boundary {
-		bucket, refill := st.overlapOf(b)
-		if old := b.g; bucket+refill > 0 {
-			k := grant{max: old.max, per: old.per, fill: old.fill, ttl: ttl}
-			if w := k.worst() + refill; w <= x && w+bucket >= x-x/32 {
-				return k, true
-			}
-		}
-		x = max(x-min(x, bucket+refill), min(x, st.srv.o.MinShare))
+// keepShape returns the grant for a share of x hits over ttl seconds. At a
+// push (boundary) the share pays for the boundary's charge (chargeOverlap),
+// so that the fleet's grants and charges together stay within the shares
+// (else the last stream to reserve in a window gets only what the others'
+// charges left). There an active token bucket that still fits what the
+// charge leaves, and falls short of a fresh grant's worst case by at most
+// a thirty-second of the share, is sent again as it is: Envoy then carries
+// its limiter over and restarts only the TTL, where the active grant still
+// lives, so an Envoy whose demand holds steady keeps its tokens across
+// windows. Otherwise the grant is shaped afresh, made distinct from the
+// active bucket where Envoy would take one for the other (see distinct).
+func (st *stream) keepShape(b *bucket, x uint64, ttl int64, boundary bool) grant {
+	if !boundary {
+		return st.distinct(b, shape(x, ttl))
 	}
-	return st.distinct(b, shape(x, ttl)), false
+	old := b.g
+	k := grant{max: old.max, per: old.per, fill: old.fill, ttl: ttl}
+	if over := st.overlapOf(b, k); over > 0 {
+		if w := k.worst() + over; w <= x && w >= x-x/32 {
+			return k
+		}
+	}
+	left := func(charge uint64) uint64 { return max(x-min(x, charge), min(x, st.srv.o.MinShare)) }
+	g := st.distinct(b, shape(left(st.overlapOf(b, shape(x, ttl))), ttl))
+	if over := st.overlapOf(b, g); over > 0 {
+		// A slower refill is owed more: shape once more on what that
+		// charge leaves (a token's difference at most, paid by the share).
+		g = st.distinct(b, shape(left(over), ttl))
+	}
+	return g
 }
 
 // distinct returns g, changed where Envoy would take it for b's active
@@ -143,9 +173,11 @@ func (st *stream) distinct(b *bucket, g grant) grant {
 // consumes that in a second call, or makes it DENY_ALL. It returns the
 // grant reserved, the results of the last call and the calls made.
 //
-// onShrink are write-backs owed only when g is shrunk (see chargeOverlap):
-// they go with the second call, or alone when the shrunk grant is DENY_ALL.
-func (st *stream) reserve(b *bucket, g grant, ttl int64, checks, onShrink []store.Check) (grant, []store.Result, int, error) {
+// At a boundary the checks hold the boundary's charge for g (see
+// chargeOverlap), which is forced, so it stands when g does not fit; a
+// shrunk grant that refills slower than g is owed more, which goes with
+// the second call (or alone when the shrunk grant is DENY_ALL).
+func (st *stream) reserve(b *bucket, g grant, ttl int64, checks []store.Check, boundary bool) (grant, []store.Result, int, error) {
 	want := g.worst()
 	consume := b.check
 	consume.Hits, consume.Shadow = want, false
@@ -154,18 +186,23 @@ func (st *stream) reserve(b *bucket, g grant, ttl int64, checks, onShrink []stor
 	if err != nil || res[len(res)-1].Allowed {
 		return g, res, 1, err
 	}
-	for _, c := range onShrink {
-		st.srv.o.Metrics.addReserved(c.Hits)
+	shrunk := st.distinct(b, shape(min(res[len(res)-1].Remaining, want), ttl))
+	var owed []store.Check
+	if boundary {
+		if more := st.overlapOf(b, shrunk) - min(st.overlapOf(b, shrunk), st.overlapOf(b, g)); more > 0 {
+			st.srv.o.Metrics.addReserved(more)
+			owed = append(owed, st.force(b, more))
+		}
 	}
-	g = st.distinct(b, shape(min(res[len(res)-1].Remaining, want), ttl))
+	g = shrunk
 	if consume.Hits = g.worst(); consume.Hits == 0 {
-		if len(onShrink) > 0 {
-			_ = st.srv.decide(onShrink) // a failure is logged; the grant is DENY_ALL
+		if len(owed) > 0 {
+			_ = st.srv.decide(owed) // a failure is logged; the grant is DENY_ALL
 			return g, res, 2, nil
 		}
 		return g, res, 1, nil
 	}
-	r2, err := st.srv.decideResults(append(onShrink, consume))
+	r2, err := st.srv.decideResults(append(owed, consume))
 	if err != nil || !r2[len(r2)-1].Allowed {
 		return shape(0, ttl), res, 2, nil
 	}
@@ -429,7 +466,7 @@ func (st *stream) topUpLocked(b *bucket, now time.Time) *rlqsv3.RateLimitQuotaRe
 	if b.gone || st.ended || g.windowEnd.IsZero() || left <= 0 || extra == 0 {
 		return nil
 	}
-	got, _, _, err := st.reserve(b, shape(extra, 1), 1, nil, nil)
+	got, _, _, err := st.reserve(b, shape(extra, 1), 1, nil, false)
 	if err != nil || got.worst() == 0 {
 		return nil
 	}
