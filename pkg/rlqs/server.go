@@ -326,6 +326,8 @@ type bucket struct {
 	gone     bool
 	// pendingTopUp asks handle to top b up after its report's write-backs.
 	pendingTopUp bool
+	shrunk       uint64    // hits the last shrink gave back (shrink)
+	shrunkAt     time.Time // when
 }
 
 func (st *stream) recvLoop() error {
@@ -387,13 +389,25 @@ func (st *stream) send(m *rlqsv3.RateLimitQuotaResponse) {
 	}
 }
 
-// end stops the stream's timers and leaves the share groups.
+// end stops the stream's timers and leaves the share groups. A shrink
+// sent within the last 2 x Overlap may not have landed (the replaced grant
+// then runs on in Envoy until its TTL): its refund is charged back while
+// its window lasts.
 func (st *stream) end() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.ended = true
+	now := st.srv.o.Now()
+	var back []store.Check
 	for _, b := range st.buckets {
+		if b.shrunk > 0 && now.Sub(b.shrunkAt) < 2*st.srv.o.Overlap && now.Before(b.g.windowEnd) {
+			back = append(back, st.force(b, b.shrunk))
+			st.srv.o.Metrics.addReserved(b.shrunk)
+		}
 		st.drop(b)
+	}
+	if len(back) > 0 {
+		_ = st.srv.decide(back) // a failure is logged
 	}
 }
 
@@ -661,14 +675,79 @@ func (st *stream) usage(b *bucket, u *usage, now time.Time) (*rlqsv3.RateLimitQu
 		b.pendingTopUp = true
 	}
 	if !grantBefore {
-		b.used = 0 // the report mixes grants: nothing is provably unused
+		b.used = 0 // the report mixes grants: its usage proves nothing unused
+	} else {
+		b.used += u.allowed
+	}
+	if a, c, ok := st.shrink(b, now, grantBefore); ok {
+		return a, append(checks, c)
+	}
+	if !grantBefore {
 		return nil, checks
 	}
-	b.used += u.allowed
 	if c, ok := st.refund(b, now); ok {
 		checks = append(checks, c)
 	}
 	return nil, checks
+}
+
+// shrinkMin is the least a shrink gives back, as a part of the grant's
+// worst case (and at least 4 hits): below it a replaced bucket is not worth
+// its churn.
+const shrinkMin = 16
+
+// shrink replaces b's active windowed grant, when b's report shows a
+// demand that leaves much of it unused until the window ends, by one sized
+// to that demand, and returns it with the refund of what it frees. Shares
+// follow the demand of the report before the boundary, so a stream whose
+// demand fell since holds a reservation it will not use while another's
+// top-up finds the window empty; what a shrink frees goes to those top-ups
+// (the next one is at most topUpDelay away).
+//
+// What the active grant can admit is bounded by time: at most its bucket
+// and its refill from the window's start until the replacement lands
+// (within Overlap); and, where the report covers the grant's whole life
+// (reported), by the report too: what it reported used, its bucket and
+// its refill over 2 x Overlap (the report's way here and the
+// replacement's way there). The replacement admits at most its worst case.
+// A report with denials never shrinks its grant. Only a grant whose reservation is its own (a boundary's or a
+// first grant, not a top-up's, which holds the older grants' too, nor one
+// already shrunk) is shrunk. Should the replacement not land (the stream
+// ends first), the stream's end charges the refund back (see end).
+func (st *stream) shrink(b *bucket, now time.Time, reported bool) (*rlqsv3.RateLimitQuotaResponse_BucketAction, store.Check, bool) {
+	o := &st.srv.o
+	g := b.g
+	if b.pendingTopUp || !b.hasGrant || g.windowEnd.IsZero() || g.deny || g.allow || g.reserved > g.worst() || b.check.Window <= 0 {
+		return nil, store.Check{}, false
+	}
+	left := g.windowEnd.Sub(now)
+	start := g.windowEnd.Add(-b.check.Window)
+	if left < 4*o.Overlap || now.Before(start) {
+		return nil, store.Check{}, false
+	}
+	ng := st.distinct(b, shape(uint64(math.Ceil(b.demandRate()*left.Seconds()))+o.MinShare, wholeSeconds(left)))
+	admits := g.max + uint64(math.Ceil(g.rate()*(now.Sub(start)+o.Overlap).Seconds()))
+	if reported {
+		admits = min(admits, b.used+g.max+uint64(math.Ceil(g.rate()*(2*o.Overlap).Seconds())))
+	}
+	need := admits + ng.worst()
+	if need >= g.reserved || g.reserved-need < max(4, g.worst()/shrinkMin) {
+		return nil, store.Check{}, false
+	}
+	back := g.reserved - need
+	ng.reservedAt, ng.windowEnd, ng.reserved = now, g.windowEnd, need
+	b.g = ng
+	if !reported {
+		// Later refunds count what this report's usage did not prove:
+		// all the old grant could admit.
+		b.used = admits
+	} // else b.used goes on: the reservation holds it and the old grant's tail
+	b.covered += ng.worst()
+	b.shrunk, b.shrunkAt = back, now
+	o.Metrics.action("token_bucket", 1)
+	c := b.check
+	c.Hits, c.Refund, c.Shadow = back, true, false
+	return assignment(b.id, &ng), c, true
 }
 
 // refund returns the refund of b's active grant's reservation that the

@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"net"
 	"strings"
@@ -376,7 +377,8 @@ func histSum(t *testing.T, m *Metrics) float64  { return hist(t, m).GetSampleSum
 
 // TestRefundProvenUnused: a report gives back what it proves unused (all of
 // the reservation but what was used and what the grant can still admit
-// until its window ends), in the same window, to the same key.
+// until its window ends), in the same window, to the same key. The report
+// shows a denial, so its grant is not shrunk (TestShrinkFreesUnused).
 func TestRefundProvenUnused(t *testing.T) {
 	start := time.Unix(1_800_000_000, 0).Truncate(time.Minute).Add(time.Second)
 	clk := testkit.NewClock(start)
@@ -395,7 +397,7 @@ func TestRefundProvenUnused(t *testing.T) {
 	ttl, fill := uint64(q.AssignmentTimeToLive.Seconds), uint64(tb.FillInterval.Seconds)
 	reserved := uint64(tb.MaxTokens) + uint64(tb.TokensPerFill.Value)*ttl/fill
 	clk.Advance(30 * time.Second)
-	if err := cs.SendMsg(&raw{encodeReport("d", 30, 10, 0, id)}); err != nil {
+	if err := cs.SendMsg(&raw{encodeReport("d", 30, 10, 1, id)}); err != nil {
 		t.Fatal(err)
 	}
 	waitCount(t, h.m, 2)
@@ -417,6 +419,72 @@ func TestRefundProvenUnused(t *testing.T) {
 	if got := testutil.ToFloat64(h.m.refunded); got != before {
 		t.Errorf("refunded %v more after the window ended, want none", got-before)
 	}
+}
+
+// TestShrinkFreesUnused: a report whose demand leaves most of its grant
+// unused until the window ends gets a grant sized to that demand, and the
+// refund of all the old one's reservation but what it reported used, what
+// the old grant can admit until the new one lands (its bucket and 2 x
+// Overlap of refill) and the new one's worst case. A stream that ends right
+// after (the new grant may not have landed) charges that refund back.
+func TestShrinkFreesUnused(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprintf("late=%v", late), func(t *testing.T) { shrinkFreesUnused(t, late) })
+	}
+}
+
+func shrinkFreesUnused(t *testing.T, late bool) {
+	start := time.Unix(1_800_000_000, 0).Truncate(time.Minute).Add(time.Second)
+	clk := testkit.NewClock(start)
+	h := newHarness(t, Options{Now: clk.Now})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cs := rawStreamCtx(t, ctx, h.conn)
+	id := map[string]string{"api_key": "k", "route": "r"} // 600 a minute, sliding window
+	if err := cs.SendMsg(&raw{encodeReport("d", 0, 0, 1000, id)}); err != nil {
+		t.Fatal(err)
+	}
+	a := recv(t, cs).BucketAction[0]
+	tb := a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
+	ttl := uint64(a.GetQuotaAssignmentAction().AssignmentTimeToLive.Seconds)
+	reserved := uint64(tb.MaxTokens) + uint64(tb.TokensPerFill.Value)*ttl/uint64(tb.FillInterval.Seconds)
+	rate := float64(tb.TokensPerFill.Value) / float64(tb.FillInterval.Seconds)
+	clk.Advance(30 * time.Second)
+	if err := cs.SendMsg(&raw{encodeReport("d", 30, 10, 0, id)}); err != nil {
+		t.Fatal(err)
+	}
+	r := recv(t, cs)
+	if len(r.BucketAction) != 1 {
+		t.Fatalf("got %v, want one replacement grant", r)
+	}
+	q := r.BucketAction[0].GetQuotaAssignmentAction()
+	nb := q.GetRateLimitStrategy().GetTokenBucket()
+	if nb == nil || q.AssignmentTimeToLive.Seconds != 29 {
+		t.Fatalf("got %v, want a token bucket to the window's end (29 s)", r.BucketAction[0])
+	}
+	worst := uint64(nb.MaxTokens) + uint64(nb.TokensPerFill.Value)*29/uint64(nb.FillInterval.Seconds)
+	if want := uint64(math.Ceil(10.0/30*29)) + 1; worst != want {
+		t.Errorf("new grant's worst case %d, want the demand's %d", worst, want)
+	}
+	need := 10 + uint64(tb.MaxTokens) + uint64(math.Ceil(rate*0.08)) + worst
+	if got := uint64(testutil.ToFloat64(h.m.refunded)); got != reserved-need {
+		t.Errorf("refunded %d, want %d (reserved %d, still needed %d)", got, reserved-need, reserved, need)
+	}
+	if left := h.remaining(t, id); left != 600-need {
+		t.Errorf("store has %d left, want %d", left, 600-need)
+	}
+	if late {
+		// Ended a second after: the new grant has landed, the refund stands.
+		clk.Advance(time.Second)
+		cancel()
+		testkit.WaitFor(t, "the stream's end", 5*time.Second, func() bool { return testutil.ToFloat64(h.m.streams) == 0 })
+		if left := h.remaining(t, id); left != 600-need {
+			t.Errorf("store has %d left after a late end, want %d", left, 600-need)
+		}
+		return
+	}
+	cancel() // the stream ends at once: the new grant may not have landed
+	testkit.WaitFor(t, "the refund charged back", 5*time.Second, func() bool { return h.remaining(t, id) == 600-reserved })
 }
 
 // remaining returns the budget of bucket id's rule key in the store, as
