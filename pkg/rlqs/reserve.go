@@ -189,7 +189,8 @@ func (st *stream) reserve(b *bucket, g grant, ttl int64, checks []store.Check, b
 	shrunk := st.distinct(b, shape(min(res[len(res)-1].Remaining, want), ttl))
 	var owed []store.Check
 	if boundary {
-		if more := st.overlapOf(b, shrunk) - min(st.overlapOf(b, shrunk), st.overlapOf(b, g)); more > 0 {
+		if was, now := st.overlapOf(b, g), st.overlapOf(b, shrunk); now > was {
+			more := now - was
 			st.srv.o.Metrics.addReserved(more)
 			owed = append(owed, st.force(b, more))
 		}

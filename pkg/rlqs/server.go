@@ -636,6 +636,13 @@ func (st *stream) force(b *bucket, n uint64) store.Check {
 	return c
 }
 
+// giveBack returns a refund of n hits to b's counter.
+func (st *stream) giveBack(b *bucket, n uint64) store.Check {
+	c := b.check
+	c.Hits, c.Refund, c.Shadow = n, true, false
+	return c
+}
+
 // usage takes a later report of b: the action to send (an abandon) and the
 // refunds and write-backs to apply.
 func (st *stream) usage(b *bucket, u *usage, now time.Time) (*rlqsv3.RateLimitQuotaResponse_BucketAction, []store.Check) {
@@ -710,10 +717,11 @@ const shrinkMin = 16
 // (reported), by the report too: what it reported used, its bucket and
 // its refill over 2 x Overlap (the report's way here and the
 // replacement's way there). The replacement admits at most its worst case.
-// A report with denials never shrinks its grant. Only a grant whose reservation is its own (a boundary's or a
-// first grant, not a top-up's, which holds the older grants' too, nor one
-// already shrunk) is shrunk. Should the replacement not land (the stream
-// ends first), the stream's end charges the refund back (see end).
+// A report with denials never shrinks its grant. Only a grant whose
+// reservation is its own (a boundary's or a first grant, not a top-up's,
+// which holds the older grants' too, nor one already shrunk) is shrunk.
+// Should the replacement not land (the stream ends first), the stream's
+// end charges the refund back (see end).
 func (st *stream) shrink(b *bucket, now time.Time, reported bool) (*rlqsv3.RateLimitQuotaResponse_BucketAction, store.Check, bool) {
 	o := &st.srv.o
 	g := b.g
@@ -745,9 +753,7 @@ func (st *stream) shrink(b *bucket, now time.Time, reported bool) (*rlqsv3.RateL
 	b.covered += ng.worst()
 	b.shrunk, b.shrunkAt = back, now
 	o.Metrics.action("token_bucket", 1)
-	c := b.check
-	c.Hits, c.Refund, c.Shadow = back, true, false
-	return assignment(b.id, &ng), c, true
+	return assignment(b.id, &ng), st.giveBack(b, back), true
 }
 
 // refund returns the refund of b's active grant's reservation that the
@@ -772,8 +778,7 @@ func (st *stream) refund(b *bucket, now time.Time) (store.Check, bool) {
 	if need >= g.reserved {
 		return store.Check{}, false
 	}
-	c := b.check
-	c.Hits, c.Refund, c.Shadow = g.reserved-need, true, false
+	c := st.giveBack(b, g.reserved-need)
 	g.reserved = need
 	return c, true
 }
