@@ -28,7 +28,9 @@
 --          most MAX_PRECISION, negated for a strict window), hits. The requests' checks are KEYS in order.
 --
 -- Reply: one string, 25 bytes per check in KEYS order: allowed (byte 1/0),
--- then doubles: remaining, retry_after_us, reset_us.
+-- then doubles: remaining, retry_after_us, reset_us. An allowed check
+-- sends retry_after_us 0, or, when it consumed the last of the budget
+-- (remaining 0), the retry a check-only check would get right after it.
 --
 -- Requests: the Go store sends several concurrent requests of one slot in
 -- one call: one TIME, one MGET and at most one SET per key for all of them.
@@ -681,7 +683,11 @@ local function check(i, s, limit, h)
   elseif h <= r then
     save(s)
     consume(s, h)
-    result(i, true, r - h, 0, reset(s))
+    -- An allowed check that leaves no budget reports, where a denial's
+    -- retry goes, when one more hit would pass (Go's Result.NextHit).
+    local nx = 0
+    if h == r then nx = retry_after(s, limit, 1) end
+    result(i, true, r - h, nx, reset(s))
     return true, false
   end
   result(i, false, r, retry_after(s, limit, h), reset(s))
@@ -881,9 +887,11 @@ local function decide_single(key, alg, limit, w, burst, h)
   elseif h <= r then
     consume(s, h)
     local rst = reset(s)
+    local nx = 0
+    if h == r then nx = retry_after(s, limit, 1) end -- as check's
     ttl_args = nil
     write(s)
-    return pack('<Bddd', 1, r - h, 0, rst)
+    return pack('<Bddd', 1, r - h, nx, rst)
   end
   local out = pack('<Bddd', 0, r, retry_after(s, limit, h), reset(s))
   if v and not peek then

@@ -16,6 +16,9 @@ type overLimitEntry struct {
 	at           int64  // when, in unix nanoseconds
 	deniedHits   uint64 // the store denied this many hits (0: no denial known) ...
 	until        int64  // ... which would not pass before then (unix nanoseconds)
+	// nextHit: the denial is the store's NextHit (the last hit admitted
+	// left no budget), so one hit is expected to pass from until on.
+	nextHit bool
 }
 
 // sameRule reports whether k was learned under c's limit.
@@ -60,6 +63,9 @@ func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
 		k, ok := l.lookup(c)
 		if !ok || !k.denies(c, now) {
 			continue
+		}
+		if k.nextHit && l.res != nil && l.res.held(c, now) > 0 {
+			continue // the hit that took the last of the budget may have been this replica's slice
 		}
 		d := time.Duration(k.until - now)
 		it.Result = store.Result{Remaining: k.remaining, RetryAfter: d, Reset: d}
@@ -117,9 +123,14 @@ func (l *Limiter) learn(c *store.Check, r *store.Result, sc *scratch, now int64)
 			k.deniedHits = 0 // a refund gives budget back
 		case c.Force: // a write-back is not a denial
 		case denied:
-			k.deniedHits, k.until = total, now+int64(r.RetryAfter)
+			k.deniedHits, k.until, k.nextHit = total, now+int64(r.RetryAfter), false
 		case r.Allowed && max(c.Hits, 1) >= k.deniedHits:
-			k.deniedHits = 0 // the store let as many pass: the denial is over
+			k.deniedHits, k.nextHit = 0, false // the store let as many pass: the denial is over
+		}
+		if r.Consumed && r.Remaining == 0 && r.NextHit > 0 && !l.opts.DisableOverLimitCache {
+			// The hit admitted took the last of the budget: the store
+			// denies every hit until NextHit, as after a denial.
+			k.deniedHits, k.until, k.nextHit = 1, now+int64(r.NextHit), true
 		}
 		return k, true, struct{}{}
 	})

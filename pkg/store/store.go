@@ -119,6 +119,16 @@
 // but never leaves it owing tokens). A check that sets both Force and Refund
 // is a refund.
 //
+// NextHit: an allowed consuming check whose budget after it is 0 also
+// reports when one more hit would pass with no other traffic: the
+// RetryAfter of a check-only check of its key in the state it left (every
+// later check of the batch is ignored; a later check of the same key only
+// adds to the wait). It describes the state only if the check was
+// Consumed. Time only helps a hit and other traffic only hurts it, so
+// until then the store denies every consuming check of the key unless a
+// refund gives budget back: the over-limit cache (package limiter) holds
+// that denial without asking, as it holds a denial's RetryAfter.
+//
 // A Shadow check is evaluated like any other, but its denial does not veto
 // the batch: the other checks consume as if it were absent, and the denied
 // shadow check itself writes nothing. An allowed shadow check consumes.
@@ -209,6 +219,65 @@ func SlidingBudget(prev, cur int64, limit uint64, into, wus int64) uint64 {
 	return 0
 }
 
+// SlidingRetry returns a two-counter sliding window's RetryAfter for h >= 1
+// hits, with counts prev and cur, into microseconds into a window of wus
+// (see the arithmetic above).
+func SlidingRetry(prev, cur int64, limit, h uint64, into, wus int64) time.Duration {
+	l, hf, fw := float64(limit), float64(h), float64(wus)
+	rst := wus - into
+	var x float64
+	if a := l - float64(cur) - hf + 1; a > 0 && prev > 0 {
+		x = float64((1-a/float64(prev))*fw) - float64(into)
+	} else {
+		a2 := l - hf + 1
+		switch {
+		case a2 <= 0:
+			return time.Duration(rst) * time.Microsecond
+		case float64(cur) < a2:
+			x = float64(rst - 1)
+		default:
+			x = float64(rst) + float64((1-a2/float64(cur))*fw)
+		}
+	}
+	ra := Settle(int64(math.Floor(x))+1, func(ra int64) bool { return slidingPassesAt(prev, cur, l, hf, into+ra, wus) })
+	return time.Duration(ra) * time.Microsecond
+}
+
+// slidingPassesAt reports whether hf hits would pass at into microseconds
+// past the current window's start (into may reach later windows), with no
+// other traffic.
+func slidingPassesAt(prev, cur int64, l, hf float64, into, wus int64) bool {
+	switch {
+	case into >= 2*wus:
+		prev, cur = 0, 0
+	case into >= wus:
+		prev, cur, into = cur, 0, into-wus
+	}
+	elapsed := float64(into) / float64(wus)
+	rate := float64(float64(prev)*(1-elapsed)) + float64(cur)
+	if rate >= l {
+		return false
+	}
+	return hf <= math.Ceil(l-rate)
+}
+
+// Settle corrects a RetryAfter computed in floating point: it is at least
+// one microsecond, and it moves later (a few microseconds at most) while the
+// check would still not pass then, so a client retrying at RetryAfter passes.
+// The sliding window settles in int64 microseconds; the token bucket in
+// float64, as the script computes it, because a slow bucket's times can
+// exceed what an int64 of microseconds holds.
+func Settle[T int64 | float64](ra T, passes func(T) bool) T {
+	ra = max(ra, 1)
+	for range 4 {
+		if passes(ra) {
+			break
+		}
+		ra++
+	}
+	return ra
+}
+
 // Consuming reports whether c consumes when allowed: it has hits and is
 // neither a refund nor a forced write-back.
 func (c *Check) Consuming() bool { return c.Hits > 0 && !c.Refund && !c.Force }
@@ -219,6 +288,12 @@ type Result struct {
 	Remaining  uint64        // budget left after this check (see the package doc)
 	RetryAfter time.Duration // when denied: until the same check would pass; 0 when allowed
 	Reset      time.Duration // until the current window ends (token bucket: until full)
+	// NextHit, on an allowed consuming check that leaves no budget
+	// (Remaining 0), is the RetryAfter a check-only check of the key would
+	// report right after it: until one more hit would pass with no other
+	// traffic (see the package doc's NextHit). It is 0 on every other
+	// result, and a store may leave it 0 where it does not know it.
+	NextHit time.Duration
 	// Undecided marks a check the store could not decide because the part of
 	// the backend that owns its key is unavailable (see Store.Decide).
 	Undecided bool

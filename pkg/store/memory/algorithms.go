@@ -99,7 +99,11 @@ func (st *state) fixedWindow(limit uint64, now, wus int64, h uint64, o op) store
 	r := fixedBudget(st.cur, limit)
 	if allowed(h, r) {
 		st.cur += int64(h)
-		return store.Result{Allowed: true, Remaining: r - h, Reset: rst}
+		res := store.Result{Allowed: true, Remaining: r - h, Reset: rst}
+		if r == h {
+			res.NextHit = rst
+		}
+		return res
 	}
 	return store.Result{Remaining: r, RetryAfter: rst, Reset: rst}
 }
@@ -144,9 +148,13 @@ func (st *state) slidingWindow(limit uint64, now, wus int64, h uint64, o op) sto
 	r := st.slidingBudget(limit, into, wus)
 	if allowed(h, r) {
 		st.cur += int64(h)
-		return store.Result{Allowed: true, Remaining: r - h, Reset: rst}
+		res := store.Result{Allowed: true, Remaining: r - h, Reset: rst}
+		if r == h {
+			res.NextHit = st.slidingRetry(limit, 1, into, wus)
+		}
+		return res
 	}
-	return store.Result{Remaining: r, RetryAfter: st.slidingRetry(limit, max(h, 1), into, wus, rstUS), Reset: rst}
+	return store.Result{Remaining: r, RetryAfter: st.slidingRetry(limit, max(h, 1), into, wus), Reset: rst}
 }
 
 // slidingBudget returns R = ceil(L - rate) when rate < L, else 0.
@@ -155,60 +163,8 @@ func (st *state) slidingBudget(limit uint64, into, wus int64) uint64 {
 }
 
 // slidingRetry returns the sliding window's RetryAfter for h >= 1 hits.
-func (st *state) slidingRetry(limit, h uint64, into, wus, rst int64) time.Duration {
-	l, hf, fw := float64(limit), float64(h), float64(wus)
-	var x float64
-	if a := l - float64(st.cur) - hf + 1; a > 0 && st.prev > 0 {
-		x = float64((1-a/float64(st.prev))*fw) - float64(into)
-	} else {
-		a2 := l - hf + 1
-		switch {
-		case a2 <= 0:
-			return time.Duration(rst) * time.Microsecond
-		case float64(st.cur) < a2:
-			x = float64(rst - 1)
-		default:
-			x = float64(rst) + float64((1-a2/float64(st.cur))*fw)
-		}
-	}
-	ra := settle(int64(math.Floor(x))+1, func(ra int64) bool { return st.slidingPassesAt(l, hf, into+ra, wus) })
-	return time.Duration(ra) * time.Microsecond
-}
-
-// slidingPassesAt reports whether hf hits would pass at into microseconds
-// past the current window's start (into may reach later windows), with no
-// other traffic.
-func (st *state) slidingPassesAt(l, hf float64, into, wus int64) bool {
-	prev, cur := st.prev, st.cur
-	switch {
-	case into >= 2*wus:
-		prev, cur = 0, 0
-	case into >= wus:
-		prev, cur, into = cur, 0, into-wus
-	}
-	elapsed := float64(into) / float64(wus)
-	rate := float64(float64(prev)*(1-elapsed)) + float64(cur)
-	if rate >= l {
-		return false
-	}
-	return hf <= math.Ceil(l-rate)
-}
-
-// settle corrects a RetryAfter computed in floating point: it is at least
-// one microsecond, and it moves later (a few microseconds at most) while the
-// check would still not pass then, so a client retrying at RetryAfter passes.
-// The sliding window settles in int64 microseconds; the token bucket in
-// float64, as the script computes it, because a slow bucket's times can
-// exceed what an int64 of microseconds holds.
-func settle[T int64 | float64](ra T, passes func(T) bool) T {
-	ra = max(ra, 1)
-	for range 4 {
-		if passes(ra) {
-			break
-		}
-		ra++
-	}
-	return ra
+func (st *state) slidingRetry(limit, h uint64, into, wus int64) time.Duration {
+	return store.SlidingRetry(st.prev, st.cur, limit, h, into, wus)
 }
 
 // tokenBucket applies a token bucket check of h hits. A Limit of 0 never
@@ -245,7 +201,11 @@ func (st *state) tokenBucket(c *store.Check, now, wus int64, h uint64, o op) sto
 	budget := tokenBudget(st.tokens)
 	if allowed(h, budget) {
 		st.tokens -= float64(h)
-		return store.Result{Allowed: true, Remaining: budget - h, Reset: tokenReset(st.tokens, b, r)}
+		res := store.Result{Allowed: true, Remaining: budget - h, Reset: tokenReset(st.tokens, b, r)}
+		if budget == h {
+			res.NextHit = tokenRetry(st.tokens, 1, b, r)
+		}
+		return res
 	}
 	return store.Result{Remaining: budget, RetryAfter: tokenRetry(st.tokens, float64(max(h, 1)), b, r), Reset: tokenReset(st.tokens, b, r)}
 }
@@ -264,7 +224,7 @@ func tokenRetry(tokens, hf, b, r float64) time.Duration {
 	if hf > b {
 		return usDuration(b / r)
 	}
-	ra := settle(math.Floor((hf-tokens)/r)+1, func(ra float64) bool {
+	ra := store.Settle(math.Floor((hf-tokens)/r)+1, func(ra float64) bool {
 		return min(b, tokens+float64(ra*r)) >= hf
 	})
 	return floatMicros(ra)

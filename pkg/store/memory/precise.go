@@ -45,7 +45,11 @@ func (st *state) preciseWindow(limit uint64, now, wus, n int64, strict bool, h u
 	r := st.preciseBudget(limit, into, wus, n, strict)
 	if allowed(h, r) {
 		st.cur += int64(h)
-		return store.Result{Allowed: true, Remaining: r - h, Reset: rst}
+		res := store.Result{Allowed: true, Remaining: r - h, Reset: rst}
+		if r == h {
+			res.NextHit = st.preciseRetry(limit, 1, now, wus, n, strict, rstUS)
+		}
+		return res
 	}
 	return store.Result{Remaining: r, RetryAfter: st.preciseRetry(limit, max(h, 1), now, wus, n, strict, rstUS), Reset: rst}
 }
@@ -176,7 +180,7 @@ func (st *state) preciseRetry(limit, h uint64, now, wus, n int64, strict bool, r
 		}
 	}
 	l, hf := float64(limit), float64(h)
-	ra := settle(int64(math.Floor(x))+1, func(ra int64) bool { return st.precisePassesAt(l, hf, now+ra, wus, n, strict) })
+	ra := store.Settle(int64(math.Floor(x))+1, func(ra int64) bool { return st.precisePassesAt(l, hf, now+ra, wus, n, strict) })
 	return time.Duration(ra) * time.Microsecond
 }
 

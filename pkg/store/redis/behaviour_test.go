@@ -85,7 +85,8 @@ func TestVectors(t *testing.T) {
 		c := store.Check{Key: "tb:{vec}:tb", Algorithm: store.TokenBucket, Limit: 10, Burst: 5, Window: time.Second, Hits: 5}
 		clk.Set(time.UnixMicro(t0 + 123))
 		r := decide(t, s, c)[0]
-		if want := (store.Result{Allowed: true, Reset: 500 * time.Millisecond, Consumed: true}); r != want {
+		// It took the last token: NextHit is the next one's 100000 µs.
+		if want := (store.Result{Allowed: true, Reset: 500 * time.Millisecond, NextHit: 100 * time.Millisecond, Consumed: true}); r != want {
 			t.Errorf("take 5: got %+v, want %+v", r, want)
 		}
 		c.Hits = 1

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,10 +17,10 @@ import (
 //
 // A request whose checks all consume hits of a two-counter sliding window
 // or of a fixed window (no refund, write-back, shadow or peek; Redis's own
-// clock; none store.Check.Scarce, which the limiter sets for keys it last
-// saw near their limit, where an INCRBY would mostly be taken back) is
-// first sent as one INCRBY per check of its key's compact value
-// by Hits * lua.CounterStep (the count field), then one TIME, pipelined on
+// clock; a request of one check that the limiter marked store.Check.Scarce
+// goes through a probe first, see Probes below) is sent as one INCRBY per
+// check of its key's compact value by Hits * lua.CounterStep (the count
+// field), then one TIME, pipelined on
 // the node with the other requests ready (Redis runs a plain INCRBY in a
 // fraction of a script call's time). Its checks are allowed, and consumed,
 // when every reply is the compact form of the check's algorithm, of the
@@ -50,6 +51,23 @@ import (
 // request of a key in each window, a decision costs the INCRBY and a
 // script call; everywhere else it costs the INCRBY.
 
+// Probes: a denial by plain commands.
+//
+// A request of one check marked store.Check.Scarce (the limiter last saw
+// its key near the limit, where an INCRBY would mostly be taken back) is
+// first sent as a probe: a GET of the key's compact value instead of the
+// INCRBY, pipelined with TIME like a counter call. When the value is of
+// TIME's window and the check's hits do not fit the budget at TIME, the
+// request is denied then and there, exactly: the GET ran in that window
+// before TIME, and the budget only grows with time within a window (a
+// sliding window's previous count fades; a fixed window's stays), so they
+// did not fit when the GET ran either. Nothing was written, so nothing is
+// taken back. Otherwise the request goes on as a counter call (an INCRBY,
+// then the script where that cannot decide). A key held at its limit, whose
+// hits are denied several times for each one that frees up, thus costs
+// plain commands for its denials as for its admissions, where each denial
+// was a script call.
+
 // maxCounterHits bounds the hits of a check sent as a counter call, so
 // that INCRBY's increment (Hits * 2^27) stays far inside int64.
 const maxCounterHits = 1 << 20
@@ -58,7 +76,7 @@ const maxCounterHits = 1 << 20
 // call.
 func countable(cs []*store.Check) bool {
 	for _, c := range cs {
-		if !c.Consuming() || c.Shadow || c.Scarce || c.Hits >= maxCounterHits {
+		if !c.Consuming() || c.Shadow || c.Hits >= maxCounterHits {
 			return false
 		}
 		switch c.Algorithm {
@@ -77,6 +95,7 @@ func countable(cs []*store.Check) bool {
 // counterState is a counter call's outcome, kept in its call.
 type counterState struct {
 	counted bool    // send c as a counter call
+	probe   bool    // ... as a probe (GET instead of INCRBY; see Probes)
 	incr    []int64 // INCRBY's reply per check; meaningful where ok[j]
 	ok      []bool  // the INCRBY was applied
 	low     int64   // a lower bound of the INCRBYs' time (Redis microseconds); 0: unknown
@@ -87,7 +106,7 @@ type counterState struct {
 
 // reset clears the counter state for the call's reuse.
 func (cs *counterState) reset() {
-	cs.counted, cs.first, cs.low, cs.high = false, false, 0, 0
+	cs.counted, cs.probe, cs.first, cs.low, cs.high = false, false, false, 0, 0
 	cs.incr, cs.ok, cs.undo = cs.incr[:0], cs.ok[:0], cs.undo[:0]
 }
 
@@ -105,6 +124,24 @@ func (s *Store) count(ctx context.Context, c *call) (bool, error) {
 	c.keys = c.keys[:0]
 	for _, ch := range c.checks {
 		c.keys = append(c.keys, ch.Key)
+	}
+	if len(c.checks) == 1 && c.checks[0].Scarce {
+		c.cs.counted, c.cs.probe = true, true
+		_, err = s.send(ctx, c)
+		if err != nil {
+			return true, err // c may be abandoned, still held by a flusher: leave it
+		}
+		c.cs.counted, c.cs.probe = false, false
+		if c.deny() {
+			s.counterStats[2].Add(1)
+			return true, nil
+		}
+		s.counterStats[3].Add(1)
+		// Delivered: nobody else holds c, which goes out again as a
+		// counter call, ahead of calls never sent.
+		c.state.Store(callPending)
+		c.reply, c.err = "", nil
+		c.cs.first = true
 	}
 	c.cs.counted = true
 	_, err = s.send(ctx, c)
@@ -167,7 +204,11 @@ func (cs *counterState) decide(ch *store.Check, v int64) (store.Result, bool) {
 		if cv.Count > ch.Limit || cv.Count >= lua.CompactFixed {
 			return store.Result{}, false
 		}
-		return store.Result{Allowed: true, Remaining: ch.Limit - cv.Count, Reset: rst, Consumed: true}, true
+		r := store.Result{Allowed: true, Remaining: ch.Limit - cv.Count, Reset: rst, Consumed: true}
+		if r.Remaining == 0 {
+			r.NextHit = rst // the count stays at the limit to the window's end
+		}
+		return r, true
 	}
 	if cv.Count >= lua.CompactCounts || (cv.Prev == 0 && cv.Count == ch.Hits && cv.WindowMod4 == 0) {
 		return store.Result{}, false // may be the INCRBY's own creation, without TTL yet
@@ -180,7 +221,51 @@ func (cs *counterState) decide(ch *store.Check, v int64) (store.Result, bool) {
 	if ch.Hits > r {
 		return store.Result{}, false
 	}
-	return store.Result{Allowed: true, Remaining: r - ch.Hits, Reset: rst, Consumed: true}, true
+	res := store.Result{Allowed: true, Remaining: r - ch.Hits, Reset: rst, Consumed: true}
+	if res.Remaining == 0 {
+		// One more hit passes once the previous count has faded enough,
+		// reckoned from TIME (after the INCRBY): the state is at least
+		// this one whenever a later check runs.
+		res.NextHit = store.SlidingRetry(int64(cv.Prev), int64(cv.Count), ch.Limit, 1, cs.high-win*wus, wus)
+	}
+	return res, true
+}
+
+// deny sets the result of c's one check from its probe's reply when its
+// hits do not fit (see Probes), and reports whether they did not.
+func (c *call) deny() bool {
+	if c.cs.high <= 0 || len(c.checks) != 1 || !c.cs.ok[0] || c.cs.incr[0] < 0 {
+		return false
+	}
+	ch := c.checks[0]
+	cv := lua.DecodeCounter(ch.Algorithm, c.cs.incr[0])
+	wus := int64(ch.Window / time.Microsecond)
+	win := c.cs.high / wus
+	if !cv.OK || cv.WindowMod4 != win%4 {
+		return false
+	}
+	into := c.cs.high - win*wus
+	rst := time.Duration(wus-into) * time.Microsecond
+	if ch.Algorithm == store.FixedWindow {
+		if cv.Count >= lua.CompactFixed || ch.Hits+cv.Count <= ch.Limit {
+			return false
+		}
+		*c.results[0] = store.Result{Remaining: ch.Limit - min(cv.Count, ch.Limit), RetryAfter: rst, Reset: rst}
+		return true
+	}
+	if cv.Count >= lua.CompactCounts {
+		return false
+	}
+	r := store.SlidingBudget(int64(cv.Prev), int64(cv.Count), ch.Limit, into, wus)
+	if ch.Hits <= r {
+		return false
+	}
+	*c.results[0] = store.Result{
+		Remaining:  r,
+		RetryAfter: store.SlidingRetry(int64(cv.Prev), int64(cv.Count), ch.Limit, ch.Hits, into, wus),
+		Reset:      rst,
+	}
+	return true
 }
 
 // counterClient is the client that reaches the coalescer's node itself
@@ -203,10 +288,14 @@ func (co *coalescer) runCounts(ctx context.Context, calls []*call) error {
 	for _, c := range calls {
 		n += len(c.checks)
 	}
-	cmds := make([]*redis.IntCmd, 0, n)
+	cmds := make([]redis.Cmder, 0, n)
 	for _, c := range calls {
 		for _, ch := range c.checks {
-			cmds = append(cmds, p.IncrBy(ctx, ch.Key, int64(ch.Hits)*lua.CounterStep(ch.Algorithm)))
+			if c.cs.probe {
+				cmds = append(cmds, p.Get(ctx, ch.Key))
+			} else {
+				cmds = append(cmds, p.IncrBy(ctx, ch.Key, int64(ch.Hits)*lua.CounterStep(ch.Algorithm)))
+			}
 		}
 	}
 	tc := p.Time(ctx)
@@ -233,7 +322,7 @@ func (co *coalescer) runCounts(ctx context.Context, calls []*call) error {
 		cs.low, cs.high = low, high
 		cs.incr, cs.ok = cs.incr[:0], cs.ok[:0]
 		for range c.checks {
-			v, err := cmds[k].Result()
+			v, err := counterReply(cmds[k])
 			k++
 			if counterRefused(err) {
 				co.noCounters.Store(true)
@@ -242,6 +331,26 @@ func (co *coalescer) runCounts(ctx context.Context, calls []*call) error {
 		}
 	}
 	return nil
+}
+
+// counterReply returns an INCRBY's reply, or the integer a probe's GET
+// read (-1 for an absent key, or a value that is not an integer: the
+// probe then denies nothing).
+func counterReply(cmd redis.Cmder) (int64, error) {
+	switch cmd := cmd.(type) {
+	case *redis.IntCmd:
+		return cmd.Result()
+	case *redis.StringCmd:
+		v, err := cmd.Int64()
+		switch {
+		case err == redis.Nil:
+			return -1, nil
+		case err != nil && cmd.Err() == nil:
+			return -1, nil // not an integer: another form (decide.lua's)
+		}
+		return v, err
+	}
+	return 0, fmt.Errorf("counter call: unexpected command %T", cmd)
 }
 
 // counterRefused reports whether err is a node refusing INCRBY or TIME
@@ -264,4 +373,10 @@ func (co *coalescer) sendCounts(ctx context.Context, calls []*call) error {
 // how many went on to the script after one (see counters.go).
 func (s *Store) CounterCalls() (decided, scripted uint64) {
 	return s.counterStats[0].Load(), s.counterStats[1].Load()
+}
+
+// Probes returns how many requests a probe denied, and how many it sent
+// on as counter calls (see counters.go).
+func (s *Store) Probes() (denied, passed uint64) {
+	return s.counterStats[2].Load(), s.counterStats[3].Load()
 }

@@ -63,6 +63,7 @@ func TestCountersMatchScript(t *testing.T) {
 				Limit:     uint64(5 + rng.IntN(20)),
 				Window:    day,
 				Hits:      uint64(1 + rng.IntN(3)),
+				Scarce:    rng.IntN(3) == 0, // a request of one such check is probed first
 			}
 			switch rng.IntN(20) {
 			case 0:
@@ -87,6 +88,7 @@ func TestCountersMatchScript(t *testing.T) {
 		for j := range ra {
 			x, y := ra[j], rb[j]
 			x.Reset, y.Reset, x.RetryAfter, y.RetryAfter = 0, 0, 0, 0
+			x.NextHit, y.NextHit = min(x.NextHit, 1), min(y.NextHit, 1) // both or neither (times differ)
 			if x != y {
 				t.Fatalf("step %d, check %d %+v: counter call %+v, script %+v", step, j, a[j], ra[j], rb[j])
 			}
@@ -99,9 +101,11 @@ func TestCountersMatchScript(t *testing.T) {
 		}
 	}
 	decided, scriptedAfter := counted.CounterCalls()
-	t.Logf("counter calls: %d decided alone, %d went on to the script", decided, scriptedAfter)
-	if decided < 1000 || scriptedAfter < 300 {
-		t.Errorf("counter calls decided %d requests and sent %d to the script; want both paths taken often", decided, scriptedAfter)
+	denied, passed := counted.Probes()
+	t.Logf("counter calls: %d decided alone, %d went on to the script; probes: %d denied, %d went on", decided, scriptedAfter, denied, passed)
+	if decided < 1000 || scriptedAfter < 300 || denied < 20 || passed < 100 {
+		t.Errorf("counter calls decided %d requests and sent %d to the script, probes denied %d and sent %d on; want every path taken often",
+			decided, scriptedAfter, denied, passed)
 	}
 }
 
@@ -216,6 +220,7 @@ func TestCountersTakeBack(t *testing.T) {
 				cb.Key = kb
 				ra, rb := decide(t, counted, ca)[0], decide(t, scripted, cb)[0]
 				ra.Reset, rb.Reset, ra.RetryAfter, rb.RetryAfter = 0, 0, 0, 0
+				ra.NextHit, rb.NextHit = min(ra.NextHit, 1), min(rb.NextHit, 1) // both or neither (times differ)
 				if ra != rb {
 					t.Errorf("request %d: counter call %+v, script %+v", i, ra, rb)
 				}
@@ -303,5 +308,56 @@ func TestCountersCluster(t *testing.T) {
 	}
 	if decided, _ := s.CounterCalls(); decided < 150 {
 		t.Errorf("counter calls decided %d requests, want most of the 228 allowed after the first of each key", decided)
+	}
+}
+
+// TestCountersNextHit holds each NextHit the store gives (counter calls and
+// script calls alike) to the store's own answer: no hit may pass before it.
+// A key of 2,000 per 2 s is driven as the over-limit cache drives it: a
+// hit when the last NextHit has come, a Peek before then, over three
+// windows, so most admissions take the last of the budget while the
+// previous window's count fades (a hit frees up about every millisecond).
+// With `before` the wall clock before the decision, the NextHit's time is
+// at least before + NextHit; a Peek that the store allowed ended before
+// `after`. A Peek allowed with after earlier than that fails the test,
+// which a slow machine cannot cause, only a NextHit later than the store's
+// own next hit.
+func TestCountersNextHit(t *testing.T) {
+	counted, _, _ := pair(t)
+	c := store.Check{Key: "rl:{nexthit}:k", Limit: 2000, Window: 2 * time.Second, Hits: 1}
+	peek := c
+	peek.Hits = 0
+	var due time.Time
+	var fading, peeks int
+	deadline := time.Now().Add(6 * time.Second)
+	const slack = 50 * time.Microsecond // clock reads of two processes
+	for n := 0; n < 60000 && time.Now().Before(deadline); n++ {
+		if time.Now().Before(due) {
+			p := make([]store.Result, 1)
+			if err := counted.Peek(context.Background(), []store.Check{peek}, p); err != nil {
+				t.Fatal(err)
+			}
+			peeks++
+			if after := time.Now(); p[0].Allowed && after.Add(slack).Before(due) {
+				t.Fatalf("request %d: a hit passes %v before the last NextHit: %+v", n, due.Sub(after), p[0])
+			}
+			continue
+		}
+		before := time.Now()
+		r := decide(t, counted, c)[0]
+		switch {
+		case r.NextHit > 0:
+			due = before.Add(r.NextHit)
+			if r.NextHit < r.Reset {
+				fading++
+			}
+		case r.Allowed && r.Remaining == 0:
+			t.Fatalf("request %d took the last of the budget without a NextHit: %+v", n, r)
+		}
+	}
+	decided, scripted := counted.CounterCalls()
+	t.Logf("%d NextHits within a window, %d peeks before one; counter calls: %d decided alone, %d went on to the script", fading, peeks, decided, scripted)
+	if fading < 100 || peeks < 100 {
+		t.Errorf("%d NextHits within a window and %d peeks before one: want at least 100 of each", fading, peeks)
 	}
 }

@@ -60,8 +60,9 @@ type Store struct {
 	now      func() time.Time // test clock; nil means Redis TIME
 	counters bool             // counter calls (counters.go)
 	// counterStats: requests decided by counter calls alone, and sent to
-	// the script after one (CounterCalls).
-	counterStats [2]atomic.Uint64
+	// the script after one (CounterCalls); denied by a probe, and sent on
+	// after one (Probes).
+	counterStats [4]atomic.Uint64
 	fleetKey     string // KeyPrefix + FleetKey
 	demandPrefix string // KeyPrefix + DemandKeyPart
 	replica      string // this process's id in the fleet's heartbeats and the demand hashes (replicaID)
@@ -409,13 +410,19 @@ func validate(c *store.Check) error {
 }
 
 // decodeResult converts one check's result from the script's doubles.
+// An allowed check's retry is its NextHit.
 func decodeResult(r lua.Result) store.Result {
-	return store.Result{
-		Allowed:    r.Allowed,
-		Remaining:  toUint(r.Remaining),
-		RetryAfter: micros(toUint(r.RetryUS)),
-		Reset:      micros(toUint(r.ResetUS)),
+	res := store.Result{
+		Allowed:   r.Allowed,
+		Remaining: toUint(r.Remaining),
+		Reset:     micros(toUint(r.ResetUS)),
 	}
+	if r.Allowed {
+		res.NextHit = micros(toUint(r.RetryUS))
+	} else {
+		res.RetryAfter = micros(toUint(r.RetryUS))
+	}
+	return res
 }
 
 // toUint converts a whole number from the script to uint64: negative

@@ -461,13 +461,55 @@ func Run(t *testing.T, newStore func(t *testing.T, now func() time.Time) store.S
 				}
 				want := withConsumed(sp.checks, sp.want)
 				for j := range got {
-					if got[j] != want[j] {
+					g := got[j]
+					g.NextHit = 0 // checked against the store's own answer below
+					if g != want[j] {
 						t.Errorf("step %d at T0%+v, check %d (%s):\n got %s\nwant %s",
 							i, sp.at, j, describe(sp.checks[j]), format(got[j]), format(want[j]))
 					}
 				}
+				checkNextHit(t, st, checks, got, fmt.Sprintf("step %d at T0%+v", i, sp.at))
 			}
 		})
+	}
+}
+
+// checkNextHit holds every result's NextHit to the package doc: 0 unless
+// the check consumed the last of its key's budget, and then the RetryAfter
+// the store itself reports for a check-only check of the key right after
+// (on the same clock), where no later check of the batch touched the key.
+func checkNextHit(t *testing.T, st store.Store, checks []store.Check, got []store.Result, where string) {
+	t.Helper()
+	for j, r := range got {
+		c := checks[j]
+		last := r.Consumed && r.Remaining == 0
+		if !last {
+			if r.NextHit != 0 {
+				t.Errorf("%s, check %d (%s): NextHit %v on %s, want 0 (it did not consume the last of the budget)",
+					where, j, describe(c), r.NextHit, format(r))
+			}
+			continue
+		}
+		if r.NextHit <= 0 {
+			t.Errorf("%s, check %d (%s): no NextHit on %s", where, j, describe(c), format(r))
+			continue
+		}
+		later := false
+		for _, o := range checks[j+1:] {
+			later = later || o.Key == c.Key
+		}
+		if later {
+			continue
+		}
+		p := []store.Result{{}}
+		c.Hits, c.Refund, c.Force, c.Shadow = 0, false, false, false
+		if err := st.Peek(context.Background(), []store.Check{c}, p); err != nil {
+			t.Fatalf("%s: Peek: %v", where, err)
+		}
+		if p[0].Allowed || p[0].RetryAfter != r.NextHit {
+			t.Errorf("%s, check %d (%s): NextHit %v, but the store then answers a check-only check %s",
+				where, j, describe(checks[j]), r.NextHit, format(p[0]))
+		}
 	}
 }
 
@@ -507,8 +549,8 @@ func describe(c store.Check) string {
 }
 
 func format(r store.Result) string {
-	return fmt.Sprintf("{Allowed:%t Remaining:%d RetryAfter:%dµs Reset:%dµs Consumed:%t}",
-		r.Allowed, r.Remaining, r.RetryAfter.Microseconds(), r.Reset.Microseconds(), r.Consumed)
+	return fmt.Sprintf("{Allowed:%t Remaining:%d RetryAfter:%dµs Reset:%dµs NextHit:%dµs Consumed:%t}",
+		r.Allowed, r.Remaining, r.RetryAfter.Microseconds(), r.Reset.Microseconds(), r.NextHit.Microseconds(), r.Consumed)
 }
 
 // RunConcurrent races 50 goroutines issuing 200 single-hit checks in all at
