@@ -222,6 +222,7 @@ type Limiter struct {
 	wb             writeBacks
 	res            *reservations // nil: reservations are off
 	pool           sync.Pool     // *scratch
+	flights        flights       // store calls in flight for keys at their limit
 
 	sources      [numSources]atomic.Uint64
 	causes       [numCauses]atomic.Uint64
@@ -318,6 +319,9 @@ type riding struct {
 // no fallback covers (an error wrapping store.ErrProtocol, or another error
 // that is not store.ErrUnavailable: a bug, not an outage).
 func (l *Limiter) Decide(ctx context.Context, items []Item) error {
+	if len(items) == 1 && items[0].Check.Consuming() {
+		l.flights.wait(ctx, items[0].Check.Key)
+	}
 	now := l.opts.Now()
 	nowNs := now.UnixNano()
 	vetoed := l.fromCache(items, nowNs)
@@ -330,7 +334,11 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	if !sc.fill(items, vetoed) {
 		return nil
 	}
-	l.markScarce(sc, nowNs)
+	if l.markScarce(sc, nowNs) && len(items) == 1 && len(sc.checks) == 1 && !vetoed {
+		if end := l.flights.start(sc.checks[0].Key); end != nil {
+			defer end() // after collect has learnt the answer
+		}
+	}
 	l.attachReservations(items, sc, vetoed, nowNs)
 	if l.wb.n.Load() > 0 {
 		l.attachWriteBacks(sc, nowNs)
@@ -386,20 +394,26 @@ const scarceBelow = 8
 // and a counter call decides it for a fraction of a script call (a key
 // held at its limit admits each hit as it frees up, so this is its usual
 // request).
-func (l *Limiter) markScarce(sc *scratch, now int64) {
+//
+// It reports whether any consuming check's key is near its limit in that
+// sense (that hit included): a call for it is one that others wait for
+// (see flights).
+func (l *Limiter) markScarce(sc *scratch, now int64) (near bool) {
 	for j := range sc.checks {
 		c := &sc.checks[j]
 		if !c.Consuming() {
 			continue
 		}
 		k, ok := l.lookup(c)
-		if !ok || (k.nextHit && now >= k.until && c.Hits == 1) {
+		if !ok || (k.deniedHits == 0 && k.remaining >= scarceBelow*c.Hits) {
 			continue
 		}
-		if k.deniedHits > 0 || k.remaining < scarceBelow*c.Hits {
+		near = true
+		if !(k.nextHit && now >= k.until && c.Hits == 1) {
 			c.Scarce = true
 		}
 	}
+	return near
 }
 
 // clearResults sizes sc.results to sc.checks, zeroed.

@@ -125,6 +125,7 @@ type coalescer struct {
 
 	lastTime   atomic.Int64 // the latest TIME the node answered a counter call, Unix microseconds
 	noCounters atomic.Bool  // the node refused INCRBY: scripts only (counters.go)
+	noProbes   atomic.Bool  // the node refused GET: no probes (counters.go)
 
 	mu       sync.Mutex
 	inflight int

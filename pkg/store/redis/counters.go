@@ -63,7 +63,8 @@ import (
 // sliding window's previous count fades; a fixed window's stays), so they
 // did not fit when the GET ran either. Nothing was written, so nothing is
 // taken back. Otherwise the request goes on as a counter call (an INCRBY,
-// then the script where that cannot decide). A key held at its limit, whose
+// then the script where that cannot decide). A node that refuses GET (an
+// ACL without it) is sent no more probes. A key held at its limit, whose
 // hits are denied several times for each one that frees up, thus costs
 // plain commands for its denials as for its admissions, where each denial
 // was a script call.
@@ -125,7 +126,7 @@ func (s *Store) count(ctx context.Context, c *call) (bool, error) {
 	for _, ch := range c.checks {
 		c.keys = append(c.keys, ch.Key)
 	}
-	if len(c.checks) == 1 && c.checks[0].Scarce {
+	if len(c.checks) == 1 && c.checks[0].Scarce && !co.noProbes.Load() {
 		c.cs.counted, c.cs.probe = true, true
 		_, err = s.send(ctx, c)
 		if err != nil {
@@ -324,7 +325,11 @@ func (co *coalescer) runCounts(ctx context.Context, calls []*call) error {
 		for range c.checks {
 			v, err := counterReply(cmds[k])
 			k++
-			if counterRefused(err) {
+			switch {
+			case !counterRefused(err):
+			case cs.probe:
+				co.noProbes.Store(true) // an ACL without GET: counter calls go on
+			default:
 				co.noCounters.Store(true)
 			}
 			cs.incr, cs.ok = append(cs.incr, v), append(cs.ok, err == nil)

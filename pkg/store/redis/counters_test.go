@@ -268,6 +268,35 @@ func TestCountersRefused(t *testing.T) {
 	}
 }
 
+// TestProbesRefused: a node that refuses GET (an ACL of before probes)
+// decides Scarce requests by counter call and script, each correctly, and
+// still decides the others by counter calls.
+func TestProbesRefused(t *testing.T) {
+	skipNearMidnight(t)
+	srv := redistest.StartServer(t)
+	admin := srv.Client()
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "noget", "on", ">secret", "~*", "+@all", "-get").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "noget", Password: "secret"})
+	defer c.Close()
+	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second})
+	for i := range 6 {
+		r := decide(t, s, store.Check{Key: "acl", Limit: 4, Window: day, Hits: 1, Scarce: i >= 2})[0]
+		if r.Allowed != (i < 4) {
+			t.Errorf("request %d: %+v, want allowed %v", i, r, i < 4)
+		}
+	}
+	if denied, passed := s.Probes(); denied != 0 || passed != 1 {
+		t.Errorf("probes denied %d and passed %d on a node that refuses GET, want 0 and the first refused", denied, passed)
+	}
+	if decided, _ := s.CounterCalls(); decided < 3 {
+		t.Errorf("%d requests decided by counter calls, want at least 3 (GET's refusal must not stop them)", decided)
+	}
+}
+
 // TestCountersCluster: on a 3-master Cluster, requests of keys in every
 // slot are decided by counter calls on the masters that own them, exactly
 // (a limit of 20 per key over 30 requests each).

@@ -271,7 +271,7 @@ var ACLRules = []string{"~*", "resetchannels", "-@all",
 	"+fcall", "+fcall_ro", "+function|load", // the Function library
 	"+evalsha", "+eval", // the script fallback, and the fleet's heartbeat script
 	"+time", "+mget", "+set", "+pttl", "+pexpire", // run by decide.lua
-	"+incrby",                                       // counter calls (with +time)
+	"+incrby", "+get", // counter calls and probes (with +time)
 	"+zremrangebyscore", "+zadd", "+zcard", "+zrem", // the fleet's heartbeats
 	"+hset", "+hdel", "+hgetall", // RLQS demand shared by the replicas
 	"+del", "+ping", "+hello", "+cluster|slots", "+cluster|shards"}

@@ -1,0 +1,128 @@
+package limiter
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
+)
+
+// gatedStore holds each Decide until the test lets it go, after
+// signalling that it arrived.
+type gatedStore struct {
+	store.Store
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func (s *gatedStore) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
+	s.arrived <- struct{}{}
+	<-s.release
+	return s.Store.Decide(ctx, checks, results)
+}
+
+// flightSetup returns a limiter over a gated memory store whose waits
+// for another's call last up to a minute (the test decides when they end),
+// and a function deciding one hit of c.
+func flightSetup(t *testing.T, c store.Check) (*Limiter, *gatedStore, func() Item) {
+	clk := &clock{t: time.Unix(1_751_540_400, 0)}
+	gs := &gatedStore{Store: memory.New(memory.Options{Now: clk.now}), arrived: make(chan struct{}, 8), release: make(chan struct{}, 8)}
+	l := New(gs, Options{Now: clk.now})
+	l.flights.maxWait = time.Minute
+	return l, gs, func() Item {
+		items := []Item{{Check: c}}
+		if err := l.Decide(context.Background(), items); err != nil {
+			t.Error(err)
+		}
+		return items[0]
+	}
+}
+
+// until spins (no sleep) until cond holds, for at most 30 s.
+func until(t *testing.T, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); !cond(); runtime.Gosched() {
+		if time.Now().After(end) {
+			t.Fatal("no request waited for the call in flight")
+		}
+	}
+}
+
+// A request for a key at its limit waits for the store call in flight for
+// that key, and is then denied by the over-limit cache with the NextHit
+// that call learnt, without a call of its own.
+func TestFlightWaitsForTheCallInFlight(t *testing.T) {
+	c := chk("rl:{d|k=v}:s60", 3, time.Minute)
+	l, gs, one := flightSetup(t, c)
+	for range 2 { // 1 left: near the limit
+		gs.release <- struct{}{}
+		one()
+		<-gs.arrived
+	}
+	var wg sync.WaitGroup
+	var leader, waiter Item
+	wg.Go(func() { leader = one() }) // takes the last hit, held in flight
+	<-gs.arrived
+	wg.Go(func() { waiter = one() })
+	until(t, func() bool { return l.flights.waiting.Load() == 1 })
+	gs.release <- struct{}{}
+	wg.Wait()
+	if len(gs.arrived) != 0 {
+		t.Fatalf("the waiter made a store call of its own")
+	}
+	if !leader.Result.Allowed || leader.Result.Remaining != 0 || leader.Result.NextHit == 0 {
+		t.Fatalf("leader: %+v, want the last hit, with its NextHit", leader.Result)
+	}
+	if waiter.Result.Allowed || waiter.Source != FromCache || waiter.Result.RetryAfter != leader.Result.NextHit {
+		t.Fatalf("waiter: %+v from %v, want denied from the cache until the leader's NextHit", waiter.Result, waiter.Source)
+	}
+	if n := l.flights.n.Load(); n != 0 {
+		t.Fatalf("%d calls still in flight", n)
+	}
+}
+
+// A key away from its limit never waits: two requests' calls are in
+// flight together.
+func TestFlightNotAwayFromTheLimit(t *testing.T) {
+	c := chk("rl:{d|k=v}:s60", 100, time.Minute)
+	l, gs, one := flightSetup(t, c)
+	gs.release <- struct{}{}
+	one()
+	<-gs.arrived
+	var wg sync.WaitGroup
+	wg.Go(func() { one() })
+	wg.Go(func() { one() })
+	<-gs.arrived
+	<-gs.arrived // both calls reached the store while neither was answered
+	if n := l.flights.n.Load(); n != 0 {
+		t.Errorf("%d flights for a key with 99 left", n)
+	}
+	gs.release <- struct{}{}
+	gs.release <- struct{}{}
+	wg.Wait()
+}
+
+// A waiter whose wait runs out makes its own call, as without flights
+// (a store that hangs delays it by the wait, no more).
+func TestFlightWaitIsBounded(t *testing.T) {
+	c := chk("rl:{d|k=v}:s60", 3, time.Minute)
+	l, gs, one := flightSetup(t, c)
+	l.flights.maxWait = time.Nanosecond
+	for range 2 {
+		gs.release <- struct{}{}
+		one()
+		<-gs.arrived
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { one() })
+	<-gs.arrived // the leader, held
+	wg.Go(func() { one() })
+	<-gs.arrived // the waiter gave up and called too
+	gs.release <- struct{}{}
+	gs.release <- struct{}{}
+	wg.Wait()
+}
