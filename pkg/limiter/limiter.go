@@ -160,7 +160,7 @@ const (
 // maps' growth; the constants are the largest figure rounded up.
 // TestLRUEntryOverhead measures them again.
 const (
-	overLimitCacheOverhead = 176 // measured 150-168 (135-152 before the nextHit flag)
+	overLimitCacheOverhead = 176 // measured 150-168 (135-152 before the fits field)
 	bucketOverhead         = 192 // measured 167-185
 	writeBackOverhead      = 208 // measured 140-203 (the map holds the check inline)
 )
@@ -390,7 +390,8 @@ const scarceBelow = 8
 
 // markScarce marks the checks of sc whose key the store last reported
 // near its limit (store.Check.Scarce), but for a hit sent once the last
-// answer's NextHit has come: the store then expects that one hit to fit,
+// answer's NextHit has surely come (counted from when the answer arrived):
+// the store then expects that one hit to fit,
 // and a counter call decides it for a fraction of a script call (a key
 // held at its limit admits each hit as it frees up, so this is its usual
 // request).
@@ -409,7 +410,7 @@ func (l *Limiter) markScarce(sc *scratch, now int64) (near bool) {
 			continue
 		}
 		near = true
-		if !(k.nextHit && now >= k.until && c.Hits == 1) {
+		if !(k.fits != 0 && now >= k.fits && c.Hits == 1) {
 			c.Scarce = true
 		}
 	}

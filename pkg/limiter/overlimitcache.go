@@ -16,9 +16,12 @@ type overLimitEntry struct {
 	at           int64  // when, in unix nanoseconds
 	deniedHits   uint64 // the store denied this many hits (0: no denial known) ...
 	until        int64  // ... which would not pass before then (unix nanoseconds)
-	// nextHit: the denial is the store's NextHit (the last hit admitted
-	// left no budget), so one hit is expected to pass from until on.
-	nextHit bool
+	// fits, when the denial is of one hit (the store's NextHit after a hit
+	// that left no budget, or a denial of one hit), is when one hit is
+	// expected to pass for sure: the NextHit or RetryAfter counted from when
+	// the answer arrived, where until counts it from before the call was
+	// sent (unix nanoseconds; 0: another denial).
+	fits int64
 }
 
 // sameRule reports whether k was learned under c's limit.
@@ -64,7 +67,7 @@ func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
 		if !ok || !k.denies(c, now) {
 			continue
 		}
-		if k.nextHit && l.res != nil && l.res.held(c, now) > 0 {
+		if k.fits != 0 && l.res != nil && l.res.held(c, now) > 0 {
 			continue // the hit that took the last of the budget may have been this replica's slice
 		}
 		d := time.Duration(k.until - now)
@@ -113,6 +116,10 @@ func (l *Limiter) learn(c *store.Check, r *store.Result, sc *scratch, now int64)
 	if denied {
 		total = sc.keyHits(c.Key)
 	}
+	var arrived int64
+	if (r.Consumed && r.Remaining == 0 && r.NextHit > 0) || (denied && total == 1) {
+		arrived = l.opts.Now().UnixNano()
+	}
 	lruWith(l.overLimitCache, c.Key, func(k overLimitEntry, ok bool) (overLimitEntry, bool, struct{}) {
 		if !ok || !k.sameRule(c) {
 			k = overLimitEntry{limit: c.Limit, burst: c.Burst, window: c.Window}
@@ -123,14 +130,17 @@ func (l *Limiter) learn(c *store.Check, r *store.Result, sc *scratch, now int64)
 			k.deniedHits = 0 // a refund gives budget back
 		case c.Force: // a write-back is not a denial
 		case denied:
-			k.deniedHits, k.until, k.nextHit = total, now+int64(r.RetryAfter), false
+			k.deniedHits, k.until, k.fits = total, now+int64(r.RetryAfter), 0
+			if total == 1 { // one hit: it passes once RetryAfter has surely come
+				k.fits = arrived + int64(r.RetryAfter)
+			}
 		case r.Allowed && max(c.Hits, 1) >= k.deniedHits:
-			k.deniedHits, k.nextHit = 0, false // the store let as many pass: the denial is over
+			k.deniedHits, k.fits = 0, 0 // the store let as many pass: the denial is over
 		}
 		if r.Consumed && r.Remaining == 0 && r.NextHit > 0 && !l.opts.DisableOverLimitCache {
 			// The hit admitted took the last of the budget: the store
 			// denies every hit until NextHit, as after a denial.
-			k.deniedHits, k.until, k.nextHit = 1, now+int64(r.NextHit), true
+			k.deniedHits, k.until, k.fits = 1, now+int64(r.NextHit), arrived+int64(r.NextHit)
 		}
 		return k, true, struct{}{}
 	})

@@ -123,9 +123,14 @@ type coalescer struct {
 
 	scripts scripts // FCALL or EVALSHA (scripts.go)
 
-	lastTime   atomic.Int64 // the latest TIME the node answered a counter call, Unix microseconds
-	noCounters atomic.Bool  // the node refused INCRBY: scripts only (counters.go)
-	noProbes   atomic.Bool  // the node refused GET: no probes (counters.go)
+	// clock: the latest TIME the node answered a counter call (Unix
+	// microseconds), and when that answer arrived, on rls's monotonic
+	// clock (counters.go's earliest).
+	clockMu    sync.Mutex
+	lastTime   int64
+	lastAt     time.Time
+	noCounters atomic.Bool // the node refused INCRBY: scripts only (counters.go)
+	noProbes   atomic.Bool // the node refused GET: no probes (counters.go)
 
 	mu       sync.Mutex
 	inflight int

@@ -33,7 +33,9 @@ import (
 //     which ran after that write and before TIME, ran in the same window;
 //   - the budget is that of the state before the INCRBY at the earliest
 //     moment the INCRBY can have run (the last TIME this node answered
-//     before the call was sent, else the window's start): a sliding
+//     before the call was sent, plus the time elapsed since that answer
+//     arrived on rls's monotonic clock, less 0.1 % for a Redis clock that
+//     runs slow, see earliest; else the window's start): a sliding
 //     window's budget only grows as its previous count fades, so the check
 //     fits whenever it ran;
 //   - a sliding value that may have been created by the INCRBY itself (no
@@ -283,7 +285,7 @@ func (co *coalescer) counterClient() redis.Cmdable {
 // an error only when the round trip failed as a whole (TIME got no
 // answer): the INCRBYs may then have run or not.
 func (co *coalescer) runCounts(ctx context.Context, calls []*call) error {
-	low := co.lastTime.Load()
+	low := co.earliest()
 	p := co.counterClient().Pipeline()
 	n := 0
 	for _, c := range calls {
@@ -311,11 +313,8 @@ func (co *coalescer) runCounts(ctx context.Context, calls []*call) error {
 	case counterRefused(err):
 		co.noCounters.Store(true)
 	}
-	for {
-		last := co.lastTime.Load()
-		if high <= last || co.lastTime.CompareAndSwap(last, high) {
-			break
-		}
+	if high > 0 {
+		co.observe(high, time.Now())
 	}
 	k := 0
 	for _, c := range calls {
@@ -336,6 +335,37 @@ func (co *coalescer) runCounts(ctx context.Context, calls []*call) error {
 		}
 	}
 	return nil
+}
+
+// maxSlew is how much slower than rls's clock Redis's may run: Linux slews
+// a clock by at most 500 ppm; this allows twice that.
+const maxSlew = 1000 // 1/maxSlew of the time elapsed
+
+// earliest returns a lower bound of Redis's clock for a command sent now
+// (Unix microseconds; 0: none known): the latest TIME the node answered,
+// which it read before the answer arrived, plus the time elapsed since
+// then on rls's monotonic clock, less 1/maxSlew of it and a microsecond.
+func (co *coalescer) earliest() int64 {
+	co.clockMu.Lock()
+	t, at := co.lastTime, co.lastAt
+	co.clockMu.Unlock()
+	if t == 0 {
+		return 0
+	}
+	el := time.Since(at).Microseconds()
+	if el <= 1 {
+		return t
+	}
+	return t + el - el/maxSlew - 1
+}
+
+// observe records TIME's answer t, arrived at at.
+func (co *coalescer) observe(t int64, at time.Time) {
+	co.clockMu.Lock()
+	if t > co.lastTime {
+		co.lastTime, co.lastAt = t, at
+	}
+	co.clockMu.Unlock()
 }
 
 // counterReply returns an INCRBY's reply, or the integer a probe's GET

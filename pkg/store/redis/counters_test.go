@@ -357,18 +357,28 @@ func TestCountersNextHit(t *testing.T) {
 	peek := c
 	peek.Hits = 0
 	var due time.Time
-	var fading, peeks int
+	var fading, peeks, hits int
 	deadline := time.Now().Add(6 * time.Second)
 	const slack = 50 * time.Microsecond // clock reads of two processes
 	for n := 0; n < 60000 && time.Now().Before(deadline); n++ {
 		if time.Now().Before(due) {
+			// A Peek, or every fourth time a hit (a counter call, whose
+			// budget is taken at the earliest time its INCRBY can have
+			// run): neither may pass before the NextHit.
 			p := make([]store.Result, 1)
-			if err := counted.Peek(context.Background(), []store.Check{peek}, p); err != nil {
+			sent := time.Now()
+			if n%4 == 0 {
+				p[0] = decide(t, counted, c)[0]
+				hits++
+			} else if err := counted.Peek(context.Background(), []store.Check{peek}, p); err != nil {
 				t.Fatal(err)
 			}
 			peeks++
 			if after := time.Now(); p[0].Allowed && after.Add(slack).Before(due) {
 				t.Fatalf("request %d: a hit passes %v before the last NextHit: %+v", n, due.Sub(after), p[0])
+			}
+			if p[0].NextHit > 0 {
+				due = sent.Add(p[0].NextHit) // no later than the store's own
 			}
 			continue
 		}
@@ -385,7 +395,7 @@ func TestCountersNextHit(t *testing.T) {
 		}
 	}
 	decided, scripted := counted.CounterCalls()
-	t.Logf("%d NextHits within a window, %d peeks before one; counter calls: %d decided alone, %d went on to the script", fading, peeks, decided, scripted)
+	t.Logf("%d NextHits within a window, %d peeks before one (%d of them hits); counter calls: %d decided alone, %d went on to the script", fading, peeks, hits, decided, scripted)
 	if fading < 100 || peeks < 100 {
 		t.Errorf("%d NextHits within a window and %d peeks before one: want at least 100 of each", fading, peeks)
 	}
