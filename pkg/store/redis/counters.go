@@ -17,8 +17,10 @@ import (
 //
 // A request whose checks all consume hits of a two-counter sliding window
 // or of a fixed window (no refund, write-back, shadow or peek; Redis's own
-// clock; a request of one check that the limiter marked store.Check.Scarce
-// goes through a probe first, see Probes below) is sent as one INCRBY per
+// clock; a check the limiter marked store.Check.Scarce, near its limit
+// where an INCRBY would mostly be taken back, sends a request of several
+// checks to the script at once, and a request of one through a probe
+// first, see Probes below) is sent as one INCRBY per
 // check of its key's compact value by Hits * lua.CounterStep (the count
 // field), then one TIME, pipelined on
 // the node with the other requests ready (Redis runs a plain INCRBY in a
@@ -79,7 +81,7 @@ const maxCounterHits = 1 << 20
 // call.
 func countable(cs []*store.Check) bool {
 	for _, c := range cs {
-		if !c.Consuming() || c.Shadow || c.Hits >= maxCounterHits {
+		if !c.Consuming() || c.Shadow || c.Hits >= maxCounterHits || (c.Scarce && len(cs) > 1) {
 			return false
 		}
 		switch c.Algorithm {
