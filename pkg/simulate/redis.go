@@ -24,9 +24,11 @@ import (
 // and a SET, as it writes the key back after taking the INCRBY back) when
 // it was denied, or when no script call has written the key in the
 // event's window yet (the key's value is of another window, or new).
-// In the service, the limiter sends a key it last saw near its limit
-// straight to the script: a denial there costs one script call and no
-// INCRBY, which this model leaves out.
+// In the service, near a key's limit, the limiter's over-limit cache
+// answers many denials without a call (the last hit's NextHit), and a
+// one-check request is probed first (GET and TIME, no script call when
+// denied): the model leaves these out, and so counts such a key's
+// denials at their dearest.
 func RedisCost(tr Trace, l Limit, c Candidate, allowed []bool) (calls, commands float64) {
 	n := min(len(tr.Events), len(allowed))
 	if n == 0 {
