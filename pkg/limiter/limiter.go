@@ -391,10 +391,9 @@ const scarceBelow = 8
 // markScarce marks the checks of sc whose key the store last reported
 // near its limit (store.Check.Scarce), but for a hit sent once the last
 // answer's NextHit has surely come (counted from when the answer arrived):
-// the store then expects that one hit to fit,
-// and a counter call decides it for a fraction of a script call (a key
-// held at its limit admits each hit as it frees up, so this is its usual
-// request).
+// the store then expects that one hit to fit, and a counter call decides
+// it for a fraction of a script call (a key held at its limit admits each
+// hit as it frees up, so this is its usual request).
 //
 // It reports whether any consuming check's key is near its limit in that
 // sense (that hit included): a call for it is one that others wait for
