@@ -19,14 +19,19 @@ import (
 // and whose key has such a call in flight waits for that call's answer,
 // bounded by its own deadline, and is then decided as if it had arrived
 // just after it: by the over-limit cache when the store would deny it,
-// else by the store. Waiting changes no answer, only when it is given; a
+// else by the store. A request that arrives after the cache's denial of one
+// hit has run out, but before that hit surely fits (the answer's NextHit or
+// RetryAfter counted from the answer's arrival: the store may say either),
+// waits for that moment (at most flightWait) and then asks, as the call
+// that the others wait for. Waiting changes no answer, only when it is given; a
 // key away from its limit never waits, and no request waits longer than
 // flightWait (a store that is slow or gone delays the others by that much
 // at most: they then make their own calls, as without flights).
 type flights struct {
-	n       atomic.Int32  // calls in flight: no lookup while there are none
-	waiting atomic.Int32  // requests waiting (for tests)
-	maxWait time.Duration // 0: flightWait
+	n       atomic.Int32        // calls in flight: no lookup while there are none
+	waiting atomic.Int32        // requests waiting (for tests)
+	maxWait time.Duration       // 0: flightWait
+	sleepFn func(time.Duration) // nil: a timer (tests move their clock instead)
 	mu      sync.Mutex
 	m       map[string]chan struct{} // closed when the key's call has been learnt
 }
@@ -57,6 +62,20 @@ func (f *flights) wait(ctx context.Context, key string) {
 	defer f.waiting.Add(-1)
 	select {
 	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// sleep waits d, or until ctx ends.
+func (f *flights) sleep(ctx context.Context, d time.Duration) {
+	if f.sleepFn != nil {
+		f.sleepFn(d)
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
 	case <-t.C:
 	case <-ctx.Done():
 	}

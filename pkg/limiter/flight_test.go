@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,4 +126,80 @@ func TestFlightWaitIsBounded(t *testing.T) {
 	gs.release <- struct{}{}
 	gs.release <- struct{}{}
 	wg.Wait()
+}
+
+// slowStore advances the clock by rtt inside each Decide, after deciding:
+// the answer arrives rtt after the store's moment.
+type slowStore struct {
+	store.Store
+	clk    *clock
+	rtt    time.Duration
+	calls  chan struct{}
+	scarce atomic.Bool   // the last call's first check was marked Scarce
+	hold   chan struct{} // when set, each call waits for a receive
+}
+
+func (s *slowStore) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
+	s.calls <- struct{}{}
+	s.scarce.Store(checks[0].Scarce)
+	if s.hold != nil {
+		<-s.hold
+	}
+	err := s.Store.Decide(ctx, checks, results)
+	s.clk.add(s.rtt)
+	return err
+}
+
+// A request that arrives after the cache's denial of a key's next hit has
+// run out (its NextHit counted from before the call), but before the hit
+// surely fits (counted from the answer's arrival), waits for that moment as
+// the call others wait for, then asks the store, which admits it: the
+// request behind it waits for that answer and is denied by the cache,
+// without a call.
+func TestFlightWaitsUntilTheHitFits(t *testing.T) {
+	clk := &clock{t: time.Unix(1_751_540_400, 0)}
+	ss := &slowStore{Store: memory.New(memory.Options{Now: clk.now}), clk: clk, rtt: 500 * time.Microsecond, calls: make(chan struct{}, 16)}
+	l := New(ss, Options{Now: clk.now})
+	l.flights.maxWait = time.Minute
+	l.flights.sleepFn = clk.add               // the wait until the fit moves the test's clock
+	c := chk("rl:{d|k=v}:s1", 2, time.Second) // a sliding window of 2/s
+	one := func() Item {
+		items := []Item{{Check: c}}
+		if err := l.Decide(context.Background(), items); err != nil {
+			t.Error(err)
+		}
+		return items[0]
+	}
+	// Fill the window, then move to the next: the previous count fades.
+	one()
+	one()
+	clk.add(time.Second)
+	<-ss.calls
+	<-ss.calls
+	last := one() // takes the last hit
+	<-ss.calls
+	if !last.Result.Allowed || last.Result.NextHit == 0 {
+		t.Fatalf("last hit: %+v, want allowed with a NextHit", last.Result)
+	}
+	// Between the denial's end and the sure fit.
+	clk.add(last.Result.NextHit - ss.rtt + 100*time.Microsecond)
+	ss.hold = make(chan struct{})
+	var wg sync.WaitGroup
+	var first, second Item
+	wg.Go(func() { first = one() })
+	until(t, func() bool { return len(ss.calls) == 1 }) // waited for the fit, then called: held
+	wg.Go(func() { second = one() })
+	until(t, func() bool { return l.flights.waiting.Load() == 1 })
+	close(ss.hold)
+	wg.Wait()
+	if n := len(ss.calls); n != 1 {
+		t.Fatalf("%d store calls for the two requests, want 1", n)
+	}
+	if !first.Result.Allowed || first.Source != FromStore || ss.scarce.Load() {
+		t.Fatalf("the request that waited for the fit: %+v from %v (Scarce %v), want admitted by the store, sent as a hit expected to fit (not Scarce)",
+			first.Result, first.Source, ss.scarce.Load())
+	}
+	if second.Result.Allowed || second.Source != FromCache {
+		t.Fatalf("the request behind it: %+v from %v, want denied by the cache", second.Result, second.Source)
+	}
 }

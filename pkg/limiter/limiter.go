@@ -319,12 +319,28 @@ type riding struct {
 // no fallback covers (an error wrapping store.ErrProtocol, or another error
 // that is not store.ErrUnavailable: a bug, not an outage).
 func (l *Limiter) Decide(ctx context.Context, items []Item) error {
-	if len(items) == 1 && items[0].Check.Consuming() {
+	single := len(items) == 1 && items[0].Check.Consuming()
+	if single {
 		l.flights.wait(ctx, items[0].Check.Key)
 	}
 	now := l.opts.Now()
 	nowNs := now.UnixNano()
-	vetoed := l.fromCache(items, nowNs)
+	vetoed, fits := l.fromCache(items, nowNs)
+	var leader func()
+	if single && fits > 0 && fits <= flightWait {
+		// The store may or may not let the hit pass before it surely fits:
+		// one request waits for that moment and then asks, the others wait
+		// for its answer (see flights).
+		if leader = l.flights.start(items[0].Check.Key); leader != nil {
+			defer leader()
+			l.flights.sleep(ctx, fits)
+		} else {
+			l.flights.wait(ctx, items[0].Check.Key)
+		}
+		now = l.opts.Now()
+		nowNs = now.UnixNano()
+		vetoed, _ = l.fromCache(items, nowNs)
+	}
 	if l.fromReservations(items, vetoed, nowNs) {
 		return nil
 	}
@@ -334,7 +350,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	if !sc.fill(items, vetoed) {
 		return nil
 	}
-	if l.markScarce(sc, nowNs) && len(items) == 1 && len(sc.checks) == 1 && !vetoed {
+	if l.markScarce(sc, nowNs) && leader == nil && len(items) == 1 && len(sc.checks) == 1 && !vetoed {
 		if end := l.flights.start(sc.checks[0].Key); end != nil {
 			defer end() // after collect has learnt the answer
 		}

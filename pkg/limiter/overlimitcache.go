@@ -53,7 +53,11 @@ func (l *Limiter) lookup(c *store.Check) (overLimitEntry, bool) {
 // fromCache answers the items the over-limit cache denies, marks the others
 // FromStore, and reports whether a cached denial vetoes the request (a
 // consuming, non-shadow check was denied).
-func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
+//
+// fits, for a request of one hit of one key whose last answer said when
+// one hit surely fits (overLimitEntry.fits), is how long until then when
+// the cache's denial has run out but that time has not come (0 else).
+func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool, fits time.Duration) {
 	hits := 0
 	credits := givesBack(items)
 	for i := range items {
@@ -64,6 +68,9 @@ func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
 			continue
 		}
 		k, ok := l.lookup(c)
+		if ok && len(items) == 1 && c.Hits == 1 && k.fits > now && k.sameRule(c) && !k.denies(c, now) {
+			fits = time.Duration(k.fits - now)
+		}
 		if !ok || !k.denies(c, now) {
 			continue
 		}
@@ -81,7 +88,7 @@ func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool) {
 	if hits > 0 {
 		l.sources[FromCache].Add(uint64(hits))
 	}
-	return vetoed
+	return vetoed, fits
 }
 
 // givesBack reports whether items hold a refund: the store applies refunds
