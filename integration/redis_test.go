@@ -14,7 +14,6 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rls-project/rls/integration/redistest"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
@@ -323,24 +322,24 @@ func rdTestBatch(t *testing.T, p *rlsProc, rc redis.Cmdable, nodes []*redistest.
 	}
 	r = measured("request 2", key, route, method)
 	rdCheckStatuses(t, "request 2", r, rdOkCode, rdOkCode, 8, rdOkCode, 3, rdOkCode, 1)
+	r = measured("request 3", key, route, method)
+	rdCheckStatuses(t, "request 3", r, rdOkCode, rdOkCode, 7, rdOkCode, 2, rdOkCode, 0)
 
-	// The method limit (3) has 1 left; a request for 2 hits of it: Redis
-	// denies the request, and each status reports its own verdict in that
-	// pass (api_key and route as if they had taken theirs).
-	method2 := desc("api_key", tenant, "method", "GET")
-	method2.HitsAddend = wrapperspb.UInt64(2)
-	r = measured("request 3 (denied by Redis)", key, route, method2)
-	rdCheckStatuses(t, "request 3", r, rdOverCode, rdOkCode, 7, rdOkCode, 2, rdOverCode, 1)
+	// The method limit (3) is spent: Redis denies the request, and each
+	// status reports its own verdict in that pass.
+	r = measured("request 4 (denied by Redis)", key, route, method)
+	rdCheckStatuses(t, "request 4", r, rdOverCode, rdOkCode, 6, rdOkCode, 1, rdOverCode, 0)
 	// All or nothing: the denied request took nothing from api_key and route.
-	r = measured("request 4", key, route, method)
-	rdCheckStatuses(t, "request 4 after a denied request", r, rdOkCode, rdOkCode, 7, rdOkCode, 2, rdOkCode, 0)
+	r = measured("request 5", key, route)
+	rdCheckStatuses(t, "request 5 after a denied request", r, rdOkCode, rdOkCode, 6, rdOkCode, 1)
 
-	// method's last hit is gone, and Redis said when the next would pass:
-	// the local over-limit cache denies now, and the others only check.
+	// Denied again, now by the local over-limit cache: still nothing taken.
 	r = should(t, c, "batch", key, route, method)
-	rdCheckStatuses(t, "request 5 (denied by the cache)", r, rdOverCode, rdOkCode, 7, rdOkCode, 2, rdOverCode, 0)
+	if r.OverallCode != rdOverCode || r.Statuses[2].Code != rdOverCode {
+		t.Fatalf("request 6: %v, want OVER_LIMIT by method", r)
+	}
 	r = should(t, c, "batch", key)
-	rdCheckStatuses(t, "request 6 after a denied request", r, rdOkCode, rdOkCode, 6)
+	rdCheckStatuses(t, "request 7 after a denied request", r, rdOkCode, rdOkCode, 5)
 }
 
 // rdKeyCase is one request of the key-format test and the key it must write.

@@ -237,20 +237,20 @@ func TestTracingOTLPGRPC(t *testing.T) {
 	codes := []string{
 		traced(t, p, "00-"+traceID+"-"+parentID+"-01", secret).OverallCode.String(),
 		traced(t, p, "", secret).OverallCode.String(),
-		traced(t, p, "", secret).OverallCode.String(), // over the limit: the over-limit cache says so (the last hit's NextHit)
-		traced(t, p, "", secret).OverallCode.String(), // and again
+		traced(t, p, "", secret).OverallCode.String(), // over the limit: the store says so
+		traced(t, p, "", secret).OverallCode.String(), // the over-limit cache says so
 	}
 	if fmt.Sprint(codes) != "[OK OK OVER_LIMIT OVER_LIMIT]" {
 		t.Fatalf("codes %v", codes)
 	}
 	traced(t, p, "00-"+traceID+"-"+parentID+"-00", secret+"-unsampled") // Envoy did not sample it
-	testkit.WaitForEvery(t, "4 call spans and 2 store spans", 10*time.Second, pollEvery, func() bool {
-		return len(rcv.named("rls.ShouldRateLimit")) >= 4 && len(rcv.named("rls.store.Decide")) >= 2
+	testkit.WaitForEvery(t, "4 call spans and 3 store spans", 10*time.Second, pollEvery, func() bool {
+		return len(rcv.named("rls.ShouldRateLimit")) >= 4 && len(rcv.named("rls.store.Decide")) >= 3
 	})
 	p.stop(t) // flushes anything left
 	calls, stores := rcv.named("rls.ShouldRateLimit"), rcv.named("rls.store.Decide")
-	if len(calls) != 4 || len(stores) != 2 {
-		t.Fatalf("%d call spans and %d store spans, want 4 and 2 (the unsampled call has none)", len(calls), len(stores))
+	if len(calls) != 4 || len(stores) != 3 {
+		t.Fatalf("%d call spans and %d store spans, want 4 and 3 (the unsampled call has none)", len(calls), len(stores))
 	}
 	// Spans arrive in the order they ended: the calls were sequential.
 	first := calls[0]
@@ -271,10 +271,10 @@ func TestTracingOTLPGRPC(t *testing.T) {
 			"rls.overall_code": codes[i], "rls.descriptor.rules": []any{"per-key"}, "rpc.grpc.status_code": 0, "rls.fallback": false})
 	}
 	wantAttrs(t, "call 1", calls[1], map[string]any{"rls.descriptor.outcomes": []any{"near_limit"}, "rls.descriptor.sources": []any{"store"}})
-	wantAttrs(t, "call 2", calls[2], map[string]any{"rls.descriptor.outcomes": []any{"over_limit"}, "rls.descriptor.sources": []any{"local_cache"}})
+	wantAttrs(t, "call 2", calls[2], map[string]any{"rls.descriptor.outcomes": []any{"over_limit"}, "rls.descriptor.sources": []any{"store"}})
 	wantAttrs(t, "call 3", calls[3], map[string]any{"rls.descriptor.outcomes": []any{"over_limit"}, "rls.descriptor.sources": []any{"local_cache"}})
 	for i, s := range stores {
-		c := calls[i] // calls 0-1 went to Redis, calls 2-3 did not
+		c := calls[i] // calls 0-2 went to Redis, call 3 did not
 		if !bytes.Equal(s.ParentSpanId, c.SpanId) || !bytes.Equal(s.TraceId, c.TraceId) || s.Kind != tracepb.Span_SPAN_KIND_CLIENT {
 			t.Errorf("store span %d: trace %x parent %x kind %v, want a client child of call %d (%x %x)", i, s.TraceId, s.ParentSpanId, s.Kind, i, c.TraceId, c.SpanId)
 		}

@@ -54,8 +54,7 @@ func until(t *testing.T, cond func() bool) {
 }
 
 // A request for a key at its limit waits for the store call in flight for
-// that key, and is then denied by the over-limit cache with the NextHit
-// that call learnt, without a call of its own.
+// that key, and makes its own call only once that call has been answered.
 func TestFlightWaitsForTheCallInFlight(t *testing.T) {
 	c := chk("rl:{d|k=v}:s60", 3, time.Minute)
 	l, gs, one := flightSetup(t, c)
@@ -70,16 +69,18 @@ func TestFlightWaitsForTheCallInFlight(t *testing.T) {
 	<-gs.arrived
 	wg.Go(func() { waiter = one() })
 	until(t, func() bool { return l.flights.waiting.Load() == 1 })
+	if len(gs.arrived) != 0 {
+		t.Fatal("the waiter called the store while the leader's call was in flight")
+	}
+	gs.release <- struct{}{} // the leader's answer; then the waiter's own call
+	<-gs.arrived
 	gs.release <- struct{}{}
 	wg.Wait()
-	if len(gs.arrived) != 0 {
-		t.Fatalf("the waiter made a store call of its own")
+	if !leader.Result.Allowed || leader.Result.Remaining != 0 {
+		t.Fatalf("leader: %+v, want the last hit", leader.Result)
 	}
-	if !leader.Result.Allowed || leader.Result.Remaining != 0 || leader.Result.NextHit == 0 {
-		t.Fatalf("leader: %+v, want the last hit, with its NextHit", leader.Result)
-	}
-	if waiter.Result.Allowed || waiter.Source != FromCache || waiter.Result.RetryAfter != leader.Result.NextHit {
-		t.Fatalf("waiter: %+v from %v, want denied from the cache until the leader's NextHit", waiter.Result, waiter.Source)
+	if waiter.Result.Allowed || waiter.Source != FromStore {
+		t.Fatalf("waiter: %+v from %v, want denied by the store", waiter.Result, waiter.Source)
 	}
 	if n := l.flights.n.Load(); n != 0 {
 		t.Fatalf("%d calls still in flight", n)
@@ -151,11 +152,11 @@ func (s *slowStore) Decide(ctx context.Context, checks []store.Check, results []
 }
 
 // A request that arrives after the cache's denial of a key's next hit has
-// run out (its NextHit counted from before the call), but before the hit
+// run out (its RetryAfter counted from before the call), but before the hit
 // surely fits (counted from the answer's arrival), waits for that moment as
-// the call others wait for, then asks the store, which admits it: the
-// request behind it waits for that answer and is denied by the cache,
-// without a call.
+// the call others wait for, then sends the hit as one expected to fit (not
+// Scarce), and the store admits it; the request behind it calls only after
+// that answer.
 func TestFlightWaitsUntilTheHitFits(t *testing.T) {
 	clk := &clock{t: time.Unix(1_751_540_400, 0)}
 	ss := &slowStore{Store: memory.New(memory.Options{Now: clk.now}), clk: clk, rtt: 500 * time.Microsecond, calls: make(chan struct{}, 16)}
@@ -170,36 +171,37 @@ func TestFlightWaitsUntilTheHitFits(t *testing.T) {
 		}
 		return items[0]
 	}
-	// Fill the window, then move to the next: the previous count fades.
+	// Fill the window: the next hit is denied until the window ends.
 	one()
 	one()
-	clk.add(time.Second)
-	<-ss.calls
-	<-ss.calls
-	last := one() // takes the last hit
-	<-ss.calls
-	if !last.Result.Allowed || last.Result.NextHit == 0 {
-		t.Fatalf("last hit: %+v, want allowed with a NextHit", last.Result)
+	denied := one()
+	for range 3 {
+		<-ss.calls
+	}
+	if denied.Result.Allowed || denied.Result.RetryAfter == 0 {
+		t.Fatalf("third hit: %+v, want denied with a RetryAfter", denied.Result)
 	}
 	// Between the denial's end and the sure fit.
-	clk.add(last.Result.NextHit - ss.rtt + 100*time.Microsecond)
+	clk.add(denied.Result.RetryAfter - ss.rtt + 100*time.Microsecond)
 	ss.hold = make(chan struct{})
 	var wg sync.WaitGroup
 	var first, second Item
 	wg.Go(func() { first = one() })
 	until(t, func() bool { return len(ss.calls) == 1 }) // waited for the fit, then called: held
+	<-ss.calls
+	sentScarce := ss.scarce.Load()
 	wg.Go(func() { second = one() })
 	until(t, func() bool { return l.flights.waiting.Load() == 1 })
+	if len(ss.calls) != 0 {
+		t.Fatal("the second request called while the first's call was in flight")
+	}
 	close(ss.hold)
 	wg.Wait()
-	if n := len(ss.calls); n != 1 {
-		t.Fatalf("%d store calls for the two requests, want 1", n)
-	}
-	if !first.Result.Allowed || first.Source != FromStore || ss.scarce.Load() {
+	if !first.Result.Allowed || first.Source != FromStore || sentScarce {
 		t.Fatalf("the request that waited for the fit: %+v from %v (Scarce %v), want admitted by the store, sent as a hit expected to fit (not Scarce)",
-			first.Result, first.Source, ss.scarce.Load())
+			first.Result, first.Source, sentScarce)
 	}
-	if second.Result.Allowed || second.Source != FromCache {
-		t.Fatalf("the request behind it: %+v from %v, want denied by the cache", second.Result, second.Source)
+	if second.Result.Allowed {
+		t.Fatalf("the request behind it: %+v, want denied", second.Result)
 	}
 }

@@ -133,8 +133,7 @@ func TestTracingSpan(t *testing.T) {
 		noValue(t, sp, v)
 	}
 
-	// No traceparent: a root span. Over the limit, from the local cache
-	// (the last hit's NextHit: the store would deny until then).
+	// No traceparent: a root span. Over the limit, then from the local cache.
 	callCtx(context.Background(), t, s, d("small", "secret-d"))
 	sp = lastSpan(t, rec, &seen)
 	if sp.Parent().IsValid() {
@@ -145,7 +144,7 @@ func TestTracingSpan(t *testing.T) {
 	sp = lastSpan(t, rec, &seen)
 	want(t, sp, "rls.overall_code", "OVER_LIMIT")
 	want(t, sp, "rls.descriptor.outcomes", []string{"over_limit"})
-	want(t, sp, "rls.descriptor.sources", []string{"local_cache"})
+	want(t, sp, "rls.descriptor.sources", []string{"store"})
 	callCtx(context.Background(), t, s, d("small", "secret-d"))
 	sp = lastSpan(t, rec, &seen)
 	want(t, sp, "rls.descriptor.sources", []string{"local_cache"})

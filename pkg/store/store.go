@@ -126,8 +126,9 @@
 // adds to the wait). It describes the state only if the check was
 // Consumed. Time only helps a hit and other traffic only hurts it, so
 // until then the store denies every consuming check of the key unless a
-// refund gives budget back: the over-limit cache (package limiter) holds
-// that denial without asking, as it holds a denial's RetryAfter.
+// refund gives budget back, or (Redis) a counter call's INCRBY that the
+// count included is taken back: the limiter uses it only to time the next
+// hit (see its flights), never as a denial.
 //
 // A Shadow check is evaluated like any other, but its denial does not veto
 // the batch: the other checks consume as if it were absent, and the denied
