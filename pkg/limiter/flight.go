@@ -10,23 +10,21 @@ import (
 // Flights: one store call at a time for a key at its limit.
 //
 // A key held at its limit frees a hit now and then (a sliding window's
-// previous count fades; a token bucket refills), and the store's answer to
-// the hit that takes it says until when the next one will not pass
-// (store.Result.NextHit), which the over-limit cache then answers for. The
-// requests that arrive while that call is in flight would each go to the
+// previous count fades; a token bucket refills), and the requests that
+// arrive while the call for one of them is in flight would each go to the
 // store and, mostly, be denied there. So a request of one consuming check
 // whose key the store last reported near its limit (as markScarce judges)
 // and whose key has such a call in flight waits for that call's answer,
-// bounded by its own deadline, and is then decided as if it had arrived
-// just after it: by the over-limit cache when the store would deny it,
-// else by the store. A request that arrives after the cache's denial of one
-// hit has run out, but before that hit surely fits (the answer's NextHit or
-// RetryAfter counted from the answer's arrival: the store may say either),
-// waits for that moment (at most flightWait) and then asks, as the call
-// that the others wait for. Waiting changes no answer, only when it is given; a
-// key away from its limit never waits, and no request waits longer than
-// flightWait (a store that is slow or gone delays the others by that much
-// at most: they then make their own calls, as without flights).
+// and is then decided as if it had arrived just after it: by the
+// over-limit cache where that answer was a denial that covers it, else by
+// the store. A request that arrives after the cache's denial of one hit
+// has run out, but before that hit surely fits (the RetryAfter counted
+// from the answer's arrival: the store may say either in between), waits
+// for that moment and then asks, as the call that the others wait for.
+// Waiting changes no answer, only when it is given; a key away from its
+// limit never waits, and no request waits longer than flightWait or past
+// its deadline (a store that is slow or gone delays the others by that
+// much at most: they then make their own calls, as without flights).
 type flights struct {
 	n       atomic.Int32        // calls in flight: no lookup while there are none
 	waiting atomic.Int32        // requests waiting (for tests)
