@@ -75,7 +75,7 @@ func (l *Limiter) fromCache(items []Item, now int64) (vetoed bool, fits time.Dur
 			continue
 		}
 		if k.fits != 0 && l.res != nil && l.res.held(c, now) > 0 {
-			continue // the hit that took the last of the budget may have been this replica's slice
+			continue // a denial of one hit while this replica holds a live slice: the slice decides
 		}
 		d := time.Duration(k.until - now)
 		it.Result = store.Result{Remaining: k.remaining, RetryAfter: d, Reset: d}

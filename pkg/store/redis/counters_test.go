@@ -241,19 +241,25 @@ func TestCountersTakeBack(t *testing.T) {
 	}
 }
 
-// TestCountersRefused: a node that refuses INCRBY (an ACL without it)
-// decides every request by script, each correctly, after the first.
-func TestCountersRefused(t *testing.T) {
+// storeWithout returns a Redis and a store on it whose user (name) may run
+// every command but the one rule takes away.
+func storeWithout(t *testing.T, name, rule string) (*redistest.Server, *Store) {
+	t.Helper()
 	srv := redistest.StartServer(t)
 	admin := srv.Client()
 	defer admin.Close()
-	ctx := context.Background()
-	if err := admin.Do(ctx, "ACL", "SETUSER", "noincr", "on", ">secret", "~*", "+@all", "-incrby").Err(); err != nil {
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", name, "on", ">secret", "~*", "+@all", rule).Err(); err != nil {
 		t.Fatal(err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "noincr", Password: "secret"})
-	defer c.Close()
-	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: name, Password: "secret"})
+	t.Cleanup(func() { c.Close() })
+	return srv, mustNew(t, Options{Client: c, Timeout: 5 * time.Second})
+}
+
+// TestCountersRefused: a node that refuses INCRBY (an ACL without it)
+// decides every request by script, each correctly, after the first.
+func TestCountersRefused(t *testing.T) {
+	srv, s := storeWithout(t, "noincr", "-incrby")
 	for i := range 5 {
 		r := decide(t, s, store.Check{Key: "acl", Limit: 3, Window: day, Hits: 1})[0]
 		if r.Allowed != (i < 3) {
@@ -263,7 +269,7 @@ func TestCountersRefused(t *testing.T) {
 	if decided, _ := s.CounterCalls(); decided != 0 {
 		t.Errorf("%d requests decided by counter calls on a node that refuses INCRBY", decided)
 	}
-	if n := srv.CommandStats(ctx)["fcall"]; n != 5 {
+	if n := srv.CommandStats(context.Background())["fcall"]; n != 5 {
 		t.Errorf("FCALL ran %d times, want 5", n)
 	}
 }
@@ -273,16 +279,7 @@ func TestCountersRefused(t *testing.T) {
 // still decides the others by counter calls.
 func TestProbesRefused(t *testing.T) {
 	skipNearMidnight(t)
-	srv := redistest.StartServer(t)
-	admin := srv.Client()
-	defer admin.Close()
-	ctx := context.Background()
-	if err := admin.Do(ctx, "ACL", "SETUSER", "noget", "on", ">secret", "~*", "+@all", "-get").Err(); err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "noget", Password: "secret"})
-	defer c.Close()
-	s := mustNew(t, Options{Client: c, Timeout: 5 * time.Second})
+	_, s := storeWithout(t, "noget", "-get")
 	for i := range 6 {
 		r := decide(t, s, store.Check{Key: "acl", Limit: 4, Window: day, Hits: 1, Scarce: i >= 2})[0]
 		if r.Allowed != (i < 4) {
