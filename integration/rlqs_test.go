@@ -8,6 +8,7 @@ import (
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -405,5 +406,47 @@ func TestRLQSRedisPaused(t *testing.T) {
 			t.Errorf("Envoy %d opened %d streams, want 1: the stream should outlive the hang (errors %v)", i, e.streams, e.recvErrs)
 		}
 		e.mu.Unlock()
+	}
+}
+
+// TestRLQSUnmatched: --rlqs-unmatched decides the BucketIds that match no
+// rule (deny: DENY_ALL, abandon: an abandon), while a BucketId of a rule
+// still gets its grant on the same stream.
+func TestRLQSUnmatched(t *testing.T) {
+	cfg := writeConfig(t, rlqsConfig("fixed_window"))
+	for _, tc := range []struct {
+		flag  string
+		check func(*rlqsv3.RateLimitQuotaResponse_BucketAction) bool
+	}{
+		{"deny", func(a *rlqsv3.RateLimitQuotaResponse_BucketAction) bool {
+			return a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule() == typev3.RateLimitStrategy_DENY_ALL
+		}},
+		{"abandon", func(a *rlqsv3.RateLimitQuotaResponse_BucketAction) bool { return a.GetAbandonAction() != nil }},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			p := startRLS(t, cfg, "--rlqs-unmatched", tc.flag)
+			defer p.stop(t)
+			cs, err := p.conn.NewStream(context.Background(), &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],
+				rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpcRawCodec())
+			if err != nil {
+				t.Fatal(err)
+			}
+			unmatched, ruled := map[string]string{"route": "/nowhere"}, map[string]string{"api_key": "k"}
+			if err := cs.SendMsg(rawBytes(encodeRLQSReport("d", unmatched, ruled))); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]*rlqsv3.RateLimitQuotaResponse_BucketAction{}
+			for len(got) < 2 {
+				for _, a := range recvRLQS(t, cs).BucketAction {
+					got[bucketKey(a.BucketId.Bucket)] = a
+				}
+			}
+			if a := got[bucketKey(unmatched)]; a == nil || !tc.check(a) {
+				t.Errorf("--rlqs-unmatched %s: the unmatched bucket got %v", tc.flag, a)
+			}
+			if a := got[bucketKey(ruled)]; a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+				t.Errorf("--rlqs-unmatched %s: the bucket of a rule got %v, want its grant", tc.flag, a)
+			}
+		})
 	}
 }

@@ -47,6 +47,7 @@ type Config struct {
 	FleetSize, MinFleetSize       int
 	OverLimitCache                bool
 	Reserve, RLQS                 bool
+	RLQSUnmatched                 string // allow, deny or abandon
 	LocalMaxBytes, MemoryMaxBytes int64
 	ResponseHeaders               bool
 	AllowNegativeHits             bool
@@ -149,6 +150,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-* headers, and Retry-After to OVER_LIMIT answers")
 	fs.BoolVar(&c.AllowNegativeHits, "allow-negative-hits", true, "decide refunds (is_negative_hits); false answers them InvalidArgument")
 	fs.BoolVar(&c.RLQS, "rlqs", true, "serve Envoy's RLQS (StreamRateLimitQuotas) on the gRPC port")
+	fs.StringVar(&c.RLQSUnmatched, "rlqs-unmatched", "allow", "RLQS: a BucketId that matches no rule gets allow, deny or abandon")
 
 	fs.StringVar(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate (chain) for TLS on the gRPC port, with --grpc-tls-key")
 	fs.StringVar(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert")
@@ -189,7 +191,8 @@ var helpGroups = []helpGroup{
 	{"Redis", []string{"redis-url", "redis-timeout"},
 		[][2]string{{redisPasswordEnv, "Redis password, overriding the URL's (never a flag: ps shows flags)"}}},
 	{"Limits", []string{"on-store-error", "default-algorithm", "fleet-size", "min-fleet-size", "over-limit-cache", "reserve", "local-max-bytes",
-		"memory-max-bytes", "response-headers", "allow-negative-hits", "rlqs"}, nil},
+		"memory-max-bytes", "response-headers", "allow-negative-hits"}, nil},
+	{"RLQS", []string{"rlqs", "rlqs-unmatched"}, nil},
 	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "grpc-tls-client-san", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
 	{"xDS", []string{"config-source", "xds-server", "xds-node-id", "xds-tls-ca", "xds-tls-cert", "xds-tls-key"}, nil},
 	{"Tracing", []string{"trace-descriptor-values"}, [][2]string{

@@ -56,6 +56,9 @@ func TestInvalidSettingsNameTheFlag(t *testing.T) {
 		{nil, map[string]string{"RLS_REDIS_URL": "redis://redis:6379"}, `--redis-url (RLS_REDIS_URL) is set but --store (RLS_STORE) is memory`},
 		{nil, map[string]string{"RLS_REDIS_TLS_CA": "ca.pem"}, `--redis-tls-ca (RLS_REDIS_TLS_CA) is set but --store (RLS_STORE) is memory`},
 		{nil, map[string]string{"RLS_REDIS_PASSWORD": "pw"}, `RLS_REDIS_PASSWORD is set but --store (RLS_STORE) is memory`},
+		{[]string{"--rlqs-unmatched", "reject"}, nil, `--rlqs-unmatched (RLS_RLQS_UNMATCHED) "reject" is invalid; choices are [allow deny abandon]`},
+		{[]string{"--rlqs=false", "--rlqs-unmatched", "deny"}, nil, `--rlqs-unmatched (RLS_RLQS_UNMATCHED) is set but --rlqs (RLS_RLQS) is false`},
+		{[]string{"--rlqs-unmatched", "deny"}, map[string]string{"RLS_RLQS": "false"}, `--rlqs-unmatched (RLS_RLQS_UNMATCHED) is set but --rlqs (RLS_RLQS) is false`},
 	} {
 		args := append([]string{"--config-dir", "../../config"}, tc.args...)
 		_, err := parseConfig(args, func(k string) string { return tc.env[k] }, &bytes.Buffer{})

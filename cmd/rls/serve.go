@@ -170,7 +170,9 @@ func (a *app) build() error {
 	if err := a.buildGRPC(); err != nil {
 		return err
 	}
-	a.buildDecisions(rules)
+	if err := a.buildDecisions(rules); err != nil {
+		return err
+	}
 	if a.cfg.fromXDS() {
 		if err := a.buildXDS(); err != nil {
 			return err
@@ -360,7 +362,7 @@ func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.Serve
 
 // buildDecisions makes what decides: the fleet-size source, the limiter on
 // the store, the RateLimitService, and the admin API when --admin-addr is set.
-func (a *app) buildDecisions(rules *descriptors.Config) {
+func (a *app) buildDecisions(rules *descriptors.Config) error {
 	cfg := a.cfg
 	a.fleet = newFleet(cfg, a.rawStore, a.log)
 	// One byte cap: each entry costs at least a byte, so a key cap equal
@@ -396,10 +398,17 @@ func (a *app) buildDecisions(rules *descriptors.Config) {
 	})
 	a.admin.Register(service.NewAdmin(a.svc, a.st, a.lim))
 	o := rlqs.Options{Store: a.tracing.Store(a.st), Resolver: a.svc, Fleet: a.fleet.Size, Log: a.log}
+	if cfg.RLQS {
+		var err error
+		if o.Unmatched, err = rlqs.ParseAction(cfg.RLQSUnmatched); err != nil {
+			return fmt.Errorf("%s: %w", flagRef("rlqs-unmatched"), err) // Validate refuses it first
+		}
+	}
 	if rs, ok := a.rawStore.(*redisstore.Store); ok {
 		o.Demand = rs.ShareDemand // replicas' parts of a limit follow their demand
 	}
 	a.rlqs = rlqs.Enable(cfg.RLQS, a.reg, o)
+	return nil
 }
 
 // buildReloader makes the config directory's watcher: every valid new

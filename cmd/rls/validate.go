@@ -59,6 +59,7 @@ func (c *Config) Validate() error {
 		oneOf("log-format", c.LogFormat, "text", "json"),
 		oneOf("on-store-error", c.OnStoreError, "fail_open", "fail_closed"),
 		oneOf("default-algorithm", strings.ToLower(c.DefaultAlgorithm), "sliding_window", "fixed_window", "token_bucket"),
+		oneOf("rlqs-unmatched", c.RLQSUnmatched, "allow", "deny", "abandon"),
 		c.validateBounds(),
 		c.validateGRPCTLS(),
 		c.validateEnv(),
@@ -66,7 +67,18 @@ func (c *Config) Validate() error {
 		c.validateRedis(),
 		c.validateRedisUnused(),
 		c.validateDropin(),
+		c.validateRLQSUnused(),
 	)
+}
+
+// validateRLQSUnused refuses --rlqs-unmatched given with --rlqs=false: the
+// user meant the service to run with it, and it would not run at all.
+func (c *Config) validateRLQSUnused() error {
+	if !c.RLQS && c.given["rlqs-unmatched"] {
+		return fmt.Errorf("%s is set but %s is false, which leaves RLQS unserved: remove %s, or set %s true",
+			flagRef("rlqs-unmatched"), flagRef("rlqs"), flagRef("rlqs-unmatched"), flagRef("rlqs"))
+	}
+	return nil
 }
 
 // validateRedisUnused refuses a Redis setting given with the memory store,
