@@ -219,6 +219,13 @@ func (s *Store) run(ctx context.Context, mode string, checks []store.Check, resu
 		}
 		return s.eval(ctx, b, mode, now, c)
 	}
+	return s.runSlots(ctx, b, mode, now, checks, results)
+}
+
+// runSlots evaluates the checks of a Cluster batch whose keys span hash
+// slots, one call per slot, at once. It is run's rare path, apart so that
+// its goroutines' captures do not move run's variables to the heap.
+func (s *Store) runSlots(ctx context.Context, b budget, mode string, now any, checks []store.Check, results []store.Result) error {
 	calls := slotGroups(checks, results)
 	errs := make([]error, len(calls))
 	var wg sync.WaitGroup
