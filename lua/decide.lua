@@ -22,7 +22,10 @@
 --          per check: algorithm (byte: 0 sliding window, 1 token bucket,
 --          2 fixed window), flags (byte: the sum of 1 = refund, 2 = shadow,
 --          4 = force, 8 = undo, and 16 times a counter call's reply mod 8;
---          see "Counter calls" below), then doubles: limit, window seconds, burst
+--          see "Counter calls" below; and 128 = paced: a two-counter
+--          sliding window's budget is then its current window's own,
+--          max(0, limit - count), retry and next hit at the window's end,
+--          store.Check.Paced), then doubles: limit, window seconds, burst
 --          (token bucket: capacity, 0 = limit; sliding window: precision,
 --          the number of sub-windows, 0 or 1 for the two-counter window, at
 --          most MAX_PRECISION, negated for a strict window), hits. The requests' checks are KEYS in order.
@@ -105,7 +108,7 @@ if redis.replicate_commands then pcall(redis.replicate_commands) end
 local HEADER, CHECK_BYTES, RESULT_BYTES = 2, 34, 25
 local MODE_DECIDE, MODE_PEEK = '0', '1'
 local ALG_SLIDING, ALG_TOKEN_BUCKET, ALG_FIXED = 0, 1, 2
-local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE, FLAG_UNDO = 1, 2, 4, 8
+local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE, FLAG_UNDO, FLAG_PACED = 1, 2, 4, 8, 128
 local TAG_SLIDING, TAG_TOKEN_BUCKET, TAG_FIXED, TAG_PRECISE = 's', 't', 'f', 'p'
 local MAX_PRECISION = 60
 local COMPACT_COUNTS, COMPACT_FIXED = 16777216, 281474976710656
@@ -587,6 +590,23 @@ local function retry_after(s, limit, h)
   return settle(s, limit, h, floor(x) + 1)
 end
 
+-- A paced check of a two-counter sliding window (store.Check.Paced)
+-- counts against its current window alone: pbudget and pretry are budget
+-- and retry_after for a check that may be paced (pc).
+local function paced(s, pc)
+  return pc and s.alg == ALG_SLIDING and not s.pn
+end
+
+local function pbudget(s, limit, pc)
+  if paced(s, pc) then return max(0, limit - s.cur) end
+  return budget(s, limit)
+end
+
+local function pretry(s, limit, h, pc)
+  if paced(s, pc) then return reset(s) end
+  return retry_after(s, limit, h)
+end
+
 local function refund(s, h)
   if s.alg == ALG_TOKEN_BUCKET then
     s.tokens = min(s.b, s.tokens + h)
@@ -655,7 +675,7 @@ end
 -- The checks of the request being decided, by index in KEYS: parallel
 -- arrays (a table per check would cost more than deciding it).
 local C_ALG, C_LIMIT, C_W, C_BURST, C_HITS = {}, {}, {}, {}, {}
-local C_REFUND, C_FORCE, C_SHADOW = {}, {}, {}
+local C_REFUND, C_FORCE, C_SHADOW, C_PACED = {}, {}, {}, {}
 local CONSUMED = {} -- the request's checks that consumed, by index in KEYS
 
 -- deny notes s, the state of a denied check, for restore_ttl at the end
@@ -670,13 +690,13 @@ end
 -- write-back) against s and answers it: consumed when its hits fit (the
 -- journal records s first when the request keeps one), denied when they
 -- do not; a check-only check (h == 0) is neither.
-local function check(i, s, limit, h)
-  local r = budget(s, limit)
+local function check(i, s, limit, h, pc)
+  local r = pbudget(s, limit, pc)
   if h == 0 then
     if r >= 1 then
       result(i, true, r, 0, reset(s))
     else
-      result(i, false, r, retry_after(s, limit, 1), reset(s))
+      result(i, false, r, pretry(s, limit, 1, pc), reset(s))
       deny(s)
     end
     return false, false
@@ -686,11 +706,11 @@ local function check(i, s, limit, h)
     -- An allowed check that leaves no budget reports, where a denial's
     -- retry goes, when one more hit would pass (Go's Result.NextHit).
     local nx = 0
-    if h == r then nx = retry_after(s, limit, 1) end
+    if h == r then nx = pretry(s, limit, 1, pc) end
     result(i, true, r - h, nx, reset(s))
     return true, false
   end
-  result(i, false, r, retry_after(s, limit, h), reset(s))
+  result(i, false, r, pretry(s, limit, h, pc), reset(s))
   deny(s)
   return false, true
 end
@@ -698,7 +718,7 @@ end
 -- decide_one decides a request of one check that is neither a refund nor
 -- a forced write-back, the usual request: no journal is needed, as it
 -- consumes only when allowed.
-local function decide_one(i, alg, limit, w, burst, h)
+local function decide_one(i, alg, limit, w, burst, h, pc)
   req = req + 1
   replaced = nil
   local key = K[i]
@@ -706,7 +726,7 @@ local function decide_one(i, alg, limit, w, burst, h)
     result(i, false, 0, w * US, 0)
     return
   end
-  if check(i, load(key, alg, w, limit, burst), limit, h) then touch(key) end
+  if check(i, load(key, alg, w, limit, burst), limit, h, pc) then touch(key) end
   if replaced and wrote[key] ~= req then states[key] = replaced[key] end
 end
 
@@ -743,7 +763,7 @@ local function decide_request(first, last)
         if h > 0 and not C_SHADOW[i] then veto = true end
         result(i, false, 0, C_W[i] * US, 0)
       else
-        local consumed, vetoes = check(i, load(K[i], C_ALG[i], C_W[i], limit, C_BURST[i]), limit, h)
+        local consumed, vetoes = check(i, load(K[i], C_ALG[i], C_W[i], limit, C_BURST[i]), limit, h, C_PACED[i])
         if consumed then
           nconsumed = nconsumed + 1
           CONSUMED[nconsumed] = i
@@ -835,6 +855,7 @@ local function decide_all(A)
     local alone = false
     for j = 0, m - 1 do
       local alg, fl, limit, w, burst, hits = sunpack('<BBdddd', blob, j * CHECK_BYTES + 1)
+      local pc = fl >= FLAG_PACED
       fl = fl % 8
       if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
       local rf, fo = IS_REFUND[fl], IS_FORCE[fl] and not IS_REFUND[fl]
@@ -842,10 +863,10 @@ local function decide_all(A)
       n = n + 1
       if m == 1 and not (rf or fo) then
         alone = true
-        decide_one(n, alg, limit, w, burst, hits)
+        decide_one(n, alg, limit, w, burst, hits, pc)
       else
         C_ALG[n], C_LIMIT[n], C_W[n], C_BURST[n], C_HITS[n] = alg, limit, w, burst, hits
-        C_REFUND[n], C_FORCE[n], C_SHADOW[n] = rf, fo, IS_SHADOW[fl]
+        C_REFUND[n], C_FORCE[n], C_SHADOW[n], C_PACED[n] = rf, fo, IS_SHADOW[fl], pc
       end
     end
     if m > 0 and not alone then decide_request(first, n) end
@@ -876,11 +897,11 @@ end
 -- neither). It reads the key with one MGET (as decide_all, so a key
 -- holding another type reads as absent), writes it at most once, and
 -- builds no table but the state: no journal, no dirty set, no reply parts.
-local function decide_single(key, alg, limit, w, burst, h)
+local function decide_single(key, alg, limit, w, burst, h, pc)
   if alg == ALG_TOKEN_BUCKET and limit == 0 then return pack('<Bddd', 0, 0, w * US, 0) end
   local v = redis.call('MGET', key)[1]
   local s = build(key, alg, w, limit, burst, precision(alg, burst), v, 0)
-  local r = budget(s, limit)
+  local r = pbudget(s, limit, pc)
   if h == 0 then
     if r >= 1 then return pack('<Bddd', 1, r, 0, reset(s)) end
     h = 1 -- denied: the retry time of one hit
@@ -888,12 +909,12 @@ local function decide_single(key, alg, limit, w, burst, h)
     consume(s, h)
     local rst = reset(s)
     local nx = 0
-    if h == r then nx = retry_after(s, limit, 1) end -- as check's
+    if h == r then nx = pretry(s, limit, 1, pc) end -- as check's
     ttl_args = nil
     write(s)
     return pack('<Bddd', 1, r - h, nx, rst)
   end
-  local out = pack('<Bddd', 0, r, retry_after(s, limit, h), reset(s))
+  local out = pack('<Bddd', 0, r, pretry(s, limit, h, pc), reset(s))
   if v and not peek then
     ttl_args = nil
     restore_ttl(s)
@@ -917,11 +938,13 @@ local function rls_decide(keys, args)
   compact = clock == ''
   if #keys == 1 and #args == HEADER + 1 and #args[HEADER + 1] == CHECK_BYTES then
     local alg, fl, limit, w, burst, hits = sunpack('<BBdddd', args[HEADER + 1])
+    local pc = fl >= FLAG_PACED
+    if pc then fl = fl - FLAG_PACED end
     if fl >= FLAG_UNDO and not peek then return decide_all(args) end
     fl = fl % 8
     if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
-    if peek then return decide_single(keys[1], alg, limit, w, burst, 0) end
-    if not (IS_REFUND[fl] or IS_FORCE[fl]) then return decide_single(keys[1], alg, limit, w, burst, hits) end
+    if peek then return decide_single(keys[1], alg, limit, w, burst, 0, pc) end
+    if not (IS_REFUND[fl] or IS_FORCE[fl]) then return decide_single(keys[1], alg, limit, w, burst, hits, pc) end
   end
   return decide_all(args)
 end

@@ -59,10 +59,11 @@ const (
 	algTokenBucket = 1
 	algFixed       = 2
 
-	flagRefund = 1 // store.Check.Refund
-	flagShadow = 2 // store.Check.Shadow
-	flagForce  = 4 // store.Check.Force
-	flagUndo   = 8 // take back a counter call's hits (AppendUndo)
+	flagRefund = 1   // store.Check.Refund
+	flagShadow = 2   // store.Check.Shadow
+	flagForce  = 4   // store.Check.Force
+	flagUndo   = 8   // take back a counter call's hits (AppendUndo)
+	flagPaced  = 128 // store.Check.Paced
 )
 
 // FleetSource is the text of fleet.lua.
@@ -275,6 +276,9 @@ func flags(c *store.Check) byte {
 	}
 	if c.Force {
 		f |= flagForce
+	}
+	if c.Paced {
+		f |= flagPaced
 	}
 	return f
 }

@@ -62,6 +62,8 @@ func TestDecideConstants(t *testing.T) {
 		"FLAG_REFUND":      strconv.Itoa(flagRefund),
 		"FLAG_SHADOW":      strconv.Itoa(flagShadow),
 		"FLAG_FORCE":       strconv.Itoa(flagForce),
+		"FLAG_UNDO":        strconv.Itoa(flagUndo),
+		"FLAG_PACED":       strconv.Itoa(flagPaced),
 		"TAG_SLIDING":      string(rune(TagSliding)),
 		"TAG_TOKEN_BUCKET": string(rune(TagTokenBucket)),
 		"TAG_FIXED":        string(rune(TagFixed)),
@@ -84,6 +86,7 @@ func TestDecideConstants(t *testing.T) {
 		fmt.Sprintf("ARGV[%d], ARGV[%d], ...: one request each", HeaderArgs+1, HeaderArgs+2),
 		fmt.Sprintf("%d bytes per check: algorithm (byte: %d sliding window, %d token bucket, %d fixed window)", CheckBytes, algSliding, algTokenBucket, algFixed),
 		fmt.Sprintf("flags (byte: the sum of %d = refund, %d = shadow, %d = force, %d = undo, and 16 times a counter call's reply mod 8", flagRefund, flagShadow, flagForce, flagUndo),
+		fmt.Sprintf("and %d = paced: a two-counter sliding window's budget is then its current window's own", flagPaced),
 		fmt.Sprintf("Reply: one string, %d bytes per check", ResultBytes),
 	} {
 		if !strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(header, "--", "")), " "), want) {
@@ -160,6 +163,7 @@ func TestAppendCheck(t *testing.T) {
 		{"refund", store.Check{Window: time.Minute, Refund: true}, algSliding, flagRefund, 0, 0, 0},
 		{"shadow force", store.Check{Window: time.Minute, Shadow: true, Force: true}, algSliding, flagShadow | flagForce, 0, 0, 0},
 		{"all flags", store.Check{Window: time.Minute, Refund: true, Shadow: true, Force: true}, algSliding, flagRefund | flagShadow | flagForce, 0, 0, 0},
+		{"paced", store.Check{Window: time.Minute, Paced: true}, algSliding, flagPaced, 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := AppendCheck([]byte("x"), &tc.check)

@@ -60,7 +60,7 @@ func (st *state) apply(c *store.Check, now int64, o op) store.Result {
 		if st.old != nil {
 			*st = state{} // another precision's state: start fresh
 		}
-		return st.slidingWindow(c.Limit, now, wus, h, o)
+		return st.slidingWindow(c.Limit, now, wus, h, o, c.Paced)
 	}
 }
 
@@ -96,6 +96,13 @@ func (st *state) fixedWindow(limit uint64, now, wus int64, h uint64, o op) store
 		st.cur = addHits(st.cur, h)
 		return store.Result{Allowed: true, Remaining: fixedBudget(st.cur, limit), Reset: rst}
 	}
+	return st.windowCount(limit, h, rst)
+}
+
+// windowCount decides h hits (0: check-only) against the current window's
+// count alone: a fixed window's, or a paced sliding window's. A denial, and
+// the next hit after the last of the budget, wait for the window's end.
+func (st *state) windowCount(limit, h uint64, rst time.Duration) store.Result {
 	r := fixedBudget(st.cur, limit)
 	if allowed(h, r) {
 		st.cur += int64(h)
@@ -116,8 +123,9 @@ func fixedBudget(count int64, limit uint64) uint64 {
 	return 0
 }
 
-// slidingWindow applies a sliding-window check of h hits.
-func (st *state) slidingWindow(limit uint64, now, wus int64, h uint64, o op) store.Result {
+// slidingWindow applies a sliding-window check of h hits; a paced one (see
+// store.Check.Paced) against the current window's count alone.
+func (st *state) slidingWindow(limit uint64, now, wus int64, h uint64, o op, paced bool) store.Result {
 	curWin := floorDiv(now, wus)
 	into := now - curWin*wus // microseconds into the window
 	switch {
@@ -144,6 +152,9 @@ func (st *state) slidingWindow(limit uint64, now, wus int64, h uint64, o op) sto
 	case opForce:
 		st.cur = addHits(st.cur, h)
 		return store.Result{Allowed: true, Remaining: st.slidingBudget(limit, into, wus), Reset: rst}
+	}
+	if paced {
+		return st.windowCount(limit, h, rst)
 	}
 	r := st.slidingBudget(limit, into, wus)
 	if allowed(h, r) {

@@ -87,7 +87,7 @@ func countable(cs []*store.Check) bool {
 		switch c.Algorithm {
 		case store.FixedWindow:
 		case store.SlidingWindow:
-			if c.Precision >= 2 {
+			if c.Precision >= 2 || c.Paced { // a paced budget is the script's
 				return false
 			}
 		default:

@@ -70,7 +70,7 @@ var (
 // named under one hash tag and at most 64 steps. Each step advances the
 // clock (a jump, to just before or exactly at the next second, or not at
 // all) and holds 1 to 4 checks over the keys: hits 0 to 3, the limit,
-// limit+1, or up to 2^53; refund, shadow and force flags; rarely another
+// limit+1, or up to 2^53; refund, shadow, force and paced flags; rarely another
 // algorithm than the key's; sometimes a Peek instead of a Decide.
 func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []diffStep, advances []func(int64) int64) {
 	r := &diffReader{b: data}
@@ -146,6 +146,8 @@ func decodeDiff(data []byte, tag string) (start int64, keys []diffKey, steps []d
 			default:
 				ch.Hits = r.uint(7) % (1 << 53) // service.MaxHitsBound
 			}
+			// An RLQS grant's reservation.
+			ch.Paced = flags&0x30 == 0x10
 			if flags&0xF0 == 0xF0 { // a key whose algorithm changed
 				ch.Algorithm = store.Algorithm(flags >> 2 & 3)
 			} else if flags&0x4C == 0x0C { // a write-back (with Refund: a refund)
@@ -197,6 +199,10 @@ func FuzzDifferential(f *testing.F) {
 			2, 0, 21, 0x0C, 2, 0, 22, 0x0C, 2, 0, 20, 0x0C,
 			2, 2, 4, 0, 5, 0, 6, 0,
 			2, 0, 12, 0x0D, 2, 0x80, 0, 0},
+		// a sliding window (limit 3) used up, then paced hits at the next
+		// second (its current window's budget), a paced peek, a hit, and a
+		// request of a paced and a plain check of the key
+		{0, 0, 0, 0, 9, 0, 2, 0, 12, 0, 1, 0, 12, 0x10, 3, 100, 0x80, 4, 0x10, 2, 0, 4, 0, 2, 1, 4, 0x10, 4, 0},
 	}
 	seeds = append(seeds,
 		// merged: at one instant, a fixed window (limit 3) gets a request of

@@ -65,6 +65,8 @@ func shadow(c store.Check) store.Check { c.Shadow = true; return c }
 
 func force(c store.Check) store.Check { c.Force = true; return c }
 
+func paced(c store.Check) store.Check { c.Paced = true; return c }
+
 // ok is an allowed result.
 func ok(remaining uint64, reset time.Duration) store.Result {
 	return store.Result{Allowed: true, Remaining: remaining, Reset: reset}
@@ -201,6 +203,29 @@ var vectors = []vector{
 			// Budget 0: denied, RetryAfter as for h = 1: A = 0, A2 = 3,
 			// cur 3: x = 1e6 + (1 - 3/3)*1e6 -> 1000001 µs.
 			one(0, sliding("k", 3, s, 0), deny(0, 1000001*us, s)),
+		},
+	},
+	{
+		// A paced check (an RLQS grant's reservation) counts against the
+		// current window alone; every check sees what it reserved.
+		name: "sliding/paced",
+		steps: []step{
+			one(0, sliding("k", 10, s, 10), ok(0, s)),
+			// Next window at its start: prev 10 weighs fully (R 0), but
+			// the paced budget is L - cur = 10.
+			one(s, paced(sliding("k", 10, s, 6)), ok(4, s)),
+			// Paced R = 4: denied until the window ends.
+			one(1100*ms, paced(sliding("k", 10, s, 5)), deny(4, 900*ms, 900*ms)),
+			// A plain check sees the reservation: rate = 10*0.9 + 6 = 15, R 0;
+			// A = 10-6-1+1 = 4: x = (1 - 4/10)*1e6 - 100000 = 500000 -> 500001 µs.
+			one(1100*ms, sliding("k", 10, s, 1), deny(0, 500001*us, 900*ms)),
+			// The last 4: its NextHit is the window's end (checked by Peek).
+			one(1100*ms, paced(sliding("k", 10, s, 4)), ok(0, 900*ms)),
+			one(1500*ms, paced(sliding("k", 10, s, 0)), deny(0, 500*ms, 500*ms)),
+			// The window after: paced R = 10 again. A refund reports the plain
+			// budget: cur -3 is taken from prev (10 -> 7), rate 7, R 3.
+			one(2*s, paced(sliding("k", 10, s, 0)), ok(10, s)),
+			one(2*s, paced(refund(sliding("k", 10, s, 3))), ok(3, s)),
 		},
 	},
 	{
@@ -544,6 +569,9 @@ func describe(c store.Check) string {
 	}
 	if c.Force {
 		b.WriteString(" force")
+	}
+	if c.Paced {
+		b.WriteString(" paced")
 	}
 	return b.String()
 }
