@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -311,6 +312,7 @@ type fleetLoad struct {
 	mu       sync.Mutex
 	admitted map[int64]int
 	offered  map[int64]int // requests sent, by second: the generator may fall behind on a busy machine
+	times    []time.Time   // when each admitted request was decided
 	total    atomic.Int64
 	rates    []atomic.Int64
 	stop     chan struct{}
@@ -338,11 +340,13 @@ func startLoad(envoys []*fakeEnvoy, id map[string]string, rates ...int64) *fleet
 				owed += float64(l.rates[i].Load()) * tick.Seconds()
 				for ; owed >= 1; owed-- {
 					ok := e.request(id)
-					sec := time.Now().Unix()
+					now := time.Now()
+					sec := now.Unix()
 					l.mu.Lock()
 					l.offered[sec]++
 					if ok {
 						l.admitted[sec]++
+						l.times = append(l.times, now)
 					}
 					l.mu.Unlock()
 					if ok {
@@ -364,6 +368,27 @@ func (l *fleetLoad) window(sec int64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.admitted[sec]
+}
+
+// maxRolling returns the most requests admitted within any span of d
+// that starts at or after from.
+func (l *fleetLoad) maxRolling(d time.Duration, from time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := slices.Clone(l.times)
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	most, j := 0, 0
+	for i, t := range ts {
+		if t.Before(from) {
+			j = i + 1
+			continue
+		}
+		for t.Sub(ts[j]) >= d {
+			j++
+		}
+		most = max(most, i-j+1)
+	}
+	return most
 }
 
 // offeredIn returns the requests sent in second sec.

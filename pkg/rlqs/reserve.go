@@ -181,6 +181,17 @@ func (st *stream) reserve(b *bucket, g grant, ttl int64, checks []store.Check, b
 	want := g.worst()
 	consume := b.check
 	consume.Hits, consume.Shadow = want, false
+	// Paced (store.Check.Paced): a grant whose TTL is at least the window
+	// spends its reservation over a whole window at least (a token bucket:
+	// its burst, then its rate), so a sliding window's grants, together
+	// within the limit, refill no faster than the limit's pace, and are
+	// counted against the current window alone, as a fixed window's.
+	// Reserved against the weighted count instead, a window after a full
+	// one has almost nothing to grant at its start: the fleet would admit
+	// half the limit, a full window and an empty one in turn. A shorter
+	// grant (a top-up late in a long window) could spend faster, and is
+	// reserved against the weighted count.
+	consume.Paced = time.Duration(ttl)*time.Second >= b.check.Window
 	checks = append(checks, consume)
 	res, err := st.srv.decideResults(checks)
 	if err != nil || res[len(res)-1].Allowed {

@@ -609,3 +609,60 @@ func TestShareFollowsFleetDemand(t *testing.T) {
 		t.Errorf("second key while Demand fails: grant %d, %d Demand calls; want the whole limit and no second call within the backoff", got, len(calls))
 	}
 }
+
+// TestPacedSlidingGrant: a sliding window's grant that lasts a whole window
+// is reserved paced (store.Check.Paced): after a full window its first
+// grant at the next window's start gets the whole limit (reserved against
+// the weighted count it would get almost nothing), and ShouldRateLimit
+// sees the reservation. A grant that lasts less than the window (a first
+// report late in it) is reserved against the weighted count.
+func TestPacedSlidingGrant(t *testing.T) {
+	window := time.Unix(1_800_000_000, 0).Truncate(time.Minute)
+	clk := testkit.NewClock(window.Add(-30 * time.Second))
+	h := newHarness(t, Options{Now: clk.Now})
+	worst := func(a *rlqsv3.RateLimitQuotaResponse_BucketAction) uint64 {
+		t.Helper()
+		checkAssignment(t, a)
+		q := a.GetQuotaAssignmentAction()
+		tb := q.GetRateLimitStrategy().GetTokenBucket()
+		if tb == nil {
+			return 0 // DENY_ALL
+		}
+		return uint64(tb.MaxTokens) + uint64(tb.TokensPerFill.Value)*uint64(q.AssignmentTimeToLive.Seconds)/uint64(tb.FillInterval.Seconds)
+	}
+	full := func(id map[string]string) { // the previous minute used up
+		c, _, _, err := h.svc.BucketCheck("d", h.svc.Config().BucketEntries("d", id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Hits, c.Force = 600, true
+		if err := h.st.Decide(context.Background(), []store.Check{c}, make([]store.Result, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	early, late := map[string]string{"api_key": "early", "route": "r"}, map[string]string{"api_key": "late", "route": "r"}
+	full(early)
+	full(late)
+
+	clk.Set(window.Add(5 * time.Millisecond)) // a push's time: the window's start
+	cs := h.rawStream(t)
+	if err := cs.SendMsg(&raw{encodeReport("d", 0, 0, 1000, early)}); err != nil {
+		t.Fatal(err)
+	}
+	got := worst(recv(t, cs).BucketAction[0])
+	if got < 550 || got > 600 {
+		t.Errorf("a whole window's grant after a full window reserved %d, want nearly all of the limit 600 and no more", got)
+	}
+	if left := h.remaining(t, early); left != 0 {
+		t.Errorf("ShouldRateLimit finds %d left beside the grant of %d, want 0", left, got)
+	}
+
+	clk.Set(window.Add(30 * time.Second)) // half the previous window still counts: 300
+	cs2 := h.rawStream(t)
+	if err := cs2.SendMsg(&raw{encodeReport("d", 0, 0, 1000, late)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := worst(recv(t, cs2).BucketAction[0]); got > 300 || got < 250 {
+		t.Errorf("a 30 s grant in a window half counted reserved %d, want the weighted budget 300 at most", got)
+	}
+}
