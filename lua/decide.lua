@@ -922,6 +922,37 @@ local function decide_single(key, alg, limit, w, burst, h, pc)
   return out
 end
 
+-- decide_undo decides the call that follows a counter call whose reply the
+-- Go store could not trust (see the header), the usual one: one request of
+-- one consuming check marked undo (a window's roll, mostly). As
+-- decide_single, from the value with the counter call's hits taken back
+-- (unincr), which is written whenever they were, the check denied or not;
+-- decide_all decides it alike, at the cost of its tables.
+local function decide_undo(key, alg, limit, w, burst, h, form, pc)
+  local v = redis.call('MGET', key)[1]
+  stored = { [key] = v }
+  local undone = unincr(key, alg, h, form)
+  v = stored[key]
+  local s = build(key, alg, w, limit, burst, precision(alg, burst), v, 0)
+  local r = pbudget(s, limit, pc)
+  ttl_args = nil
+  if h <= r then
+    consume(s, h)
+    local rst = reset(s)
+    local nx = 0
+    if h == r then nx = pretry(s, limit, 1, pc) end -- as check's
+    write(s)
+    return pack('<Bddd', 1, r - h, nx, rst)
+  end
+  local out = pack('<Bddd', 0, r, pretry(s, limit, h, pc), reset(s))
+  if undone then
+    write(s)
+  elseif v then
+    restore_ttl(s)
+  end
+  return out
+end
+
 -- rls_decide is the entry point: FCALL's function, and the script's last
 -- line. keys and args are KEYS and ARGV (see the header).
 local function rls_decide(keys, args)
@@ -940,7 +971,14 @@ local function rls_decide(keys, args)
     local alg, fl, limit, w, burst, hits = sunpack('<BBdddd', args[HEADER + 1])
     local pc = fl >= FLAG_PACED
     if pc then fl = fl - FLAG_PACED end
-    if fl >= FLAG_UNDO and not peek then return decide_all(args) end
+    if fl >= FLAG_UNDO and not peek then
+      local base = fl % 8
+      if alg ~= ALG_TOKEN_BUCKET and hits > 0 and not (IS_REFUND[base] or IS_FORCE[base]) then
+        if alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
+        return decide_undo(keys[1], alg, limit, w, burst, hits, floor(fl / 16) % 8, pc)
+      end
+      return decide_all(args)
+    end
     fl = fl % 8
     if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
     if peek then return decide_single(keys[1], alg, limit, w, burst, 0, pc) end

@@ -118,8 +118,9 @@ func usecOf(b *testing.B, c *redis.Client, cmd string) int64 {
 // with 2 MiB of other memory touched between two calls: the regime of make bench's scenario (e) (5,000 decisions/s on a
 // shared machine), where each call finds Redis's caches cold. It times a
 // function that does nothing, one that runs TIME, GET and SET (the least a
-// window's roll needs), decide.lua's rls_decide on one check, and a plain
-// INCRBY, by INFO commandstats' usec per call.
+// window's roll needs), decide.lua's rls_decide on one check, a plain
+// INCRBY, and rls_decide rolling a key after a counter call's INCRBY, by
+// INFO commandstats' usec per call.
 //
 //	go test -run '^$' -bench ScriptCostCold -benchtime 2000x ./pkg/store/redis/
 func BenchmarkScriptCostCold(b *testing.B) {
@@ -146,6 +147,21 @@ func BenchmarkScriptCostCold(b *testing.B) {
 			return c.FCall(ctx, lua.DecideFunction, []string{key}, "", lua.ModeDecide, blob).Err()
 		}},
 		{"incrby", "incrby", func(key string) error { return c.IncrBy(ctx, key, 8).Err() }},
+		// A window's roll as scenario (e) makes it: a counter call's INCRBY
+		// finds the previous window's value, and rls_decide takes it back
+		// and decides (the SET and INCRBY that prepare it are not FCALL's).
+		{"roll", "fcall", func(key string) error {
+			check := store.Check{Limit: 1_000_000_000, Window: time.Second, Hits: 1}
+			prev := time.Now().UnixMicro()/1_000_000 - 1
+			if err := c.Set(ctx, key, (5*lua.CompactCounts)*8+prev%4, 2*time.Second).Err(); err != nil {
+				return err
+			}
+			reply, err := c.IncrBy(ctx, key, lua.CounterStep(check.Algorithm)).Result()
+			if err != nil {
+				return err
+			}
+			return c.FCall(ctx, lua.DecideFunction, []string{key}, "", lua.ModeDecide, lua.AppendUndo(nil, &check, reply)).Err()
+		}},
 	}
 	other := make([]byte, 2<<20)
 	for _, m := range modes {
