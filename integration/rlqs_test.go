@@ -58,12 +58,15 @@ func rlqsFleet(t *testing.T, alg string) (*redistest.Server, []*rlsProc, []*fake
 // window, and the window of the stop and the one after, while its Envoys
 // move over).
 func TestRLQSFleetFixedWindow(t *testing.T) {
-	fleetSteadySkewedStopped(t, "fixed_window")
+	fleetSteadySkewedStopped(t, "fixed_window", false)
 }
 
 // fleetSteadySkewedStopped runs TestRLQSFleetFixedWindow's scenario on a
-// rule of algorithm alg and returns its load and first window.
-func fleetSteadySkewedStopped(t *testing.T, alg string) (*fleetLoad, int64) {
+// rule of algorithm alg and returns its load and first window. With kill,
+// the replica is killed (SIGKILL: no TTL 0, its demand left in Redis until
+// it expires) instead of stopped: what it reserved stays counted, its
+// Envoys keep their grants to their TTL, fall back, and move over.
+func fleetSteadySkewedStopped(t *testing.T, alg string, kill bool) (*fleetLoad, int64) {
 	srv, ps, es := rlqsFleet(t, alg)
 	id := map[string]string{"api_key": "k"}
 	share := int64(rlqsLimit / 4)
@@ -84,19 +87,31 @@ func fleetSteadySkewedStopped(t *testing.T, alg string) (*fleetLoad, int64) {
 			}
 		case 6:
 			stoppedAt = w + 1
-			go ps[1].stop(t) // SIGTERM: TTL 0, then its Envoys move to replica 0
+			if !kill {
+				go ps[1].stop(t) // SIGTERM: TTL 0, then its Envoys move to replica 0
+			} else if err := ps[1].cmd.Process.Kill(); err != nil { // by its PID
+				t.Fatal(err)
+			}
 		}
 	}
 	load.end()
 	// The replicas shared their demand for the key through Redis; the one
-	// stopped withdrew its own.
+	// stopped withdrew its own, the one killed could not.
 	rdb := srv.Client()
 	defer rdb.Close()
 	hashes, err := rdb.Keys(context.Background(), "rls:rlqs-demand:*").Result()
 	if err != nil || len(hashes) != 1 {
 		t.Errorf("demand hashes %v (%v), want one for the key", hashes, err)
-	} else if n := rdb.HLen(context.Background(), hashes[0]).Val(); n != 1 {
+	} else if n := rdb.HLen(context.Background(), hashes[0]).Val(); n != 1 && !kill {
 		t.Errorf("%s holds %d replicas' demand after one replica stopped, want 1", hashes[0], n)
+	}
+	for i, e := range es[2:] {
+		e.mu.Lock()
+		n := e.streams
+		e.mu.Unlock()
+		if n < 2 {
+			t.Errorf("Envoy %d of the replica stopped opened %d streams, want a second one on the other replica", i+2, n)
+		}
 	}
 	calls := metricValues(t, ps[0].HTTPAddr)
 	for w := first; w < first+windows; w++ {
@@ -137,14 +152,17 @@ func fleetSteadySkewedStopped(t *testing.T, alg string) (*fleetLoad, int64) {
 }
 
 // TestRLQSFleetSlidingWindow: the same scenario on a sliding window (rls's
-// default algorithm): no window over the limit, and after the first at
-// least 80 % of it (the same exemptions): grants that last a whole window
+// default algorithm), with the replica killed (SIGKILL) rather than
+// stopped: no window over the limit, and after the first at least 80 % of
+// it (the same exemptions; the survivor's part of the limit counts the dead
+// replica's demand in Redis until it expires, and its top-ups take what
+// that leaves): grants that last a whole window
 // are reserved paced (store.Check.Paced), against the current window's
 // count. Reserved against the weighted count, every other window had almost
 // nothing to grant (about half the limit overall). Over any rolling second
 // the fleet admits at most the limit plus the grants' buckets (docs/rlqs.md).
 func TestRLQSFleetSlidingWindow(t *testing.T) {
-	load, first := fleetSteadySkewedStopped(t, "sliding_window")
+	load, first := fleetSteadySkewedStopped(t, "sliding_window", true)
 	// Four Envoys' buckets (4 to 9 tokens each), at a boundary the old ones
 	// and the new: far below a quarter of the limit. Grants spent faster
 	// than the limit's pace (a fixed window's two halves back to back)
