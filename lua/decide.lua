@@ -24,7 +24,8 @@
 --          4 = force, 8 = undo, and 16 times a counter call's reply mod 8;
 --          see "Counter calls" below; and 128 = paced: a two-counter
 --          sliding window's budget is then its current window's own,
---          max(0, limit - count), retry and next hit at the window's end,
+--          max(0, limit - count), of precision N the count of the window's
+--          sub-windows so far, retry and next hit at the window's end,
 --          store.Check.Paced), then doubles: limit, window seconds, burst
 --          (token bucket: capacity, 0 = limit; sliding window: precision,
 --          the number of sub-windows, 0 or 1 for the two-counter window, at
@@ -590,20 +591,21 @@ local function retry_after(s, limit, h)
   return settle(s, limit, h, floor(x) + 1)
 end
 
--- A paced check of a two-counter sliding window (store.Check.Paced)
--- counts against its current window alone: pbudget and pretry are budget
--- and retry_after for a check that may be paced (pc).
-local function paced(s, pc)
-  return pc and s.alg == ALG_SLIDING and not s.pn
-end
-
+-- A paced check of a sliding window (store.Check.Paced) counts against
+-- its current window alone (of precision N: the sub-windows since the
+-- window began): pbudget and pretry are budget and retry_after for a check
+-- that may be paced (pc).
 local function pbudget(s, limit, pc)
-  if paced(s, pc) then return max(0, limit - s.cur) end
-  return budget(s, limit)
+  if not pc or s.alg ~= ALG_SLIDING then return budget(s, limit) end
+  local count = s.cur
+  if s.pn then
+    for i = 1, s.win - s.start / s.wus * s.pn do count = count + s.old[i] end
+  end
+  return max(0, limit - count)
 end
 
 local function pretry(s, limit, h, pc)
-  if paced(s, pc) then return reset(s) end
+  if pc and s.alg == ALG_SLIDING then return reset(s) end
   return retry_after(s, limit, h)
 end
 

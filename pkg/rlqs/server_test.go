@@ -40,6 +40,8 @@ descriptors:
     rate_limit: {unlimited: true}
   - key: tb
     rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket}
+  - key: prec
+    rate_limit: {unit: minute, requests_per_unit: 600, precision: 6}
 `
 
 type harness struct {
@@ -641,20 +643,24 @@ func TestPacedSlidingGrant(t *testing.T) {
 		}
 	}
 	early, late := map[string]string{"api_key": "early", "route": "r"}, map[string]string{"api_key": "late", "route": "r"}
+	prec := map[string]string{"prec": "p"} // precision 6: the window's sub-windows so far count
 	full(early)
 	full(late)
+	full(prec)
 
 	clk.Set(window.Add(5 * time.Millisecond)) // a push's time: the window's start
-	cs := h.rawStream(t)
-	if err := cs.SendMsg(&raw{encodeReport("d", 0, 0, 1000, early)}); err != nil {
-		t.Fatal(err)
-	}
-	got := worst(recv(t, cs).BucketAction[0])
-	if got < 550 || got > 600 {
-		t.Errorf("a whole window's grant after a full window reserved %d, want nearly all of the limit 600 and no more", got)
-	}
-	if left := h.remaining(t, early); left != 0 {
-		t.Errorf("ShouldRateLimit finds %d left beside the grant of %d, want 0", left, got)
+	for _, id := range []map[string]string{early, prec} {
+		cs := h.rawStream(t)
+		if err := cs.SendMsg(&raw{encodeReport("d", 0, 0, 1000, id)}); err != nil {
+			t.Fatal(err)
+		}
+		got := worst(recv(t, cs).BucketAction[0])
+		if got < 550 || got > 600 {
+			t.Errorf("%v: a whole window's grant after a full window reserved %d, want nearly all of the limit 600 and no more", id, got)
+		}
+		if left := h.remaining(t, id); left != 0 {
+			t.Errorf("%v: ShouldRateLimit finds %d left beside the grant of %d, want 0", id, left, got)
+		}
 	}
 
 	clk.Set(window.Add(30 * time.Second)) // half the previous window still counts: 300

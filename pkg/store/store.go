@@ -130,12 +130,13 @@
 // count included is taken back: the limiter uses it only to time the next
 // hit (see its flights), never as a denial.
 //
-// A Paced check (two-counter sliding window only; ignored by the other
-// algorithms and by precision windows) reserves hits that its holder
-// spends no faster than the limit's pace, a small burst then a steady rate
-// (an RLQS grant's token bucket): its budget is the current window's own,
-// R = max(0, L - cur), as a fixed window's count, and its RetryAfter and
-// NextHit are Reset. The whole reservation is counted in cur at once, so
+// A Paced check (sliding windows; ignored by the other algorithms)
+// reserves hits that its holder spends no faster than the limit's pace, a
+// small burst then a steady rate (an RLQS grant's token bucket): its budget
+// is the current window's own, R = max(0, L - cur), as a fixed window's
+// count (precision N: cur plus the counts of the window's sub-windows
+// before it, those of absolute index curWin*N and up), and its RetryAfter
+// and NextHit are Reset. The whole reservation is counted in cur at once, so
 // every other check sees it as spent; a window's paced reservations stay
 // within L, and the rolling count passes L by no more than what their
 // holders spend at once (their bursts).
@@ -217,8 +218,8 @@ type Check struct {
 	// at once instead of by a counter call first (see its counters.go).
 	Scarce bool
 	// Paced: the hits are spent no faster than the limit's pace (see the
-	// package doc); a two-counter sliding window's budget is then the
-	// current window's own. Ignored elsewhere.
+	// package doc); a sliding window's budget is then the current
+	// window's own. Ignored by the other algorithms.
 	Paced bool
 }
 

@@ -55,7 +55,7 @@ func (st *state) apply(c *store.Check, now int64, o op) store.Result {
 		return st.fixedWindow(c.Limit, now, wus, h, o)
 	default: // SlidingWindow, and unknown values as the default algorithm
 		if c.Precision >= 2 {
-			return st.preciseWindow(c.Limit, now, wus, int64(c.Precision), c.Strict, h, o)
+			return st.preciseWindow(c.Limit, now, wus, int64(c.Precision), c.Strict, h, o, c.Paced)
 		}
 		if st.old != nil {
 			*st = state{} // another precision's state: start fresh
@@ -96,14 +96,15 @@ func (st *state) fixedWindow(limit uint64, now, wus int64, h uint64, o op) store
 		st.cur = addHits(st.cur, h)
 		return store.Result{Allowed: true, Remaining: fixedBudget(st.cur, limit), Reset: rst}
 	}
-	return st.windowCount(limit, h, rst)
+	return st.windowCount(st.cur, limit, h, rst)
 }
 
-// windowCount decides h hits (0: check-only) against the current window's
-// count alone: a fixed window's, or a paced sliding window's. A denial, and
-// the next hit after the last of the budget, wait for the window's end.
-func (st *state) windowCount(limit, h uint64, rst time.Duration) store.Result {
-	r := fixedBudget(st.cur, limit)
+// windowCount decides h hits (0: check-only) against count, the current
+// window's alone: a fixed window's, or a paced sliding window's; allowed,
+// they go to st.cur. A denial, and the next hit after the last of the
+// budget, wait for the window's end.
+func (st *state) windowCount(count int64, limit, h uint64, rst time.Duration) store.Result {
+	r := fixedBudget(count, limit)
 	if allowed(h, r) {
 		st.cur += int64(h)
 		res := store.Result{Allowed: true, Remaining: r - h, Reset: rst}
@@ -154,7 +155,7 @@ func (st *state) slidingWindow(limit uint64, now, wus int64, h uint64, o op, pac
 		return store.Result{Allowed: true, Remaining: st.slidingBudget(limit, into, wus), Reset: rst}
 	}
 	if paced {
-		return st.windowCount(limit, h, rst)
+		return st.windowCount(st.cur, limit, h, rst)
 	}
 	r := st.slidingBudget(limit, into, wus)
 	if allowed(h, r) {

@@ -11,8 +11,10 @@ import (
 // sub-windows per window, the oldest weighted by the share still inside
 // (strict: counted whole until it has left the window).
 
-// preciseWindow applies a sliding-window check of precision n of h hits.
-func (st *state) preciseWindow(limit uint64, now, wus, n int64, strict bool, h uint64, o op) store.Result {
+// preciseWindow applies a sliding-window check of precision n of h hits;
+// a paced one (see store.Check.Paced) against the current window's
+// sub-windows alone.
+func (st *state) preciseWindow(limit uint64, now, wus, n int64, strict bool, h uint64, o op, paced bool) store.Result {
 	curWin := floorDiv(now, wus)
 	into := now - curWin*wus
 	sub := curWin*n + into*n/wus
@@ -41,6 +43,13 @@ func (st *state) preciseWindow(limit uint64, now, wus, n int64, strict bool, h u
 	case opForce:
 		st.cur = addHits(st.cur, h)
 		return store.Result{Allowed: true, Remaining: st.preciseBudget(limit, into, wus, n, strict), Reset: rst}
+	}
+	if paced {
+		aligned := st.cur // the current window's sub-windows: sub and the j before it
+		for _, c := range old[:sub-curWin*n] {
+			aligned += c
+		}
+		return st.windowCount(aligned, limit, h, rst)
 	}
 	r := st.preciseBudget(limit, into, wus, n, strict)
 	if allowed(h, r) {

@@ -203,6 +203,10 @@ func FuzzDifferential(f *testing.F) {
 		// second (its current window's budget), a paced peek, a hit, and a
 		// request of a paced and a plain check of the key
 		{0, 0, 0, 0, 9, 0, 2, 0, 12, 0, 1, 0, 12, 0x10, 3, 100, 0x80, 4, 0x10, 2, 0, 4, 0, 2, 1, 4, 0x10, 4, 0},
+		// a sliding window of precision 2 (limit 3) used up, 3 paced hits
+		// at the next second, then 604 ms on (its second sub-window) a
+		// paced hit and a peek that count them, and a plain hit
+		{0, 0, 0, 0, 129, 0, 2, 0, 12, 0, 1, 0, 12, 0x10, 0xFF, 255, 0, 4, 0x10, 2, 0x80, 4, 0x10, 2, 0, 4, 0},
 	}
 	seeds = append(seeds,
 		// merged: at one instant, a fixed window (limit 3) gets a request of

@@ -67,6 +67,8 @@ func force(c store.Check) store.Check { c.Force = true; return c }
 
 func paced(c store.Check) store.Check { c.Paced = true; return c }
 
+func precise(c store.Check, n uint8) store.Check { c.Precision = n; return c }
+
 // ok is an allowed result.
 func ok(remaining uint64, reset time.Duration) store.Result {
 	return store.Result{Allowed: true, Remaining: remaining, Reset: reset}
@@ -226,6 +228,25 @@ var vectors = []vector{
 			// budget: cur -3 is taken from prev (10 -> 7), rate 7, R 3.
 			one(2*s, paced(sliding("k", 10, s, 0)), ok(10, s)),
 			one(2*s, paced(refund(sliding("k", 10, s, 3))), ok(3, s)),
+		},
+	},
+	{
+		// Precision 4: the paced budget counts the sub-windows of the
+		// current window only.
+		name: "sliding/paced precision",
+		steps: []step{
+			one(900*ms, precise(sliding("k", 10, s, 10), 4), ok(0, 100*ms)),
+			// Next window: its sub-window 0 (0-250 ms) gets 3, its
+			// sub-window 1 then has the window's 3 before it.
+			one(1100*ms, paced(precise(sliding("k", 10, s, 3), 4)), ok(7, 900*ms)),
+			one(1300*ms, paced(precise(sliding("k", 10, s, 2), 4)), ok(5, 700*ms)),
+			// A plain check counts last window's sub-window 3 (10) whole:
+			// rate = 10 + 3 + 2 = 15, R 0. Sub-window 3 leaves the window
+			// as sub-window 7 (1750-2000 ms) runs: the counts since are 5,
+			// A = 10, q = (10-5)/10 = 0.5: x = 700 ms - 0.5*250 ms -> 575001 µs.
+			one(1300*ms, precise(sliding("k", 10, s, 1), 4), deny(0, 575001*us, 700*ms)),
+			one(1300*ms, paced(precise(sliding("k", 10, s, 6), 4)), deny(5, 700*ms, 700*ms)),
+			one(1900*ms, paced(precise(sliding("k", 10, s, 5), 4)), ok(0, 100*ms)),
 		},
 	},
 	{
