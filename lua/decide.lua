@@ -899,9 +899,18 @@ end
 -- neither). It reads the key with one MGET (as decide_all, so a key
 -- holding another type reads as absent), writes it at most once, and
 -- builds no table but the state: no journal, no dirty set, no reply parts.
-local function decide_single(key, alg, limit, w, burst, h, pc)
+-- With form (the reply mod 8 of a counter call whose answer the Go store
+-- could not trust, see the header; a window's roll, mostly), the counter
+-- call's hits are taken back first (unincr), as decide_all would.
+local function decide_single(key, alg, limit, w, burst, h, pc, form)
   if alg == ALG_TOKEN_BUCKET and limit == 0 then return pack('<Bddd', 0, 0, w * US, 0) end
   local v = redis.call('MGET', key)[1]
+  local undone = false
+  if form then -- the undo flag: take the counter call's hits back first
+    stored = { [key] = v }
+    undone = unincr(key, alg, h, form)
+    v = stored[key]
+  end
   local s = build(key, alg, w, limit, burst, precision(alg, burst), v, 0)
   local r = pbudget(s, limit, pc)
   if h == 0 then
@@ -917,39 +926,11 @@ local function decide_single(key, alg, limit, w, burst, h, pc)
     return pack('<Bddd', 1, r - h, nx, rst)
   end
   local out = pack('<Bddd', 0, r, pretry(s, limit, h, pc), reset(s))
-  if v and not peek then
+  if undone then -- the value changed: written, denied or not, as decide_all does
     ttl_args = nil
-    restore_ttl(s)
-  end
-  return out
-end
-
--- decide_undo decides the call that follows a counter call whose reply the
--- Go store could not trust (see the header), the usual one: one request of
--- one consuming check marked undo (a window's roll, mostly). As
--- decide_single, from the value with the counter call's hits taken back
--- (unincr), which is written whenever they were, the check denied or not;
--- decide_all decides it alike, at the cost of its tables.
-local function decide_undo(key, alg, limit, w, burst, h, form, pc)
-  local v = redis.call('MGET', key)[1]
-  stored = { [key] = v }
-  local undone = unincr(key, alg, h, form)
-  v = stored[key]
-  local s = build(key, alg, w, limit, burst, precision(alg, burst), v, 0)
-  local r = pbudget(s, limit, pc)
-  ttl_args = nil
-  if h <= r then
-    consume(s, h)
-    local rst = reset(s)
-    local nx = 0
-    if h == r then nx = pretry(s, limit, 1, pc) end -- as check's
     write(s)
-    return pack('<Bddd', 1, r - h, nx, rst)
-  end
-  local out = pack('<Bddd', 0, r, pretry(s, limit, h, pc), reset(s))
-  if undone then
-    write(s)
-  elseif v then
+  elseif v and not peek then
+    ttl_args = nil
     restore_ttl(s)
   end
   return out
@@ -977,7 +958,7 @@ local function rls_decide(keys, args)
       local base = fl % 8
       if alg ~= ALG_TOKEN_BUCKET and hits > 0 and not (IS_REFUND[base] or IS_FORCE[base]) then
         if alg ~= ALG_FIXED then alg = ALG_SLIDING end -- unknown: sliding
-        return decide_undo(keys[1], alg, limit, w, burst, hits, floor(fl / 16) % 8, pc)
+        return decide_single(keys[1], alg, limit, w, burst, hits, pc, floor(fl / 16) % 8)
       end
       return decide_all(args)
     end
