@@ -308,13 +308,14 @@ func (a *app) buildGRPC() error {
 	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: port, Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
 	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
 		Port: port, Metrics: a.conns, Log: a.log})
-	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.StatsHandler(a.grpcLis.StatsHandler()),
-		grpc.ChainUnaryInterceptor(a.upstream.Unary)},
+	// Each server's own listener learns which of its connections have a
+	// call in flight from its outermost interceptors.
+	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.ChainUnaryInterceptor(a.upstream.Unary)},
 		grpcOptions(a.cfg, a.svcMetrics, a.log)...)
 	if a.cfg.fromXDS() {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
 	}
-	a.grpcSrv = grpc.NewServer(opts...)
+	a.grpcSrv = grpc.NewServer(append(a.grpcLis.ServerOptions(), opts...)...)
 	adminConns := connguard.LimitOptions{Port: "admin-addr", Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log}
 	a.admin, err = service.ListenAdmin(a.cfg.AdminAddr, adminConns, opts...) // nil when off; errors name --admin-addr
 	return err

@@ -26,7 +26,8 @@ type AdminServer struct {
 
 // ListenAdmin listens on addr (TCP), with at most conns.Max connections
 // open at once (connguard.Limit), and makes the admin API's server with
-// opts (the gRPC port's TLS, interceptors). It serves nothing until
+// opts (the gRPC port's TLS, interceptors) after the listener's own
+// interceptors, which tell it the connections with a call in flight. It serves nothing until
 // Register and Serve. An empty addr is the admin API off: nil, nil. An
 // error names the listener as --conns.Port (the flag that set addr).
 func ListenAdmin(addr string, conns connguard.LimitOptions, opts ...grpc.ServerOption) (*AdminServer, error) {
@@ -37,9 +38,10 @@ func ListenAdmin(addr string, conns connguard.LimitOptions, opts ...grpc.ServerO
 	if err != nil {
 		return nil, fmt.Errorf("--%s: %w", conns.Port, err)
 	}
-	srv := grpc.NewServer(opts...)
+	limited := connguard.Limit(lis, conns)
+	srv := grpc.NewServer(append(limited.ServerOptions(), opts...)...)
 	reflection.Register(srv)
-	return &AdminServer{srv: srv, lis: connguard.Limit(lis, conns)}, nil
+	return &AdminServer{srv: srv, lis: limited}, nil
 }
 
 // Register serves a's API on s.
