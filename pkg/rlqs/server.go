@@ -700,8 +700,10 @@ func (st *stream) usage(b *bucket, u *usage, now time.Time) (*rlqsv3.RateLimitQu
 
 // shrinkMin is the least a shrink gives back, as a part of the grant's
 // worst case (and at least 4 hits): below it a replaced bucket is not worth
-// its churn.
-const shrinkMin = 16
+// its churn. A stream whose demand fell a fifth below its grant right after
+// a boundary frees about a sixteenth (the old bucket and its refill until
+// the replacement lands stay reserved), which a threshold of 16 missed.
+const shrinkMin = 32
 
 // shrink replaces b's active windowed grant, when b's report shows a
 // demand that leaves much of it unused until the window ends, by one sized
