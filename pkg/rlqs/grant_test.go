@@ -42,6 +42,32 @@ func TestShapeBurst(t *testing.T) {
 	}
 }
 
+// TestTopUpLeast: the fewest extra hits for which a top-up's replacement
+// (the old grant's carry plus the extra, over ttl) refills faster than the
+// grant it replaces; one hit fewer would not. The fleet test's case: a
+// grant of 92 a second, 0.98 s left, carry 86, needs more than 5.
+func TestTopUpLeast(t *testing.T) {
+	rateOf := func(g grant) float64 { return g.rate() }
+	for _, ttl := range []int64{1, 2, 60} {
+		for _, x := range []uint64{1, 3, 17, 96, 100, 1000, 100000} {
+			g := shape(x, ttl)
+			for _, carry := range []uint64{0, g.per / 2, g.per * uint64(ttl) / uint64(g.fill)} {
+				least := topUpLeast(g, carry, ttl)
+				if least == 0 || rateOf(shape(carry+least, ttl)) <= g.rate() {
+					t.Fatalf("grant %+v, carry %d: least %d does not refill faster", g, carry, least)
+				}
+				if least > 1 && rateOf(shape(carry+least-1, ttl)) > g.rate() {
+					t.Fatalf("grant %+v, carry %d: least %d, but %d refills faster already", g, carry, least, least-1)
+				}
+			}
+		}
+	}
+	g := grant{max: 4, per: 92, fill: 1, ttl: 1}
+	if least := topUpLeast(g, 86, 1); least <= 5 {
+		t.Errorf("a grant of 92/s with a carry of 86: least %d, want more than 5", least)
+	}
+}
+
 func testStream(overlap time.Duration) *stream {
 	s := &Server{o: Options{Overlap: overlap, MinShare: 1}}
 	return &stream{srv: s}
