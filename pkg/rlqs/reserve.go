@@ -308,7 +308,13 @@ func (s *Server) part(b *bucket, here float64, now time.Time) float64 {
 type demandSeen struct {
 	others float64
 	at     time.Time
+	here   float64 // this replica's demand as then shared
 }
+
+// demandShift is how far a report must move this replica's demand for a
+// key from what it last shared before it shares it at once, rather than at
+// its next push (see shareShifted).
+const demandShift = 0.25
 
 // demandReuse is how long a reading of the fleet's demand serves the other
 // streams of the same key here (their pushes at one boundary) without
@@ -345,9 +351,46 @@ func (s *Server) fleetDemand(b *bucket, here float64, now time.Time) (float64, b
 		return 0, false
 	}
 	s.mu.Lock()
-	s.demands[key] = demandSeen{others: max(0, fleet-here), at: now}
+	s.demands[key] = demandSeen{others: max(0, fleet-here), at: now, here: here}
 	s.mu.Unlock()
 	return fleet, true
+}
+
+// shareShifted shares this replica's demand for each of keys whose reports
+// moved it by more than demandShift from what it last shared, and returns
+// the store calls made. The other replicas size their parts at their
+// boundary pushes from what each replica last shared, which otherwise is
+// what it had at its own last push, before the reports since: when the
+// demand moves (Envoys starting, one Envoy taking most of the traffic),
+// the replica that pushes first takes a part sized on the others' old
+// demand, and the others' streams find the window spent (measured in the
+// fleet test at start-up: one replica's two Envoys admitted 2 and 0 of
+// 200 while the other's admitted 190 and 183).
+func (s *Server) shareShifted(keys map[string]*bucket, now time.Time) int {
+	if s.o.Demand == nil || now.UnixNano() < s.demandDown.Load() {
+		return 0
+	}
+	calls := 0
+	for key, b := range keys {
+		here := 0.0
+		s.mu.Lock()
+		for o := range s.groups[key] {
+			here += o.demandRate()
+		}
+		seen, ok := s.demands[key]
+		s.mu.Unlock()
+		if !ok || here <= 0 || (here <= seen.here*(1+demandShift) && here >= seen.here*(1-demandShift)) {
+			continue // never shared (its first grant shares it), or about as shared
+		}
+		s.mu.Lock()
+		delete(s.demands, key) // not a reading to reuse: ask again
+		s.mu.Unlock()
+		calls++
+		if _, ok := s.fleetDemand(b, here, now); !ok {
+			return calls
+		}
+	}
+	return calls
 }
 
 // demandTTL is how long a replica's demand for b's key holds: two of its

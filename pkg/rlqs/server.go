@@ -477,6 +477,7 @@ func (st *stream) handle(r *report) error {
 	var checks []store.Check
 	var refunds, writeBacks uint64
 	calls := 0
+	shifted := map[string]*bucket{} // the rule keys whose demand this report updated
 	for i := range r.usages {
 		u := &r.usages[i]
 		if len(u.bucket) == 0 {
@@ -493,6 +494,9 @@ func (st *stream) handle(r *report) error {
 			continue
 		}
 		a, c := st.usage(b, u, now)
+		if b.static == nil && !b.gone {
+			shifted[b.check.Key] = b
+		}
 		if a != nil {
 			resp.BucketAction = append(resp.BucketAction, a)
 		}
@@ -513,6 +517,7 @@ func (st *stream) handle(r *report) error {
 		st.srv.o.Metrics.addRefunded(refunds)
 		st.srv.o.Metrics.addWrittenBack(writeBacks)
 	}
+	calls += st.srv.shareShifted(shifted, now)
 	calls += st.topUpPending(r, resp, now)
 	if m := st.srv.o.Metrics; m != nil {
 		m.callsPerReport.Observe(float64(calls))

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -609,6 +610,56 @@ func TestShareFollowsFleetDemand(t *testing.T) {
 	}
 	if got := grant(h, "other"); got < 900 || len(calls) != 1 {
 		t.Errorf("second key while Demand fails: grant %d, %d Demand calls; want the whole limit and no second call within the backoff", got, len(calls))
+	}
+}
+
+// TestReportSharesShiftedDemand: a report that moves this replica's demand
+// for a key by more than a quarter from what it last shared shares it at
+// once, so that the other replicas size their parts on it at their next
+// boundary; a report that moves it less makes no call.
+func TestReportSharesShiftedDemand(t *testing.T) {
+	var mu sync.Mutex
+	var shared []float64
+	demand := func(_ context.Context, _ string, d float64, _ time.Duration) (float64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		shared = append(shared, d)
+		return d, nil
+	}
+	calls := func() []float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]float64(nil), shared...)
+	}
+	// A minute's window: no boundary push within the test.
+	clk := testkit.NewClock(time.Unix(1_800_000_000, 0).Truncate(time.Minute).Add(time.Second))
+	h := newHarness(t, Options{Now: clk.Now, Demand: demand})
+	cs := h.rawStream(t)
+	id := map[string]string{"api_key": "k", "route": "r"}
+	if err := cs.SendMsg(&raw{encodeReport("d", 0, 0, 10, id)}); err != nil {
+		t.Fatal(err)
+	}
+	checkAssignment(t, recv(t, cs).BucketAction[0])
+	if got := calls(); len(got) != 1 {
+		t.Fatalf("Demand calls %v after the first grant, want one", got)
+	}
+	// Each report a second after the last, once that one is handled.
+	report := func(allowed uint64) {
+		n := hist(t, h.m).GetSampleCount()
+		clk.Advance(time.Second)
+		if err := cs.SendMsg(&raw{encodeReport("d", 1, allowed, 0, id)}); err != nil {
+			t.Fatal(err)
+		}
+		testkit.WaitFor(t, "the report handled", 5*time.Second, func() bool { return hist(t, h.m).GetSampleCount() > n })
+	}
+	first := calls()[0]
+	report(uint64(first * 1.2)) // a fifth more: not shared
+	if got := calls(); len(got) != 1 {
+		t.Errorf("Demand calls %v after a report of a fifth more demand, want still one", got)
+	}
+	report(uint64(first * 2)) // twice: shared at once
+	if got := calls(); len(got) != 2 || got[1] != 2*first {
+		t.Errorf("Demand calls %v, want %v then %v", got, first, 2*first)
 	}
 }
 
