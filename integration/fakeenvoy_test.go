@@ -311,8 +311,9 @@ func (e *fakeEnvoy) responses() []*rlqsv3.RateLimitQuotaResponse {
 type fleetLoad struct {
 	mu       sync.Mutex
 	admitted map[int64]int
-	offered  map[int64]int // requests sent, by second: the generator may fall behind on a busy machine
-	times    []time.Time   // when each admitted request was decided
+	byEnvoy  map[[2]int64]int // admitted by (Envoy, second)
+	offered  map[int64]int    // requests sent, by second: the generator may fall behind on a busy machine
+	times    []time.Time      // when each admitted request was decided
 	total    atomic.Int64
 	rates    []atomic.Int64
 	stop     chan struct{}
@@ -321,7 +322,7 @@ type fleetLoad struct {
 }
 
 func startLoad(envoys []*fakeEnvoy, id map[string]string, rates ...int64) *fleetLoad {
-	l := &fleetLoad{admitted: map[int64]int{}, offered: map[int64]int{}, rates: make([]atomic.Int64, len(envoys)), stop: make(chan struct{})}
+	l := &fleetLoad{admitted: map[int64]int{}, byEnvoy: map[[2]int64]int{}, offered: map[int64]int{}, rates: make([]atomic.Int64, len(envoys)), stop: make(chan struct{})}
 	for i, e := range envoys {
 		l.rates[i].Store(rates[i])
 		l.wg.Add(1)
@@ -346,6 +347,7 @@ func startLoad(envoys []*fakeEnvoy, id map[string]string, rates ...int64) *fleet
 					l.offered[sec]++
 					if ok {
 						l.admitted[sec]++
+						l.byEnvoy[[2]int64{int64(i), sec}]++
 						l.times = append(l.times, now)
 					}
 					l.mu.Unlock()
@@ -362,6 +364,17 @@ func startLoad(envoys []*fakeEnvoy, id map[string]string, rates ...int64) *fleet
 func (l *fleetLoad) end() {
 	l.stopOnce.Do(func() { close(l.stop) })
 	l.wg.Wait()
+}
+
+// envoys returns the admitted of each Envoy in second sec.
+func (l *fleetLoad) envoys(sec int64) []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := make([]int, len(l.rates))
+	for i := range n {
+		n[i] = l.byEnvoy[[2]int64{int64(i), sec}]
+	}
+	return n
 }
 
 func (l *fleetLoad) window(sec int64) int {

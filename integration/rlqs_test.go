@@ -116,21 +116,18 @@ func fleetSteadySkewedStopped(t *testing.T, alg string, kill bool) (*fleetLoad, 
 	calls := metricValues(t, ps[0].HTTPAddr)
 	for w := first; w < first+windows; w++ {
 		got := load.window(w)
-		t.Logf("window %d: admitted %d of %d (offered %d)", w-first, got, rlqsLimit, load.offeredIn(w))
+		t.Logf("window %d: admitted %d of %d (offered %d; by Envoy %v)", w-first, got, rlqsLimit, load.offeredIn(w), load.envoys(w))
 		if got > rlqsLimit {
 			t.Errorf("window %d: admitted %d, over the limit %d", w-first, got, rlqsLimit)
 		}
 		// The windows of a change (the first skewed one: shares follow a
 		// report later; the replica's stop and the next, while its Envoys
-		// fall back and reconnect) are exempt from the 80 %.
-		// While skewed, and after the stop, the windows lose more at their
-		// boundaries (docs/rlqs.md, "Not yet"), although each replica's part
-		// follows its share of the fleet's demand shared through Redis: the
-		// bound there is 75 %.
+		// fall back and reconnect) are exempt from the 80 %. The second
+		// skewed window is still granted on the demand before the skew (the
+		// reports that show it arrive after the boundary's pushes), and is
+		// held to 80 % as every other: the shrinks of the streams whose
+		// demand fell feed the hungry stream's top-up (docs/rlqs.md).
 		want := rlqsLimit * 8 / 10
-		if w >= skewedAt {
-			want = rlqsLimit * 75 / 100
-		}
 		// The generator itself (this test's process, on a machine as busy
 		// as CI's) may fall behind: a window offered under 3/4 of its 2x
 		// load says nothing about the grants, which follow the demand
