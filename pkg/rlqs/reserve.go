@@ -197,7 +197,7 @@ func (st *stream) reserve(b *bucket, g grant, ttl int64, checks []store.Check, b
 	if err != nil || res[len(res)-1].Allowed {
 		return g, res, 1, err
 	}
-	if left := res[len(res)-1].Remaining; !boundary && left < least {
+	if res[len(res)-1].Remaining < least {
 		return shape(0, ttl), res, 1, nil // not worth a replacement (see topUpLocked)
 	}
 	shrunk := st.distinct(b, shape(min(res[len(res)-1].Remaining, want), ttl))
@@ -270,12 +270,7 @@ func (s *Server) share(b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
 	if !windowEnd.IsZero() {
 		rate, span = float64(b.check.Limit), 1
 	}
-	mine, total := b.demandRate(), 0.0
-	s.mu.Lock()
-	for o := range s.groups[b.check.Key] {
-		total += o.demandRate()
-	}
-	s.mu.Unlock()
+	mine, total := b.demandRate(), s.localDemand(b.check.Key)
 	frac := 1.0
 	if total > 0 {
 		frac = mine / total
@@ -372,25 +367,34 @@ func (s *Server) shareShifted(keys map[string]*bucket, now time.Time) int {
 	}
 	calls := 0
 	for key, b := range keys {
-		here := 0.0
+		here := s.localDemand(key)
 		s.mu.Lock()
-		for o := range s.groups[key] {
-			here += o.demandRate()
-		}
 		seen, ok := s.demands[key]
+		shifted := ok && here > 0 && (here > seen.here*(1+demandShift) || here < seen.here*(1-demandShift))
+		if shifted {
+			delete(s.demands, key) // not a reading to reuse: ask again
+		}
 		s.mu.Unlock()
-		if !ok || here <= 0 || (here <= seen.here*(1+demandShift) && here >= seen.here*(1-demandShift)) {
+		if !shifted {
 			continue // never shared (its first grant shares it), or about as shared
 		}
-		s.mu.Lock()
-		delete(s.demands, key) // not a reading to reuse: ask again
-		s.mu.Unlock()
 		calls++
 		if _, ok := s.fleetDemand(b, here, now); !ok {
 			return calls
 		}
 	}
 	return calls
+}
+
+// localDemand is this replica's demand for key: the sum of its streams'.
+func (s *Server) localDemand(key string) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := 0.0
+	for o := range s.groups[key] {
+		d += o.demandRate()
+	}
+	return d
 }
 
 // demandTTL is how long a replica's demand for b's key holds: two of its
