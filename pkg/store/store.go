@@ -365,3 +365,33 @@ var ErrProtocol = errors.New("store protocol error")
 // it: a fleet deciding from local shares for as long as a password is
 // wrong would admit up to its size times each limit, silently.
 var ErrAuth = errors.New("store refused rls's credentials")
+
+// Request is one request of a batch of independent requests: its checks
+// are decided atomically among themselves (as one Decide call), apart from
+// the other requests of the batch. Err receives the request's error, as
+// Decide would return it.
+type Request struct {
+	Checks  []Check
+	Results []Result // len(Checks) results
+	Err     error
+}
+
+// Batcher is a Store that decides many independent requests together, in
+// as few round trips as its backend allows (the Redis store: one pipeline
+// per node), for callers that decide many keys at once (RLQS reports).
+type Batcher interface {
+	DecideBatch(ctx context.Context, reqs []Request)
+}
+
+// DecideBatch decides each request of reqs as its own Decide call, setting
+// its Results and Err: in one call of st's DecideBatch when st is a
+// Batcher, else one Decide per request, in order.
+func DecideBatch(ctx context.Context, st Store, reqs []Request) {
+	if b, ok := st.(Batcher); ok {
+		b.DecideBatch(ctx, reqs)
+		return
+	}
+	for i := range reqs {
+		reqs[i].Err = st.Decide(ctx, reqs[i].Checks, reqs[i].Results)
+	}
+}
