@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -59,7 +60,15 @@ func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
 // memory store, else heartbeats in Redis.
 func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
 	if rs, ok := st.(*redisstore.Store); ok && cfg.FleetSize == 0 {
-		return rs.Fleet(cfg.MinFleetSize, log)
+		id := rs.Replica()
+		return limiter.NewFleet(limiter.FleetOptions{
+			Beat:     func(ctx context.Context) (int, error) { return rs.Heartbeat(ctx, id, redisstore.HeartbeatTTL) },
+			Leave:    func(ctx context.Context) error { return rs.Leave(ctx, id) },
+			Interval: redisstore.HeartbeatInterval,
+			Hold:     2 * redisstore.HeartbeatInterval, // every live replica beats within one interval
+			Min:      cfg.MinFleetSize,
+			Log:      log,
+		})
 	}
 	return limiter.FixedFleet(cfg.FleetSize)
 }

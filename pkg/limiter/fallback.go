@@ -33,7 +33,7 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 			continue
 		}
 		n++
-		closed := items[sc.idx[j]].FailClosed
+		closed := items[sc.idx[j]].FailClosed || !l.answered.Load()
 		items[sc.idx[j]].Source = fallbackSource(closed)
 		l.sources[fallbackSource(closed)].Add(1)
 		if retry && c.Refund && c.Hits > 0 {
@@ -85,10 +85,11 @@ func (l *Limiter) fallbackEvaluate(now int64, items []Item, sc *scratch, fleet i
 		if !r.Undecided || sc.idx[j] < 0 {
 			continue
 		}
+		closed := items[sc.idx[j]].FailClosed || !l.answered.Load() // see StoreAnswered
 		switch {
-		case items[sc.idx[j]].FailClosed && c.Refund:
+		case closed && c.Refund:
 			*r = store.Result{Allowed: true}
-		case items[sc.idx[j]].FailClosed:
+		case closed:
 			d := l.opts.FailClosedRetry
 			*r = store.Result{RetryAfter: d, Reset: d}
 		default:

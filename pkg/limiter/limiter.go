@@ -160,9 +160,9 @@ const (
 // maps' growth; the constants are the largest figure rounded up.
 // TestLRUEntryOverhead measures them again.
 const (
-	overLimitCacheOverhead = 176 // measured 150-168 (135-152 before the fits field)
+	overLimitCacheOverhead = 176 // measured 150-169
 	bucketOverhead         = 192 // measured 167-185
-	writeBackOverhead      = 208 // measured 140-203 (the map holds the check inline)
+	writeBackOverhead      = 256 // measured 175-252 (the map holds the check inline)
 )
 
 // Item is one check of a request as the limiter decides it: the check and
@@ -220,9 +220,9 @@ type Limiter struct {
 	overLimitCache *lruMap[overLimitEntry]
 	local          *lruMap[*bucket]
 	wb             writeBacks
-	res            *reservations // nil: reservations are off
-	pool           sync.Pool     // *scratch
-	flights        flights       // store calls in flight for keys at their limit
+	res            *leases   // nil: leases are off
+	pool           sync.Pool // *scratch
+	answered       atomic.Bool
 
 	sources      [numSources]atomic.Uint64
 	causes       [numCauses]atomic.Uint64
@@ -281,117 +281,104 @@ func New(st store.Store, opts Options) *Limiter {
 		if opts.ReserveBytes <= 0 {
 			opts.ReserveBytes = DefaultReserveBytes
 		}
-		l.res = newReservations(opts.ReserveBytes)
+		l.res = newLeases(opts.ReserveBytes)
 	}
 	l.pool.New = func() any { return new(scratch) }
 	return l
 }
 
-// scratch is the sub-batch sent to the store: the checks the cache did not
-// answer, with their positions in the caller's batch (rideWriteBack for a
-// write-back riding along, whose entries are in wb, in order; rideReserve
-// and rideReturn for a reservation's checks, in resv).
+// scratch is the sub-batch sent to the store: the checks neither the
+// cache nor a lease answered, with their positions in the caller's batch
+// (rideWriteBack for a write-back riding along, whose entries are in wb,
+// in order; rideReturn for a lease's unused hits going back).
 type scratch struct {
 	idx     []int
 	checks  []store.Check
 	results []store.Result
 	wb      []flight
-	resv    []riding
-	held    []riding // checks whose key had a live slice before the call (j: the check)
 }
 
 // Positions of the checks that ride along with a batch.
 const (
 	rideWriteBack = -1
-	rideReserve   = -2 // a new slice: a shadow check of its hits
-	rideReturn    = -3 // an ended slice's unused hits: a refund
+	rideReturn    = -2
 )
 
-// riding is a reservation check riding along: its position in the batch
-// and its hits.
-type riding struct {
-	j    int
-	hits uint64
-}
-
-// Decide decides items: it sets each item's Result and Source. It returns
-// an error only when the caller's context ends or the store fails in a way
-// no fallback covers (an error wrapping store.ErrProtocol, or another error
-// that is not store.ErrUnavailable: a bug, not an outage).
+// Decide decides items: it sets each item's Result and Source. Its routes,
+// in order (docs/ARCHITECTURE.md): a local denial (the over-limit cache, or
+// a paced lease whose next hit is not due); the keys' live leases; the
+// store, whose call also asks for leases and carries what rides along;
+// the fallback when the store fails; and the refund of what the store
+// consumed for a request denied after all. It returns an error only when
+// the caller's context ends or the store fails in a way no fallback covers
+// (store.ErrProtocol, or another error that is not store.ErrUnavailable).
 func (l *Limiter) Decide(ctx context.Context, items []Item) error {
-	single := len(items) == 1 && items[0].Check.Consuming()
-	if single {
-		l.flights.wait(ctx, items[0].Check.Key)
-	}
 	now := l.opts.Now()
 	nowNs := now.UnixNano()
-	vetoed, fits := l.fromCache(items, nowNs)
-	var leader func()
-	if single && fits > 0 && fits <= flightWait {
-		// The store may or may not let the hit pass before it surely fits:
-		// one request waits for that moment and then asks, the others wait
-		// for its answer (see flights).
-		if leader = l.flights.start(items[0].Check.Key); leader != nil {
-			defer leader()
-			l.flights.sleep(ctx, fits)
-		} else {
-			l.flights.wait(ctx, items[0].Check.Key)
-		}
-		now = l.opts.Now()
-		nowNs = now.UnixNano()
-		vetoed, _ = l.fromCache(items, nowNs)
-	}
-	if l.fromReservations(items, vetoed, nowNs) {
+	vetoed := l.fromCache(items, nowNs)
+	if !vetoed && l.res != nil && l.fromLeases(items, nowNs) {
 		return nil
 	}
-
 	sc := l.pool.Get().(*scratch)
 	defer l.pool.Put(sc)
 	if !sc.fill(items, vetoed) {
 		return nil
 	}
-	if l.markScarce(sc, nowNs) && leader == nil && len(items) == 1 && len(sc.checks) == 1 && !vetoed {
-		if end := l.flights.start(sc.checks[0].Key); end != nil {
-			defer end() // after collect has learnt the answer
-		}
-	}
-	l.attachReservations(items, sc, vetoed, nowNs)
-	if l.wb.n.Load() > 0 {
-		l.attachWriteBacks(sc, nowNs)
-	}
+	l.prepare(items, sc, vetoed, nowNs)
 	sc.clearResults()
 
 	err := l.callStore(ctx, now, sc)
-	l.settleReservations(sc, err, nowNs)
+	if err == nil || (errors.Is(err, store.ErrUnavailable) && anyDecided(sc.results)) {
+		l.answered.Store(true)
+	}
 	if len(sc.wb) > 0 {
 		l.settleWriteBacks(sc, err, nowNs)
 		clear(sc.wb) // the pool must not keep buckets alive
 	}
 	if stop, err := l.storeFailed(ctx, err, nowNs, items, sc); stop {
+		l.settleLeases(items, sc, false, nowNs)
 		return err
 	}
 	unknown := l.collect(items, sc, err, nowNs)
-	l.reportHeld(items, sc)
-	if vetoes(items, func(i int) bool { return !items[i].Result.Allowed }) {
+	denied := vetoes(items, func(i int) bool { return !items[i].Result.Allowed })
+	l.settleLeases(items, sc, !denied, nowNs)
+	if denied {
 		l.undoUnknown.Add(uint64(unknown))
 		l.undo(ctx, items)
 	}
 	return nil
 }
 
-// fill makes sc the sub-batch of items the cache did not answer (only
-// checking, when the cache denied the request), and reports whether it
-// has any check.
+// StoreAnswered reports whether the store has answered a decision since
+// the limiter was made. Until it has, fail_open rules deny as fail_closed
+// ones do: a store never reached is a misconfiguration (a wrong address),
+// and each replica deciding on its own share of the limit would multiply
+// the limit by the fleet's size with nothing to show for it.
+func (l *Limiter) StoreAnswered() bool { return l.answered.Load() }
+
+// anyDecided reports whether the store decided some of results.
+func anyDecided(results []store.Result) bool {
+	for i := range results {
+		if !results[i].Undecided {
+			return true
+		}
+	}
+	return false
+}
+
+// fill makes sc the sub-batch of items no local answer took (only
+// checking, when a local denial vetoed the request), and reports whether
+// it has any check.
 func (sc *scratch) fill(items []Item, vetoed bool) bool {
-	sc.idx, sc.checks, sc.wb, sc.resv = sc.idx[:0], sc.checks[:0], sc.wb[:0], sc.resv[:0]
+	sc.idx, sc.checks, sc.wb = sc.idx[:0], sc.checks[:0], sc.wb[:0]
 	for i := range items {
-		if items[i].Source == FromCache {
+		if items[i].Source != FromStore {
 			continue
 		}
 		c := items[i].Check
 		c.Shadow = c.Shadow || items[i].Quota // quotas never veto in the store: see vetoes
 		if vetoed && !c.Refund && !c.Force {
-			c.Hits = 0 // the cache denied the request: the rest only checks
+			c.Hits = 0 // a local denial vetoed the request: the rest only checks
 		}
 		sc.idx = append(sc.idx, i)
 		sc.checks = append(sc.checks, c)
@@ -399,37 +386,51 @@ func (sc *scratch) fill(items []Item, vetoed bool) bool {
 	return len(sc.checks) > 0
 }
 
-// scarceBelow: a consuming check whose key the store last reported with
-// fewer than this many hits left per hit asked (or denied) is marked
-// Scarce.
-const scarceBelow = 8
-
-// markScarce marks the checks of sc whose key the store last reported
-// near its limit (store.Check.Scarce), but for a hit sent once the last
-// answer's NextHit has surely come (counted from when the answer arrived):
-// the store then expects that one hit to fit, and a counter call decides
-// it for a fraction of a script call (a key held at its limit admits each
-// hit as it frees up, so this is its usual request).
-//
-// It reports whether any consuming check's key is near its limit in that
-// sense (that hit included): a call for it is one that others wait for
-// (see flights).
-func (l *Limiter) markScarce(sc *scratch, now int64) (near bool) {
-	for j := range sc.checks {
+// prepare completes the sub-batch: each consuming check whose key the
+// store last reported near its limit is marked Exact (decided by script at
+// once); the leasable checks of a request that a local denial did not veto
+// ask for leases (lease.go), and carry back the unused hits of their keys'
+// ended leases; pending write-backs ride along.
+func (l *Limiter) prepare(items []Item, sc *scratch, vetoed bool, now int64) {
+	fleet := l.opts.FleetSize()
+	n := len(sc.checks)
+	for j := 0; j < n; j++ {
+		if !sc.checks[j].Consuming() {
+			continue
+		}
+		k, known := l.lookup(&sc.checks[j])
+		if l.res != nil && !vetoed && leasable(&items[sc.idx[j]]) {
+			if ret := l.res.ask(&sc.checks[j], k, known, fleet, now); ret.Hits > 0 {
+				sc.idx = append(sc.idx, rideReturn)
+				sc.checks = append(sc.checks, ret)
+			}
+		}
 		c := &sc.checks[j]
-		if !c.Consuming() {
-			continue
-		}
-		k, ok := l.lookup(c)
-		if !ok || (k.deniedHits == 0 && k.remaining >= scarceBelow*c.Hits) {
-			continue
-		}
-		near = true
-		if !(k.fits != 0 && now >= k.fits && c.Hits == 1) {
-			c.Scarce = true
+		c.Exact = known && (k.deniedHits > 0 || k.remaining < nearBelow*(c.Hits+c.Want))
+	}
+	if l.wb.n.Load() > 0 {
+		l.attachWriteBacks(sc, now)
+	}
+}
+
+// settleLeases accounts for the lease requests and returns of a store
+// call: a lease the store granted starts deciding when the request stood
+// (else the request's refund takes it back); a return that did not land
+// counts its hits expired.
+func (l *Limiter) settleLeases(items []Item, sc *scratch, stood bool, sent int64) {
+	if l.res == nil {
+		return
+	}
+	arrived := l.opts.Now().UnixNano()
+	for j, i := range sc.idx {
+		c, r := &sc.checks[j], &sc.results[j]
+		switch {
+		case i == rideReturn:
+			l.res.settleReturn(c.Hits, !r.Undecided && r.Allowed)
+		case i >= 0 && c.Want > 0:
+			l.res.grant(c, r, stood && r.Consumed, sent, arrived)
 		}
 	}
-	return near
 }
 
 // clearResults sizes sc.results to sc.checks, zeroed.
@@ -485,6 +486,7 @@ func (l *Limiter) collect(items []Item, sc *scratch, err error, now int64) (unkn
 		}
 		fromStore++
 		l.learn(&sc.checks[j], &it.Result, sc, now) // the check as sent (a vetoed one only checked)
+		it.Result.Remaining += it.Result.Lease.Now  // held here for the key's next requests
 	}
 	l.sources[FromStore].Add(uint64(fromStore))
 	return unknown
@@ -614,13 +616,24 @@ func (l *Limiter) Tables() [3]Table {
 }
 
 // Forget drops keys from every local table (the over-limit cache, the
-// fail-open buckets and their pending write-backs), so a counter reset by
+// leases, the fail-open buckets and their pending write-backs), so a counter reset by
 // an operator is not denied, nor charged, from stale local state.
 func (l *Limiter) Forget(keys ...string) {
 	for _, k := range keys {
 		lruWith(l.overLimitCache, k, func(v overLimitEntry, _ bool) (overLimitEntry, bool, struct{}) { return v, false, struct{}{} })
 		lruWith(l.local, k, func(b *bucket, _ bool) (*bucket, bool, struct{}) { return b, false, struct{}{} })
 		l.wb.drop(k)
+	}
+	if l.res != nil {
+		for _, k := range keys {
+			sh := l.res.shard(k)
+			sh.mu.Lock()
+			if s := sh.m[k]; s != nil {
+				l.res.expired.Add(s.l.Hits - min(s.used, s.l.Hits))
+				sh.del(k)
+			}
+			sh.mu.Unlock()
+		}
 	}
 }
 

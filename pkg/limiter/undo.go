@@ -66,10 +66,12 @@ func (l *Limiter) undo(ctx context.Context, items []Item) {
 		if !items[i].Result.Consumed {
 			continue
 		}
+		r := &items[i].Result
 		c := items[i].Check
-		c.Refund, c.Shadow, c.Force = true, false, false
+		c.Hits += r.Lease.Hits // a lease granted to a request denied after all goes back with it
+		c.Refund, c.Shadow, c.Force, c.Want, c.Exact = true, false, false, 0, false
 		refunds = append(refunds, c)
-		items[i].Result.Consumed = false
+		r.Consumed, r.Remaining, r.Lease = false, r.Remaining+items[i].Check.Hits, store.Lease{}
 	}
 	if len(refunds) == 0 {
 		return

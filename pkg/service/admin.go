@@ -161,18 +161,19 @@ func (a *Admin) ResetCounters(ctx context.Context, req *adminv1.ResetCountersReq
 		return nil, err
 	}
 	var keys []string
+	var checks []store.Check
 	for i := range req.Descriptors {
 		if res.index[i] < 0 {
 			continue
 		}
 		for _, c := range subChecks(rreq, res, i) {
-			keys = append(keys, c.Key)
+			keys, checks = append(keys, c.Key), append(checks, c)
 		}
 	}
 	if len(keys) == 0 {
 		return &adminv1.ResetCountersResponse{}, nil
 	}
-	if err := a.st.Delete(ctx, keys...); err != nil {
+	if err := a.st.Delete(ctx, checks...); err != nil {
 		return nil, a.svc.toStatus(fmt.Errorf("delete counters: %w", err))
 	}
 	a.lim.Forget(keys...)

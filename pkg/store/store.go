@@ -108,7 +108,9 @@
 // count twice). If every consuming check is allowed, all consumption is
 // written; if any consuming check is denied, no consumption is written (a
 // denied request takes no quota). Each Result reports its own check's
-// verdict computed in that pass. Check-only checks never write.
+// verdict computed in that pass; an allowed consuming check of a vetoed
+// batch reports the budget it found, R, since nothing was consumed (as
+// envoyproxy/ratelimit does). Check-only checks never write.
 //
 // A Force check adds its Hits whatever the budget: it is a write-back of hits
 // that a caller admitted while the store could not answer, so the window
@@ -119,16 +121,20 @@
 // but never leaves it owing tokens). A check that sets both Force and Refund
 // is a refund.
 //
-// NextHit: an allowed consuming check whose budget after it is 0 also
-// reports when one more hit would pass with no other traffic: the
-// RetryAfter of a check-only check of its key in the state it left (every
-// later check of the batch is ignored; a later check of the same key only
-// adds to the wait). It describes the state only if the check was
-// Consumed. Time only helps a hit and other traffic only hurts it, so
-// until then the store denies every consuming check of the key unless a
-// refund gives budget back, or (Redis) a counter call's INCRBY that the
-// count included is taken back: the limiter uses it only to time the next
-// hit (see its flights), never as a denial.
+// Leases: a consuming check that is neither a shadow nor paced and
+// whose batch is not vetoed may ask for Want more hits, which the store
+// counts with the check's own and the caller admits later (Result.Lease).
+// Let R' be the budget after the check's own hits. n = min(Want, R') hits
+// are granted at once. A two-counter sliding window with Horizon > 0 and
+// prev > 0 is also granted, beyond R', the hits that would pass later as
+// the previous window fades, with no other traffic: the j-th of them
+// passes From + (j-1)*Every after the decision, where From is the
+// RetryAfter of one hit with count cur'+R' (cur' = cur + h) and Every is
+// wus/prev rounded up to a microsecond (a schedule no earlier than the
+// exact one); they are granted while From + (j-1)*Every <= Horizon and <
+// Reset, R'+j <= L - cur' (the window's own budget) and n+j <= Want. The
+// lease's hits are consumed (cur, count or tokens), Remaining is the budget
+// after them, and a vetoed batch grants nothing.
 //
 // A Paced check (sliding windows; ignored by the other algorithms)
 // reserves hits that its holder spends no faster than the limit's pace, a
@@ -136,7 +142,7 @@
 // is the current window's own, R = max(0, L - cur), as a fixed window's
 // count (precision N: cur plus the counts of the window's sub-windows
 // before it, those of absolute index curWin*N and up), and its RetryAfter
-// and NextHit are Reset. The whole reservation is counted in cur at once, so
+// is Reset. The whole reservation is counted in cur at once, so
 // every other check sees it as spent; a window's paced reservations stay
 // within L, and the rolling count passes L by no more than what their
 // holders spend at once (their bursts).
@@ -198,9 +204,9 @@ func ParseAlgorithm(s string) (a Algorithm, ok bool) {
 // bound of a rule's precision, and decide.lua's MAX_PRECISION.
 const MaxPrecision = 60
 
-// Check is one counter to decide. Key is the full store key (see
-// descriptors.AppendKey); all checks whose keys share a Redis hash slot are
-// decided in one script call.
+// Check is one counter to decide. Key is the counter's store key (see
+// descriptors.AppendKey); checks whose keys share a Redis hash slot are
+// decided in one atomic call.
 type Check struct {
 	Key       string
 	Algorithm Algorithm
@@ -213,14 +219,16 @@ type Check struct {
 	Force     bool          // add Hits whatever the budget: a write-back (see the package doc)
 	Precision uint8         // sliding window: sub-windows per window (see the package doc); 0 and 1 are the two-counter window
 	Strict    bool          // sliding window of Precision >= 2: the oldest sub-window counts whole (see the package doc)
-	// Scarce is a hint, which changes no result: the caller last saw the
-	// key near its limit. The Redis store then decides the check by script
-	// at once instead of by a counter call first (see its counters.go).
-	Scarce bool
-	// Paced: the hits are spent no faster than the limit's pace (see the
-	// package doc); a sliding window's budget is then the current
-	// window's own. Ignored by the other algorithms.
-	Paced bool
+	Paced     bool          // sliding window: the budget is the current window's own (see the package doc)
+	// Want asks for a lease of up to Want more hits, and Horizon lets a
+	// sliding window's lease include hits that pass within it (see the
+	// package doc's Leases).
+	Want    uint64
+	Horizon time.Duration
+	// Exact is a hint that changes no result: the caller last saw the key
+	// near its limit, so the Redis store decides it by script at once
+	// rather than by plain commands that it may have to take back.
+	Exact bool
 }
 
 // SlidingBudget returns a two-counter sliding window's budget R = ceil(L -
@@ -277,6 +285,41 @@ func slidingPassesAt(prev, cur int64, l, hf float64, into, wus int64) bool {
 	return hf <= math.Ceil(l-rate)
 }
 
+// SlidingLease returns a two-counter sliding window's lease of at most want
+// hits after a check left count cur (its own hits included) and budget r,
+// into microseconds into a window of wus, with previous count prev (see the
+// package doc's Leases).
+func SlidingLease(prev, cur int64, limit, r, want uint64, horizon time.Duration, into, wus int64) Lease {
+	n := min(want, r)
+	l := Lease{Hits: n, Now: n}
+	own := uint64(max(0, int64(limit)-cur)) // cur never exceeds what a budget let in, but a force may
+	if n == want || horizon <= 0 || prev <= 0 || r >= own {
+		return l
+	}
+	from := int64(SlidingRetry(prev, cur+int64(r), limit, 1, into, wus) / time.Microsecond)
+	every := (wus + prev - 1) / prev
+	last := min(int64(horizon/time.Microsecond), wus-into-1) // the latest a hit may pass: within Horizon and this window
+	if from > last {
+		return l
+	}
+	m := min(own-r, want-n, uint64((last-from)/every)+1)
+	l.Hits += m
+	l.From, l.Every = time.Duration(from)*time.Microsecond, time.Duration(every)*time.Microsecond
+	return l
+}
+
+// Unconsume sets the results of a vetoed batch's allowed consuming checks
+// to what they found, since nothing was consumed: their budget before their
+// hits and lease, and no lease (see the package doc's Batches).
+func Unconsume(checks []Check, results []Result) {
+	for i := range checks {
+		if r := &results[i]; checks[i].Consuming() && r.Allowed {
+			r.Remaining += checks[i].Hits + r.Lease.Now
+			r.Lease = Lease{}
+		}
+	}
+}
+
 // Settle corrects a RetryAfter computed in floating point: it is at least
 // one microsecond, and it moves later (a few microseconds at most) while the
 // check would still not pass then, so a client retrying at RetryAfter passes.
@@ -304,12 +347,8 @@ type Result struct {
 	Remaining  uint64        // budget left after this check (see the package doc)
 	RetryAfter time.Duration // when denied: until the same check would pass; 0 when allowed
 	Reset      time.Duration // until the current window ends (token bucket: until full)
-	// NextHit, on an allowed consuming check that leaves no budget
-	// (Remaining 0), is the RetryAfter a check-only check of the key would
-	// report right after it: until one more hit would pass with no other
-	// traffic (see the package doc's NextHit). It is 0 on every other
-	// result, and a store may leave it 0 where it does not know it.
-	NextHit time.Duration
+	// Lease is what the store granted of the check's Want.
+	Lease Lease
 	// Undecided marks a check the store could not decide because the part of
 	// the backend that owns its key is unavailable (see Store.Decide).
 	Undecided bool
@@ -317,8 +356,27 @@ type Result struct {
 	// in a batch (on a Redis Cluster: a hash slot's part of it) that no
 	// denial vetoed. Refunds, forced write-backs, check-only checks and
 	// denied checks are never Consumed. A caller that denies the request
-	// after all (another slot, its fallback, its quota rule) refunds these.
+	// after all (another slot, its fallback, its quota rule) refunds these
+	// hits and those of their Lease.
 	Consumed bool
+}
+
+// Lease is the part of a check's Want that the store counted: Hits in
+// all, of which the first Now may be admitted at once and hit Now+j (j >=
+// 1) from From + (j-1)*Every after the store decided (see the package
+// doc's Leases). A lease never outlives the window it was counted in.
+type Lease struct {
+	Hits, Now   uint64
+	From, Every time.Duration
+}
+
+// At returns when lease hit k (1-based) may be admitted, after the
+// decision: 0 for the first Now.
+func (l *Lease) At(k uint64) time.Duration {
+	if k <= l.Now {
+		return 0
+	}
+	return l.From + time.Duration(k-l.Now-1)*l.Every
 }
 
 // Store decides batches of checks. Implementations are safe for concurrent use.
@@ -338,9 +396,10 @@ type Store interface {
 	// checks (Hits 0, no refund, no force) and writes nothing (the admin
 	// API's Explain). Errors as for Decide.
 	Peek(ctx context.Context, checks []Check, results []Result) error
-	// Delete removes the counters at keys; a missing key is not an error
-	// (the admin API's ResetCounters).
-	Delete(ctx context.Context, keys ...string) error
+	// Delete removes the counters of checks (their keys, and a windowed
+	// key's recent windows); a missing one is not an error (the admin
+	// API's ResetCounters).
+	Delete(ctx context.Context, checks ...Check) error
 	// Close releases the store's resources.
 	Close() error
 }

@@ -146,9 +146,9 @@ func (t *MeteredStore) Peek(ctx context.Context, checks []store.Check, results [
 }
 
 // Delete is the store's Delete, timed and counted.
-func (t *MeteredStore) Delete(ctx context.Context, keys ...string) error {
+func (t *MeteredStore) Delete(ctx context.Context, checks ...store.Check) error {
 	start := time.Now()
-	err := t.Store.Delete(ctx, keys...)
+	err := t.Store.Delete(ctx, checks...)
 	t.latency.WithLabelValues("delete").Observe(time.Since(start).Seconds())
 	t.count("delete", err)
 	return err

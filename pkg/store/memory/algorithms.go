@@ -52,16 +52,26 @@ func (st *state) apply(c *store.Check, now int64, o op) store.Result {
 	case store.TokenBucket:
 		return st.tokenBucket(c, now, wus, h, o)
 	case store.FixedWindow:
-		return st.fixedWindow(c.Limit, now, wus, h, o)
+		return st.fixedWindow(c, now, wus, h, o)
 	default: // SlidingWindow, and unknown values as the default algorithm
 		if c.Precision >= 2 {
-			return st.preciseWindow(c.Limit, now, wus, int64(c.Precision), c.Strict, h, o, c.Paced)
+			return st.preciseWindow(c, now, wus, h, o)
 		}
 		if st.old != nil {
 			*st = state{} // another precision's state: start fresh
 		}
-		return st.slidingWindow(c.Limit, now, wus, h, o, c.Paced)
+		return st.slidingWindow(c, now, wus, h, o)
 	}
+}
+
+// want returns the lease c may ask for when its hits were allowed: Want,
+// on a consuming check that is neither a shadow nor paced (see the package
+// doc's Leases).
+func want(c *store.Check, o op) uint64 {
+	if o != opConsume || c.Shadow || c.Paced || c.Hits == 0 {
+		return 0
+	}
+	return c.Want
 }
 
 // allowed reports whether h hits (0: check-only) pass a budget of r.
@@ -82,7 +92,8 @@ func addHits(count int64, h uint64) int64 {
 }
 
 // fixedWindow applies a fixed-window check of h hits.
-func (st *state) fixedWindow(limit uint64, now, wus int64, h uint64, o op) store.Result {
+func (st *state) fixedWindow(c *store.Check, now, wus int64, h uint64, o op) store.Result {
+	limit := c.Limit
 	curWin := floorDiv(now, wus)
 	if st.alg != store.FixedWindow || st.win != curWin {
 		*st = state{alg: store.FixedWindow, win: curWin}
@@ -96,22 +107,19 @@ func (st *state) fixedWindow(limit uint64, now, wus int64, h uint64, o op) store
 		st.cur = addHits(st.cur, h)
 		return store.Result{Allowed: true, Remaining: fixedBudget(st.cur, limit), Reset: rst}
 	}
-	return st.windowCount(st.cur, limit, h, rst)
+	return st.windowCount(st.cur, limit, h, want(c, o), rst)
 }
 
 // windowCount decides h hits (0: check-only) against count, the current
 // window's alone: a fixed window's, or a paced sliding window's; allowed,
-// they go to st.cur. A denial, and the next hit after the last of the
-// budget, wait for the window's end.
-func (st *state) windowCount(count int64, limit, h uint64, rst time.Duration) store.Result {
+// they go to st.cur with a lease of at most w hits. A denial waits for the
+// window's end.
+func (st *state) windowCount(count int64, limit, h, w uint64, rst time.Duration) store.Result {
 	r := fixedBudget(count, limit)
 	if allowed(h, r) {
-		st.cur += int64(h)
-		res := store.Result{Allowed: true, Remaining: r - h, Reset: rst}
-		if r == h {
-			res.NextHit = rst
-		}
-		return res
+		n := min(w, r-h)
+		st.cur += int64(h + n)
+		return store.Result{Allowed: true, Remaining: r - h - n, Reset: rst, Lease: store.Lease{Hits: n, Now: n}}
 	}
 	return store.Result{Remaining: r, RetryAfter: rst, Reset: rst}
 }
@@ -126,7 +134,8 @@ func fixedBudget(count int64, limit uint64) uint64 {
 
 // slidingWindow applies a sliding-window check of h hits; a paced one (see
 // store.Check.Paced) against the current window's count alone.
-func (st *state) slidingWindow(limit uint64, now, wus int64, h uint64, o op, paced bool) store.Result {
+func (st *state) slidingWindow(c *store.Check, now, wus int64, h uint64, o op) store.Result {
+	limit := c.Limit
 	curWin := floorDiv(now, wus)
 	into := now - curWin*wus // microseconds into the window
 	switch {
@@ -154,17 +163,15 @@ func (st *state) slidingWindow(limit uint64, now, wus int64, h uint64, o op, pac
 		st.cur = addHits(st.cur, h)
 		return store.Result{Allowed: true, Remaining: st.slidingBudget(limit, into, wus), Reset: rst}
 	}
-	if paced {
-		return st.windowCount(st.cur, limit, h, rst)
+	if c.Paced {
+		return st.windowCount(st.cur, limit, h, 0, rst)
 	}
 	r := st.slidingBudget(limit, into, wus)
 	if allowed(h, r) {
 		st.cur += int64(h)
-		res := store.Result{Allowed: true, Remaining: r - h, Reset: rst}
-		if r == h {
-			res.NextHit = st.slidingRetry(limit, 1, into, wus)
-		}
-		return res
+		l := store.SlidingLease(st.prev, st.cur, limit, r-h, want(c, o), c.Horizon, into, wus)
+		st.cur += int64(l.Hits)
+		return store.Result{Allowed: true, Remaining: st.slidingBudget(limit, into, wus), Reset: rst, Lease: l}
 	}
 	return store.Result{Remaining: r, RetryAfter: st.slidingRetry(limit, max(h, 1), into, wus), Reset: rst}
 }
@@ -212,12 +219,9 @@ func (st *state) tokenBucket(c *store.Check, now, wus int64, h uint64, o op) sto
 	}
 	budget := tokenBudget(st.tokens)
 	if allowed(h, budget) {
-		st.tokens -= float64(h)
-		res := store.Result{Allowed: true, Remaining: budget - h, Reset: tokenReset(st.tokens, b, r)}
-		if budget == h {
-			res.NextHit = tokenRetry(st.tokens, 1, b, r)
-		}
-		return res
+		n := min(want(c, o), budget-h)
+		st.tokens -= float64(h + n)
+		return store.Result{Allowed: true, Remaining: budget - h - n, Reset: tokenReset(st.tokens, b, r), Lease: store.Lease{Hits: n, Now: n}}
 	}
 	return store.Result{Remaining: budget, RetryAfter: tokenRetry(st.tokens, float64(max(h, 1)), b, r), Reset: tokenReset(st.tokens, b, r)}
 }

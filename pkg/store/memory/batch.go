@@ -76,6 +76,8 @@ func (m *Store) run(now int64, checks []store.Check, results []store.Result, slo
 		commit(slots, veto)
 		if !veto {
 			markConsumed(checks, results)
+		} else {
+			store.Unconsume(checks, results)
 		}
 	}
 	m.unlock(locked)

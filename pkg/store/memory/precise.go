@@ -14,7 +14,8 @@ import (
 // preciseWindow applies a sliding-window check of precision n of h hits;
 // a paced one (see store.Check.Paced) against the current window's
 // sub-windows alone.
-func (st *state) preciseWindow(limit uint64, now, wus, n int64, strict bool, h uint64, o op, paced bool) store.Result {
+func (st *state) preciseWindow(c *store.Check, now, wus int64, h uint64, o op) store.Result {
+	limit, n, strict := c.Limit, int64(c.Precision), c.Strict
 	curWin := floorDiv(now, wus)
 	into := now - curWin*wus
 	sub := curWin*n + into*n/wus
@@ -44,21 +45,18 @@ func (st *state) preciseWindow(limit uint64, now, wus, n int64, strict bool, h u
 		st.cur = addHits(st.cur, h)
 		return store.Result{Allowed: true, Remaining: st.preciseBudget(limit, into, wus, n, strict), Reset: rst}
 	}
-	if paced {
+	if c.Paced {
 		aligned := st.cur // the current window's sub-windows: sub and the j before it
-		for _, c := range old[:sub-curWin*n] {
-			aligned += c
+		for _, x := range old[:sub-curWin*n] {
+			aligned += x
 		}
-		return st.windowCount(aligned, limit, h, rst)
+		return st.windowCount(aligned, limit, h, 0, rst)
 	}
 	r := st.preciseBudget(limit, into, wus, n, strict)
 	if allowed(h, r) {
-		st.cur += int64(h)
-		res := store.Result{Allowed: true, Remaining: r - h, Reset: rst}
-		if r == h {
-			res.NextHit = st.preciseRetry(limit, 1, now, wus, n, strict, rstUS)
-		}
-		return res
+		l := min(want(c, o), r-h)
+		st.cur += int64(h + l)
+		return store.Result{Allowed: true, Remaining: r - h - l, Reset: rst, Lease: store.Lease{Hits: l, Now: l}}
 	}
 	return store.Result{Remaining: r, RetryAfter: st.preciseRetry(limit, max(h, 1), now, wus, n, strict, rstUS), Reset: rst}
 }

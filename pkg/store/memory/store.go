@@ -153,9 +153,11 @@ func (m *Store) Peek(ctx context.Context, checks []store.Check, results []store.
 	return m.decide(ctx, checks, results, true)
 }
 
-// Delete removes the state of keys, which then start fresh. It never fails.
-func (m *Store) Delete(_ context.Context, keys ...string) error {
-	for _, key := range keys {
+// Delete removes the state of checks' keys, which then start fresh. It
+// never fails.
+func (m *Store) Delete(_ context.Context, checks ...store.Check) error {
+	for i := range checks {
+		key := checks[i].Key
 		sh := &m.shards[maphash.String(m.seed, key)&m.mask]
 		sh.mu.Lock()
 		if e := sh.list.Get(key); e != nil {

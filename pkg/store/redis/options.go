@@ -92,9 +92,9 @@ type Options struct {
 	// log line per node at startup.
 	OnScriptMode func(node, mode, reason string)
 
-	// NoCounters sends every check to decide.lua, never as a counter call
-	// (see counters.go): for tests and comparisons.
-	NoCounters bool
+	// NoPlain sends every check to decide.lua, never as plain commands
+	// (see plain.go): for tests and comparisons.
+	NoPlain bool
 
 	// Client, when set, is the go-redis client the store uses instead of
 	// making one from URL; the store does not close it. A

@@ -10,7 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/logthrottle"
 )
 
@@ -33,26 +32,17 @@ func (l *throttledLogger) Printf(_ context.Context, format string, v ...any) {
 	}
 }
 
-// Fleet returns the fleet-size source of replicas sharing s: each beats
-// its heartbeat in Redis, and the fleet is the live ones, at least min.
-func (s *Store) Fleet(min int, log *slog.Logger) *limiter.Fleet {
-	id := s.replica
-	return limiter.NewFleet(limiter.FleetOptions{
-		Beat:     func(ctx context.Context) (int, error) { return s.Heartbeat(ctx, id, heartbeatTTL) },
-		Leave:    func(ctx context.Context) error { return s.Leave(ctx, id) },
-		Interval: heartbeatInterval,
-		Hold:     2 * heartbeatInterval, // every live replica beats within one interval
-		Min:      min,
-		Log:      log,
-	})
-}
-
-// Heartbeats: each replica refreshes its own entry every heartbeatInterval;
-// an entry not refreshed for heartbeatTTL is no longer counted.
+// Heartbeats: each replica refreshes its own entry every
+// HeartbeatInterval; an entry not refreshed for HeartbeatTTL is no longer
+// counted.
 const (
-	heartbeatInterval = 2 * time.Second
-	heartbeatTTL      = 6 * time.Second
+	HeartbeatInterval = 2 * time.Second
+	HeartbeatTTL      = 6 * time.Second
 )
+
+// Replica returns this process's id in the fleet's heartbeats and the
+// RLQS demand hashes.
+func (s *Store) Replica() string { return s.replica }
 
 // replicaID names this process in the fleet's heartbeats: host name, PID
 // and a random suffix, so a restarted replica never counts twice for long.

@@ -1,34 +1,25 @@
 // Package redisstore implements store.Store on Redis (a single server,
-// Sentinel or Redis Cluster) with the scripts of package lua.
+// Sentinel or Redis Cluster).
 //
-// Each Decide groups its checks by Redis Cluster hash slot and decides every
-// group with one script call (EVALSHA, EVAL on NOSCRIPT), so a group is
-// atomic exactly as store.Store specifies. Keys hash by their {tag} (rls puts
-// the domain and the tenant there), so one tenant's counters share a slot and
-// its batch is one atomic call. Outside cluster mode every key is on one
-// server and the whole batch is one call.
+// A request's checks that share a Redis Cluster hash slot are decided
+// together, atomically, by one of two routes (docs/ARCHITECTURE.md):
 //
-// Concurrent script calls to one node are coalesced (see coalesce.go): a
-// call sent while the node has a free send slot (Options.MaxInFlight) goes
-// out at once, alone; calls that arrive while every slot is busy leave
-// together as soon as a send returns, merged into one script call per hash
-// slot, each still decided alone and in order.
+//   - plain commands (plain.go): a fixed window's or a two-counter sliding
+//     window's consuming checks, far from their limits, count with INCRBY
+//     in a key named by its window on the node's clock;
+//   - decide.lua (scripts.go), by FCALL or EVALSHA: everything else, and
+//     what plain commands could not decide (after taking their hits back,
+//     in the same round trip).
 //
-// In cluster mode a batch whose keys span several slots is decided per slot,
-// in parallel: each slot group is atomic, but the batch as a whole is not (a
-// denial in one slot does not undo consumption in another: Result.Consumed
-// says what each slot wrote, and the limiter refunds it when the request is
-// denied). Only requests that mix tenants can span slots.
+// Concurrent calls to one node share pipelines (pipe.go). A request whose
+// keys span slots is decided per slot, in parallel: each slot's part is
+// atomic, and Result.Consumed says what each wrote, for the caller to
+// refund when the request is denied after all.
 //
-// A call is bounded by its context's deadline when it has one (the limiter
-// sets it from its gRPC caller's), else by Options.Timeout. Each node has a
-// circuit breaker (package breaker) that counts round trips and opens only
-// when the node has answered nothing for a while. Errors say what went
-// wrong (see errors.go): a node that cannot answer gives errors wrapping
-// store.ErrUnavailable (store.ErrCircuitOpen while its breaker is open), on
-// which callers fall back; an answer rls cannot use (a script error, a
-// reply of the wrong shape) gives errors wrapping store.ErrProtocol, which
-// is a bug, not an outage.
+// A call is bounded by its context's deadline when it has one, else by
+// Options.Timeout. Errors say what went wrong (errors.go): a node that
+// cannot answer gives errors wrapping store.ErrUnavailable (on which
+// callers fall back); an answer rls cannot use wraps store.ErrProtocol.
 package redisstore
 
 import (
@@ -36,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -49,35 +39,43 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store   = (*Store)(nil)
+	_ store.Batcher = (*Store)(nil)
+)
 
 // Store decides rate-limit checks in Redis. It is safe for concurrent use.
 type Store struct {
-	client   redis.UniversalClient
-	cluster  bool
-	owned    bool // Close closes client
-	timeout  time.Duration
-	now      func() time.Time // test clock; nil means Redis TIME
-	counters bool             // counter calls (counters.go)
-	// counterStats: requests decided by counter calls alone, and sent to
-	// the script after one (CounterCalls); denied by a probe, and sent on
-	// after one (Probes).
-	counterStats [4]atomic.Uint64
+	client  redis.UniversalClient
+	cluster bool
+	owned   bool // Close closes client
+	timeout time.Duration
+	now     func() time.Time // test clock; nil means Redis's
+	plain   bool             // plain commands (plain.go)
+	routes  [numRoutes]atomic.Uint64
+
 	fleetKey     string // KeyPrefix + FleetKey
 	demandPrefix string // KeyPrefix + DemandKeyPart
-	replica      string // this process's id in the fleet's heartbeats and the demand hashes (replicaID)
+	replica      string // this process's id in the fleet's heartbeats and the demand hashes
 
 	brOpts       breaker.Options
 	onChange     func(node string, from, to breaker.State)
 	onScriptMode func(node, mode, reason string)
-	breakers     sync.Map // node address ("" outside cluster mode) -> *breaker.Breaker
 
 	maxInFlight, maxBatch int
-	coMu                  sync.Mutex
-	coalescers            sync.Map // node address -> *coalescer
+	mu                    sync.Mutex
+	nodes                 sync.Map // address ("" outside cluster mode) -> *node
 	closed                bool
 	lastReload            atomic.Int64 // unix nanoseconds of the last cluster state reload
 }
+
+// The routes a slot's part of a request takes, counted by Routes.
+const (
+	RoutePlain       = iota // decided by plain commands
+	RoutePlainScript        // plain commands, then the script (taken back)
+	RouteScript             // the script alone
+	numRoutes
+)
 
 // New validates opts and returns a Store: on opts.Client when it is set,
 // else on a go-redis client of its own made from opts. It does not
@@ -88,9 +86,9 @@ func New(opts Options) (*Store, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{client: o.Client, timeout: o.Timeout, now: o.Clock, counters: !o.NoCounters, brOpts: o.Breaker, onChange: o.OnBreakerChange,
-		onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch, fleetKey: o.KeyPrefix + FleetKey,
-		demandPrefix: o.KeyPrefix + DemandKeyPart, replica: replicaID()}
+	s := &Store{client: o.Client, timeout: o.Timeout, now: o.Clock, plain: !o.NoPlain, brOpts: o.Breaker,
+		onChange: o.OnBreakerChange, onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch,
+		fleetKey: o.KeyPrefix + FleetKey, demandPrefix: o.KeyPrefix + DemandKeyPart, replica: replicaID()}
 	if s.client == nil {
 		p, err := o.clientOptions()
 		if err != nil {
@@ -103,46 +101,60 @@ func New(opts Options) (*Store, error) {
 }
 
 // Decide decides checks and writes one Result per Check into results (see
-// store.Store). The call as a whole is bounded by ctx's deadline when it has
-// one, else by the store's timeout. Errors from a Redis that cannot answer
-// (unreachable, slow, cluster down, loading, failing over, its circuit
-// breaker open) wrap store.ErrUnavailable, and the results of the slot
-// groups that failed are marked Undecided (all of them outside cluster
-// mode); the other groups' results are valid decisions. An answer rls
-// cannot use (a script error, a reply of the wrong shape) gives an error
-// wrapping store.ErrProtocol. Invalid checks, a protocol error and a
-// cancelled ctx give an error that does not wrap store.ErrUnavailable, and
-// no valid result.
+// store.Store). Errors from a Redis that cannot answer wrap
+// store.ErrUnavailable, and the results of the slots that failed are
+// marked Undecided (all of them outside cluster mode); the others are
+// valid. An answer rls cannot use gives an error wrapping
+// store.ErrProtocol; invalid checks and a cancelled ctx give errors that
+// wrap neither, with no valid result.
 func (s *Store) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
-	return s.run(ctx, lua.ModeDecide, checks, results)
+	return s.run(ctx, false, checks, results)
 }
 
 // Peek reports what Decide would answer for check-only versions of checks
-// (Hits 0, no refund, no force) and writes nothing. Errors as for Decide.
+// and writes nothing. Errors as for Decide.
 func (s *Store) Peek(ctx context.Context, checks []store.Check, results []store.Result) error {
-	return s.run(ctx, lua.ModePeek, checks, results)
+	return s.run(ctx, true, checks, results)
 }
 
-// Delete removes the counters at keys (a missing key is not an error), one
-// DEL per hash slot, bounded by ctx's deadline when it has one, else by the
-// store's timeout. Errors from Redis wrap store.ErrUnavailable.
-func (s *Store) Delete(ctx context.Context, keys ...string) error {
-	if len(keys) == 0 {
+// DecideBatch decides each request of reqs as Decide would, sending them
+// together: one pipeline per node (store.Batcher).
+func (s *Store) DecideBatch(ctx context.Context, reqs []store.Request) {
+	var wg sync.WaitGroup
+	for i := range reqs {
+		r := &reqs[i]
+		wg.Go(func() { r.Err = s.Decide(ctx, r.Checks, r.Results) })
+	}
+	wg.Wait()
+}
+
+// Delete removes the counters of checks (a missing one is not an error):
+// a token bucket's or precision window's key, a windowed check's keys of
+// the windows that count now (the previous, the current and, near its
+// end, the next). Bounded by ctx's deadline, else the store's timeout.
+// Errors wrap store.ErrUnavailable.
+func (s *Store) Delete(ctx context.Context, checks ...store.Check) error {
+	if len(checks) == 0 {
 		return nil
 	}
 	ctx, cancel, b := s.bound(ctx)
 	defer cancel()
-	if !s.cluster {
-		return s.fail(ctx, "delete", b, s.client.Del(ctx, keys...).Err())
-	}
-	groups := make(map[int][]string)
-	for _, k := range keys {
-		slot := Slot(k)
-		groups[slot] = append(groups[slot], k)
+	now := time.Now()
+	if s.now != nil {
+		now = s.now()
 	}
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, g := range groups {
-			p.Del(ctx, g...)
+		for i := range checks {
+			c := &checks[i]
+			p.Del(ctx, c.Key)
+			if !lua.Windowed(c) {
+				continue
+			}
+			w := int64(c.Window / time.Second)
+			start := now.Unix() / w * w
+			for ws := start - w; ws <= start+w; ws += w {
+				p.Del(ctx, string(lua.WindowKey(nil, c.Key, ws)))
+			}
 		}
 		return nil
 	})
@@ -150,41 +162,41 @@ func (s *Store) Delete(ctx context.Context, keys ...string) error {
 }
 
 // Ping checks that Redis answers (every master in cluster mode), for
-// readiness probes, and on a node that answers and whose script mode is
-// not known yet loads the Function library (see scripts.go): so the
-// library is on every master before the first request, and on a new
-// master after a failover or resharding once the probe has seen it. It is
-// bounded by ctx only. Errors wrap store.ErrUnavailable.
+// readiness probes, and loads the Function library on each node whose
+// script mode is not known yet, and measures its clock. It is bounded by
+// ctx only. Errors wrap store.ErrUnavailable.
 func (s *Store) Ping(ctx context.Context) error {
+	prepare := func(ctx context.Context, addr string, c *redis.Client) error {
+		n, err := s.newNode(addr, c)
+		if err != nil {
+			return err
+		}
+		n.scripts.functions(ctx, n.cmdable())
+		p := n.cmdable().Pipeline()
+		st := localUS()
+		ping, tc := p.Ping(ctx), p.Time(ctx)
+		if _, err := p.Exec(ctx); err != nil {
+			return err
+		}
+		n.clock.observe(tc.Val().UnixMicro(), st, localUS())
+		return ping.Err()
+	}
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			if err := c.Ping(ctx).Err(); err != nil {
-				return err
-			}
-			if co, err := s.newCoalescer(c.Options().Addr, c); err == nil {
-				co.prepare(ctx)
-			}
-			return nil
-		})
-		return s.wrap(ctx, "ping", err)
+		return s.wrap(ctx, "ping", cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return prepare(ctx, c.Options().Addr, c)
+		}))
 	}
-	if err := s.client.Ping(ctx).Err(); err != nil {
-		return s.wrap(ctx, "ping", err)
-	}
-	if co, _, err := s.coalescer(ctx, ""); err == nil {
-		co.prepare(ctx)
-	}
-	return nil
+	return s.wrap(ctx, "ping", prepare(ctx, "", nil))
 }
 
-// Close stops the coalescers' flushers (calls still queued fail with
+// Close stops the nodes' flushers (calls still queued fail with
 // ErrUnavailable) and closes the client unless it came in Options.Client.
 func (s *Store) Close() error {
-	s.coMu.Lock()
+	s.mu.Lock()
 	s.closed = true
-	s.coMu.Unlock()
-	s.coalescers.Range(func(_, v any) bool {
-		v.(*coalescer).close()
+	s.mu.Unlock()
+	s.nodes.Range(func(_, v any) bool {
+		v.(*node).close()
 		return true
 	})
 	if !s.owned {
@@ -193,49 +205,71 @@ func (s *Store) Close() error {
 	return s.client.Close()
 }
 
-// run validates checks, groups them by slot and evaluates each group.
-func (s *Store) run(ctx context.Context, mode string, checks []store.Check, results []store.Result) error {
+// Routes returns how many slot parts of requests each route decided since
+// start, by RoutePlain, RoutePlainScript and RouteScript.
+func (s *Store) Routes() [numRoutes]uint64 {
+	var r [numRoutes]uint64
+	for i := range r {
+		r[i] = s.routes[i].Load()
+	}
+	return r
+}
+
+// run validates checks and decides them, one slot at a time.
+func (s *Store) run(ctx context.Context, peek bool, checks []store.Check, results []store.Result) error {
+	op := "decide"
+	if peek {
+		op = "peek"
+	}
 	if len(results) != len(checks) {
-		return fmt.Errorf("redis %s: %d results for %d checks", modeName(mode), len(results), len(checks))
+		return fmt.Errorf("redis %s: %d results for %d checks", op, len(results), len(checks))
 	}
 	if len(checks) == 0 {
 		return nil
 	}
 	for i := range checks {
-		if err := validate(&checks[i]); err != nil {
-			return fmt.Errorf("redis %s: check %d (key %q): %w", modeName(mode), i, checks[i].Key, err)
+		if w := checks[i].Window; w < time.Second || w%time.Second != 0 {
+			return fmt.Errorf("redis %s: check %d (key %q): window %v is not a whole number of seconds of at least 1s", op, i, checks[i].Key, w)
 		}
 	}
 	ctx, cancel, b := s.bound(ctx)
 	defer cancel()
-	now := argNoClock
-	if s.now != nil {
-		now = strconv.FormatInt(s.now().UnixMicro(), 10)
+	if !s.cluster || sameSlot(checks) {
+		return s.slot(ctx, b, op, peek, checks, results)
 	}
-	if !s.cluster || sameSlot(checks) { // one call: the usual case
-		c := getCall()
-		for i := range checks {
-			c.add(&checks[i], &results[i])
-		}
-		return s.eval(ctx, b, mode, now, c)
-	}
-	return s.runSlots(ctx, b, mode, now, checks, results)
+	return s.runSlots(ctx, b, op, peek, checks, results)
 }
 
-// runSlots evaluates the checks of a Cluster batch whose keys span hash
-// slots, one call per slot, at once. It is run's rare path, apart so that
-// its goroutines' captures do not move run's variables to the heap.
-func (s *Store) runSlots(ctx context.Context, b budget, mode string, now any, checks []store.Check, results []store.Result) error {
-	calls := slotGroups(checks, results)
-	errs := make([]error, len(calls))
-	var wg sync.WaitGroup
-	for g := 1; g < len(calls); g++ {
-		wg.Go(func() { errs[g] = s.eval(ctx, b, mode, now, calls[g]) })
+// runSlots decides a Cluster request whose keys span hash slots, one slot
+// at a time, in parallel: the unavailable slots' results are Undecided,
+// the others stand (store.Store); any other error makes the outcome
+// unknown.
+func (s *Store) runSlots(ctx context.Context, b budget, op string, peek bool, checks []store.Check, results []store.Result) error {
+	var order []int
+	bySlot := map[int][]int{}
+	for i := range checks {
+		sl := Slot(checks[i].Key)
+		if _, ok := bySlot[sl]; !ok {
+			order = append(order, sl)
+		}
+		bySlot[sl] = append(bySlot[sl], i)
 	}
-	errs[0] = s.eval(ctx, b, mode, now, calls[0])
+	errs := make([]error, len(order))
+	var wg sync.WaitGroup
+	for g, sl := range order {
+		wg.Go(func() {
+			idx := bySlot[sl]
+			cs, rs := make([]store.Check, len(idx)), make([]store.Result, len(idx))
+			for j, i := range idx {
+				cs[j] = checks[i]
+			}
+			errs[g] = s.slot(ctx, b, op, peek, cs, rs)
+			for j, i := range idx {
+				results[i] = rs[j]
+			}
+		})
+	}
 	wg.Wait()
-	// Unavailable groups are Undecided, the others stand (store.Store).
-	// Any other error makes the whole outcome unknown.
 	var unavailable []error
 	for _, err := range errs {
 		switch {
@@ -249,8 +283,7 @@ func (s *Store) runSlots(ctx context.Context, b budget, mode string, now any, ch
 	return errors.Join(unavailable...)
 }
 
-// sameSlot reports whether every check's key is in the first one's hash
-// slot.
+// sameSlot reports whether every check's key is in the first one's slot.
 func sameSlot(checks []store.Check) bool {
 	first := Slot(checks[0].Key)
 	for i := 1; i < len(checks); i++ {
@@ -261,175 +294,118 @@ func sameSlot(checks []store.Check) bool {
 	return true
 }
 
-// slotGroups splits a batch whose keys span hash slots into one call per
-// slot, in order of first appearance, each with its checks in batch order.
-func slotGroups(checks []store.Check, results []store.Result) []*call {
-	var calls []*call
-	bySlot := make(map[int]*call)
-	for i := range checks {
-		slot := Slot(checks[i].Key)
-		c, ok := bySlot[slot]
-		if !ok {
-			c = getCall()
-			bySlot[slot] = c
-			calls = append(calls, c)
-		}
-		c.add(&checks[i], &results[i])
-	}
-	return calls
-}
-
-// add puts a check, and where its result goes, in c's group.
-func (c *call) add(check *store.Check, result *store.Result) {
-	c.checks = append(c.checks, check)
-	c.results = append(c.results, result)
-}
-
-// eval runs the script once for c's checks and stores their results, or
-// marks them Undecided when the node cannot answer. It recycles c.
-func (s *Store) eval(ctx context.Context, b budget, mode string, now any, c *call) error {
-	if mode == lua.ModeDecide && now == argNoClock && s.counters && countable(c.checks) {
-		if done, err := s.count(ctx, c); done {
-			return s.settle(ctx, b, mode, c, err)
-		}
-	}
-	c.encode(mode, now)
-	reply, err := s.send(ctx, c)
+// slot decides checks of one hash slot: by plain commands when they can,
+// else (or after them) by the script. When the node cannot answer, every
+// result is Undecided.
+func (s *Store) slot(ctx context.Context, b budget, op string, peek bool, checks []store.Check, results []store.Result) error {
+	n, err := s.node(ctx, checks[0].Key)
+	route := RouteScript
 	if err == nil {
-		err = c.decode(reply, mode == lua.ModeDecide)
+		var back []plainBack
+		if !peek && s.plain && !n.noPlain.Load() && plainable(checks) {
+			var decided bool
+			decided, back, err = s.decidePlain(ctx, n, checks, results)
+			route = RoutePlain
+			if !decided && err == nil {
+				route = RoutePlainScript
+			}
+			if decided || err != nil {
+				s.routes[route].Add(1)
+				return s.settle(ctx, b, op, n, checks, results, err)
+			}
+		}
+		err = s.script(ctx, n, peek, checks, results, back)
 	}
-	return s.settle(ctx, b, mode, c, err)
+	s.routes[route].Add(1)
+	return s.settle(ctx, b, op, n, checks, results, err)
 }
 
-// settle classifies err, the outcome of c's call, marks c's results
-// Undecided when the node could not answer, and recycles c.
-func (s *Store) settle(ctx context.Context, b budget, mode string, c *call, err error) error {
-	err = s.fail(ctx, modeName(mode), b, err)
-	if errors.Is(err, store.ErrUnavailable) {
-		for _, r := range c.results {
-			*r = store.Result{Undecided: true}
-		}
+// settle classifies err, marks the results Undecided when the node could
+// not answer, and names the node of an open breaker.
+func (s *Store) settle(ctx context.Context, b budget, op string, n *node, checks []store.Check, results []store.Result, err error) error {
+	if errors.Is(err, errOpen) {
+		err = circuitOpen(n.addr)
 	}
-	if c.state.Load() != callAbandoned { // else the flusher may hold it
-		putCall(c)
+	err = s.fail(ctx, op, b, err)
+	if errors.Is(err, store.ErrUnavailable) {
+		for i := range results {
+			results[i] = store.Result{Undecided: true}
+		}
 	}
 	return err
 }
 
-// send runs c's script call on the node that owns its keys and returns the
-// reply. While the node's breaker is closed the call goes through the
-// node's coalescer; while it is half-open each call asks the breaker alone
-// and, when let through, is sent alone as a probe; while it is open the
-// call fails at once. A call whose slot moved (MOVED, ASK) is re-sent
-// through the cluster client.
-func (s *Store) send(ctx context.Context, c *call) (string, error) {
-	co, node, err := s.coalescer(ctx, c.keys[0])
+// script decides checks with decide.lua in one round trip, after taking
+// back what plain commands counted (back), and sets results.
+func (s *Store) script(ctx context.Context, n *node, peek bool, checks []store.Check, results []store.Result, back []plainBack) error {
+	keys := make([]string, len(checks))
+	blob := make([]byte, 0, lua.CheckBytes*len(checks))
+	for i := range checks {
+		keys[i] = checks[i].Key
+		blob = lua.AppendCheck(blob, &checks[i])
+	}
+	args := []any{argNoClock, argModeDecide, blob}
+	if s.now != nil {
+		args[0] = strconv.FormatInt(s.now().UnixMicro(), 10)
+	}
+	if peek {
+		args[1] = argModePeek
+	}
+	functions := n.scripts.functions(ctx, n.cmdable())
+	var cmd *redis.Cmd
+	c := newCall(func(ctx context.Context, p redis.Pipeliner) {
+		queueBack(ctx, p, back)
+		if functions {
+			cmd = fcall(ctx, p, keys, args)
+		} else {
+			cmd = p.EvalSha(ctx, lua.Decide.Hash(), keys, args...)
+		}
+	})
+	err := n.do(ctx, c)
+	if err == nil {
+		err = backErr(back)
+	}
 	if err != nil {
-		return "", err
+		return err
 	}
-	var reply string
-	if br := co.br; br.State() == breaker.Closed {
-		reply, err = co.do(ctx, c)
-	} else if tk, ok := br.Allow(); ok {
-		if c.cs.counted {
-			err = co.runCounts(ctx, []*call{c})
-		} else {
-			reply, err = co.run(ctx, s.client, c.keys, c.args)
-		}
-		br.Done(tk, outcome(ctx, err))
-	} else {
-		err = errOpen
+	reply, err := scriptReply(cmd)
+	switch {
+	case noScript(err) || functionMissing(err) || fcallRefused(err):
+		reply, err = n.run(ctx, n.cmdable(), keys, args)
+	case s.cluster && redirected(err) && ctx.Err() == nil:
+		// The slot moved or is moving: the cluster client follows MOVED
+		// and ASK. By EVALSHA, which any node runs.
+		reply, err = runEval(ctx, s.client, keys, args)
 	}
-	if errors.Is(err, errOpen) {
-		return "", circuitOpen(node)
+	if err != nil {
+		return err
 	}
-	if s.cluster && redirected(err) && ctx.Err() == nil && !c.cs.counted {
-		// The slot moved or is moving (resharding): the cluster client
-		// follows MOVED and ASK and refreshes its slot map. By EVALSHA,
-		// which any node runs: the node the slot went to may not have the
-		// library yet.
-		reply, err = runEval(ctx, s.client, c.keys, c.args)
-	}
-	return reply, err
+	return decodeReply(reply, peek, checks, results)
 }
 
-// encode sets c's keys and script arguments (see decide.lua) from its
-// checks: the header, then one request.
-func (c *call) encode(mode string, now any) {
-	keys := slices.Grow(c.keys[:0], len(c.checks))
-	blob := slices.Grow(c.blob[:0], lua.CheckBytes*len(c.checks))
-	modeArg := argModeDecide
-	if mode == lua.ModePeek {
-		modeArg = argModePeek
-	}
-	for j, ch := range c.checks {
-		keys = append(keys, ch.Key)
-		if j < len(c.cs.undo) && c.cs.undo[j] >= 0 {
-			blob = lua.AppendUndo(blob, ch, c.cs.undo[j])
-		} else {
-			blob = lua.AppendCheck(blob, ch)
-		}
-	}
-	c.keys, c.blob = keys, blob
-	c.args = append(c.args[:0], now, modeArg, blob)
-}
-
-// decode stores the script's reply in c's results. When decided (not
+// decodeReply stores the script's reply in results. When decided (not
 // peeked), the allowed consuming checks are Consumed unless a denied
-// consuming non-shadow check vetoed c's request: the script wrote all of
-// its consumption or none.
-func (c *call) decode(reply string, decided bool) error {
-	if len(reply) != lua.ResultBytes*len(c.checks) {
-		return fmt.Errorf("%w: the script replied %d bytes for %d checks", store.ErrProtocol, len(reply), len(c.checks))
+// consuming non-shadow check vetoed the request.
+func decodeReply(reply string, peek bool, checks []store.Check, results []store.Result) error {
+	if len(reply) != lua.ResultBytes*len(checks) {
+		return fmt.Errorf("%w: the script replied %d bytes for %d checks", store.ErrProtocol, len(reply), len(checks))
 	}
 	veto := false
-	for j, ch := range c.checks {
-		r := decodeResult(lua.ResultAt(reply, j))
-		*c.results[j] = r
-		if ch.Consuming() && !r.Allowed && !ch.Shadow {
+	for j := range checks {
+		r := lua.ResultAt(reply, j)
+		results[j] = store.Result{Allowed: r.Allowed, Remaining: toUint(r.Remaining), Reset: micros(toUint(r.ResetUS)),
+			Lease: store.Lease{Hits: toUint(r.LeaseHits), Now: toUint(r.LeaseNow), From: micros(toUint(r.LeaseFromUS)), Every: micros(toUint(r.LeaseEveryUS))}}
+		if !r.Allowed {
+			results[j].RetryAfter = micros(toUint(r.RetryUS))
+		}
+		if checks[j].Consuming() && !r.Allowed && !checks[j].Shadow {
 			veto = true
 		}
 	}
-	if decided && !veto {
-		for j, ch := range c.checks {
-			if ch.Consuming() && c.results[j].Allowed {
-				c.results[j].Consumed = true
-			}
-		}
+	for j := range checks {
+		results[j].Consumed = !peek && !veto && checks[j].Consuming() && results[j].Allowed
 	}
 	return nil
-}
-
-func modeName(mode string) string {
-	if mode == lua.ModePeek {
-		return "peek"
-	}
-	return "decide"
-}
-
-// validate rejects checks the script cannot evaluate, as the memory store
-// does. (An unknown algorithm acts as the default, sliding window, in both.)
-func validate(c *store.Check) error {
-	if c.Window < time.Second || c.Window%time.Second != 0 {
-		return fmt.Errorf("window %v is not a whole number of seconds of at least 1s", c.Window)
-	}
-	return nil
-}
-
-// decodeResult converts one check's result from the script's doubles.
-// An allowed check's retry is its NextHit.
-func decodeResult(r lua.Result) store.Result {
-	res := store.Result{
-		Allowed:   r.Allowed,
-		Remaining: toUint(r.Remaining),
-		Reset:     micros(toUint(r.ResetUS)),
-	}
-	if r.Allowed {
-		res.NextHit = micros(toUint(r.RetryUS))
-	} else {
-		res.RetryAfter = micros(toUint(r.RetryUS))
-	}
-	return res
 }
 
 // toUint converts a whole number from the script to uint64: negative
@@ -453,10 +429,8 @@ func micros(us uint64) time.Duration {
 }
 
 // reloadClusterState asks go-redis to reload a Cluster's slot map (in the
-// background, at most twice a second) after a failed call. A dead master
-// only refuses connections and sends no redirect, so without this go-redis
-// would route its slots to it until its periodic refresh, long after a
-// replica took over.
+// background, at most twice a second) after a failed call: a dead master
+// only refuses connections and sends no redirect.
 func (s *Store) reloadClusterState() {
 	cc, ok := s.client.(*redis.ClusterClient)
 	if !ok {
@@ -470,72 +444,62 @@ func (s *Store) reloadClusterState() {
 	cc.ReloadState(context.Background())
 }
 
-// coalescer returns the coalescer of the node that owns key and the node's
-// address ("" outside cluster mode), which also picks its circuit breaker.
-func (s *Store) coalescer(ctx context.Context, key string) (*coalescer, string, error) {
+// node returns the node that owns key ("" outside cluster mode).
+func (s *Store) node(ctx context.Context, key string) (*node, error) {
 	cc, ok := s.client.(*redis.ClusterClient)
 	if !ok {
-		if co, ok := s.coalescers.Load(""); ok {
-			return co.(*coalescer), "", nil
+		if n, ok := s.nodes.Load(""); ok {
+			return n.(*node), nil
 		}
-		co, err := s.newCoalescer("", nil)
-		return co, "", err
+		return s.newNode("", nil)
 	}
 	c, err := cc.MasterForKey(ctx, key)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	addr := c.Options().Addr
-	if v, ok := s.coalescers.Load(addr); ok {
-		co := v.(*coalescer)
-		if co.batch.Load() != c {
-			co.batch.Store(c) // the cluster client replaced the node's client
+	if v, ok := s.nodes.Load(addr); ok {
+		n := v.(*node)
+		if n.client.Load() != c {
+			n.client.Store(c) // the cluster client replaced the node's client
 		}
-		return co, addr, nil
+		return n, nil
 	}
-	co, err := s.newCoalescer(addr, c)
-	return co, addr, err
+	return s.newNode(addr, c)
 }
 
-// newCoalescer returns node's coalescer, creating it (and its flushers)
-// unless the store is closed.
-func (s *Store) newCoalescer(node string, c *redis.Client) (*coalescer, error) {
-	s.coMu.Lock()
-	defer s.coMu.Unlock()
-	if v, ok := s.coalescers.Load(node); ok {
-		return v.(*coalescer), nil
+// newNode returns the node at addr, creating it (and its flushers) unless
+// the store is closed.
+func (s *Store) newNode(addr string, c *redis.Client) (*node, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v, ok := s.nodes.Load(addr); ok {
+		return v.(*node), nil
 	}
 	if s.closed {
 		return nil, redis.ErrClosed
 	}
-	co := newCoalescer(s.breaker(node), s.client, s.client, s.maxInFlight, s.maxBatch)
-	co.scripts.node, co.scripts.onMode = node, s.onScriptMode
-	if c != nil {
-		co.batch.Store(c)
-	}
-	s.coalescers.Store(node, co)
-	return co, nil
+	n := newNode(addr, s.breaker(addr), s.client, c, s.maxInFlight, s.maxBatch)
+	n.scripts.onMode, n.clock.fake = s.onScriptMode, s.now
+	s.nodes.Store(addr, n)
+	return n, nil
 }
 
-// breaker returns node's circuit breaker, creating it closed.
+// breaker returns a new closed circuit breaker for node.
 func (s *Store) breaker(node string) *breaker.Breaker {
-	if b, ok := s.breakers.Load(node); ok {
-		return b.(*breaker.Breaker)
-	}
 	o := s.brOpts
 	if s.onChange != nil {
 		o.OnChange = func(from, to breaker.State) { s.onChange(node, from, to) }
 	}
-	b, _ := s.breakers.LoadOrStore(node, breaker.New(o))
-	return b.(*breaker.Breaker)
+	return breaker.New(o)
 }
 
 // BreakerStates returns the state of every node's circuit breaker seen so
 // far, by node address ("" outside cluster mode).
 func (s *Store) BreakerStates() map[string]breaker.State {
 	m := map[string]breaker.State{}
-	s.breakers.Range(func(k, v any) bool {
-		m[k.(string)] = v.(*breaker.Breaker).State()
+	s.nodes.Range(func(k, v any) bool {
+		m[k.(string)] = v.(*node).br.State()
 		return true
 	})
 	return m

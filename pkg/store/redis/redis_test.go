@@ -59,8 +59,8 @@ func TestMatchesMemory(t *testing.T) {
 			rs, _ := newStore(t, clk.Now)
 			ms := memory.New(memory.Options{Now: clk.Now})
 
-			// Each key keeps one limit and window (a changed one is a
-			// different key in rls); rarely, a check uses another algorithm.
+			// Each key keeps one algorithm, limit and window (a changed
+			// one is a different key in rls).
 			type cfg struct {
 				alg                  store.Algorithm
 				limit, burst, window uint64
@@ -111,9 +111,11 @@ func TestMatchesMemory(t *testing.T) {
 					if rng.IntN(10) == 0 {
 						checks[i].Hits = c.limit + uint64(rng.IntN(3))
 					}
-					if rng.IntN(40) == 0 { // a key whose algorithm changed
-						checks[i].Algorithm = store.Algorithm(rng.IntN(3))
+					if rng.IntN(3) == 0 { // a lease
+						checks[i].Want = uint64(rng.IntN(int(c.limit) + 2))
+						checks[i].Horizon = time.Duration(rng.IntN(3)) * time.Duration(rng.Int64N(int64(c.window)*1e6)) * time.Microsecond
 					}
+					checks[i].Exact = rng.IntN(4) == 0
 				}
 				peek := rng.IntN(10) == 0
 				got := make([]store.Result, n)
@@ -133,6 +135,11 @@ func TestMatchesMemory(t *testing.T) {
 							step, peek, clk.Now().UnixMicro(), i, checks[i], got[i], want[i], checks)
 					}
 				}
+			}
+			// Every route was taken: plain commands, plain commands then
+			// the script, and the script alone.
+			if r := rs.Routes(); r[RoutePlain] == 0 || r[RoutePlainScript] == 0 || r[RouteScript] == 0 {
+				t.Errorf("routes taken %v: want each of plain, plain then script, script", r)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/store"
 )
 
 // How a node runs decide.lua. With Redis Functions (Redis 7 and later) the
@@ -151,7 +153,7 @@ func fcallRefused(err error) bool {
 	return redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "unknown command")
 }
 
-// fcall queues or sends the FCALL of a call with args (decide.lua's ARGV):
+// fcall queues or sends the FCALL of decide.lua with keys and args:
 // FCALL_RO of the peek function for a peek.
 func fcall(ctx context.Context, c redis.Cmdable, keys []string, args []any) *redis.Cmd {
 	if len(args) > 1 && args[1] == argModePeek {
@@ -161,15 +163,16 @@ func fcall(ctx context.Context, c redis.Cmdable, keys []string, args []any) *red
 }
 
 // run runs one script call on c (the node's client, or the cluster client
-// that routes by key) in the node's mode and returns its reply.
-func (co *coalescer) run(ctx context.Context, c redis.Cmdable, keys []string, args []any) (string, error) {
-	sc := &co.scripts
-	if sc.functions(ctx, co.loader()) {
+// that routes by key) alone, in the node's mode, loading the library again
+// or falling back to EVALSHA as the node's answers require.
+func (n *node) run(ctx context.Context, c redis.Cmdable, keys []string, args []any) (string, error) {
+	sc := &n.scripts
+	if sc.functions(ctx, n.cmdable()) {
 		cmd := fcall(ctx, c, keys, args)
 		err := cmd.Err()
 		switch {
 		case functionMissing(err):
-			if !sc.reload(ctx, co.loader()) {
+			if !sc.reload(ctx, n.cmdable()) {
 				return runEval(ctx, c, keys, args)
 			}
 			cmd = fcall(ctx, c, keys, args)
@@ -182,16 +185,46 @@ func (co *coalescer) run(ctx context.Context, c redis.Cmdable, keys []string, ar
 	return runEval(ctx, c, keys, args)
 }
 
-// loader is the client that loads the library on the coalescer's node:
-// the node's own in cluster mode, else the store's.
-func (co *coalescer) loader() redis.Cmdable {
-	if b := co.batch.Load(); b != nil {
-		return b
+// runEval runs decide.lua by its SHA, sending the source only when the
+// node answers NOSCRIPT.
+func runEval(ctx context.Context, c redis.Scripter, keys []string, args []any) (string, error) {
+	cmd := c.EvalSha(ctx, lua.Decide.Hash(), keys, args...)
+	if noScript(cmd.Err()) {
+		cmd = c.Eval(ctx, lua.DecideSource, keys, args...)
 	}
-	if co.single != nil {
-		return co.single
+	return scriptReply(cmd)
+}
+
+// scriptReply returns a script call's reply, which must be a string.
+func scriptReply(cmd *redis.Cmd) (string, error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return "", err
 	}
-	return nil
+	reply, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("%w: the script replied %T, not a string", store.ErrProtocol, v)
+	}
+	return reply, nil
+}
+
+// noScript reports whether err is Redis's NOSCRIPT (script not cached).
+func noScript(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
+// redirected reports whether a cluster node's error means the slot is
+// elsewhere or moving (MOVED, ASK, TRYAGAIN) or the node's client went away
+// with a topology change, so the call must go through the cluster client.
+func redirected(err error) bool {
+	if err == nil {
+		return false
+	}
+	if _, ok := redis.IsMovedError(err); ok {
+		return true
+	}
+	return redis.HasErrorPrefix(err, "MOVED ") || redis.HasErrorPrefix(err, "ASK ") ||
+		redis.IsTryAgainError(err) || errors.Is(err, redis.ErrClosed)
 }
 
 // ScriptModes returns how many Redis nodes seen so far run decide.lua in
@@ -199,8 +232,8 @@ func (co *coalescer) loader() redis.Cmdable {
 // neither).
 func (s *Store) ScriptModes() map[string]int {
 	m := map[string]int{ScriptFunction: 0, ScriptEval: 0}
-	s.coalescers.Range(func(_, v any) bool {
-		switch v.(*coalescer).scripts.mode.Load() {
+	s.nodes.Range(func(_, v any) bool {
+		switch v.(*node).scripts.mode.Load() {
 		case modeFunction:
 			m[ScriptFunction]++
 		case modeEval:
@@ -209,10 +242,4 @@ func (s *Store) ScriptModes() map[string]int {
 		return true
 	})
 	return m
-}
-
-// prepare finds the script mode of the node behind co, for Ping: at
-// startup, the readiness probe loads the library before the first request.
-func (co *coalescer) prepare(ctx context.Context) {
-	co.scripts.functions(ctx, co.loader())
 }

@@ -147,8 +147,6 @@ func (u *UpstreamKeys) decideUpstream(ctx context.Context, checks []store.Check,
 		r := store.Result{Allowed: v[0] == 1, Reset: resets[j], Remaining: c.Limit - min(count, c.Limit)}
 		if !r.Allowed {
 			r.RetryAfter = resets[j]
-		} else if r.Remaining == 0 && c.Consuming() && !peek {
-			r.NextHit = resets[j] // the count stays at the limit to the window's end
 		}
 		r.Consumed = r.Allowed && c.Consuming() && !peek
 		results[i] = r

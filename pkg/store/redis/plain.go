@@ -1,0 +1,207 @@
+package redisstore
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// Plain commands: a request's consuming checks of fixed windows and
+// two-counter sliding windows, far from their limits, decided without the
+// script.
+//
+// A window's count lives in a key named by the window (lua.WindowKey),
+// which the first INCRBY of the window creates, so nothing ever rolls a
+// key. The window is named on the node's clock (clock.go) before the
+// commands are sent; a request within boundaryMargin of a window's end, or
+// on a node whose clock is not known, goes to the script instead. Per
+// check the pipeline holds INCRBY of the window's key by Hits + Want,
+// PEXPIRE of it to the end of the windows that read it (a key never lives
+// without a TTL for longer than the round trip), and for a sliding window
+// GET of the previous window's key.
+//
+// The request is allowed, and its hits and lease stand, when every check
+// fits the budget as reckoned from the count before its INCRBY at the
+// earliest time the INCRBY can have run (a sliding window's budget only
+// grows within a window), and the reply came before the window can have
+// ended. The part of a lease that does not fit is taken back (INCRBY by
+// its negative and PEXPIRE, which deletes a key whose time has passed
+// rather than leaving a negative count behind). Anything else (a check
+// over its budget, a reply that may be of the next window, a value that is
+// not a count) takes back every INCRBY and decides the request by the
+// script in the same round trip: so a plain command never admits what the
+// script would deny, and counted hits that were not admitted only make the
+// budget others see smaller, for one round trip.
+
+// plainable reports whether every check of a request may go by plain
+// commands.
+func plainable(checks []store.Check) bool {
+	for i := range checks {
+		c := &checks[i]
+		if !c.Consuming() || c.Shadow || c.Paced || c.Exact || c.Limit == 0 || !lua.Windowed(c) || c.Hits+c.Want >= 1<<50 {
+			return false
+		}
+	}
+	return true
+}
+
+// plainBack is an INCRBY to take back: the key, how much, and its TTL.
+type plainBack struct {
+	key    string
+	n      int64
+	ttl    time.Duration
+	incr   *redis.IntCmd
+	expire *redis.BoolCmd
+}
+
+// queueBack queues the take-backs of back.
+func queueBack(ctx context.Context, p redis.Pipeliner, back []plainBack) {
+	for i := range back {
+		b := &back[i]
+		b.incr, b.expire = p.IncrBy(ctx, b.key, -b.n), p.PExpire(ctx, b.key, b.ttl)
+	}
+}
+
+// backErr returns the first error of back's commands, after their round
+// trip.
+func backErr(back []plainBack) error {
+	for i := range back {
+		if err := back[i].incr.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// plainCheck is one check's commands and what they name.
+type plainCheck struct {
+	key, prevKey string
+	start, wus   int64 // the window's start and length, µs
+	ttl          time.Duration
+	incr         *redis.IntCmd
+	expire       *redis.BoolCmd
+	prev         *redis.StringCmd
+}
+
+// decidePlain sends checks as plain commands and sets results when they
+// decide the request. Otherwise it returns the take-backs that the script
+// call must carry (decided false, err nil).
+func (s *Store) decidePlain(ctx context.Context, n *node, checks []store.Check, results []store.Result) (decided bool, back []plainBack, err error) {
+	lo, hi, ok := n.clock.bounds(localUS())
+	if !ok {
+		return false, nil, nil
+	}
+	pcs := make([]plainCheck, len(checks))
+	for i := range checks {
+		c, pc := &checks[i], &pcs[i]
+		pc.wus = int64(c.Window / time.Microsecond)
+		pc.start = floorDiv(lo, pc.wus) * pc.wus
+		if hi+boundaryMargin.Microseconds() >= pc.start+pc.wus {
+			return false, nil, nil
+		}
+		pc.key = string(lua.WindowKey(nil, c.Key, pc.start/1e6))
+		until := pc.start + pc.wus
+		if c.Algorithm != store.FixedWindow {
+			pc.prevKey = string(lua.WindowKey(nil, c.Key, (pc.start-pc.wus)/1e6))
+			until += pc.wus
+		}
+		pc.ttl = time.Duration(until+lua.MarginUS-hi) * time.Microsecond
+	}
+	err = n.do(ctx, newCall(func(ctx context.Context, p redis.Pipeliner) {
+		for i := range pcs {
+			pc := &pcs[i]
+			pc.incr = p.IncrBy(ctx, pc.key, int64(checks[i].Hits+checks[i].Want))
+			pc.expire = p.PExpire(ctx, pc.key, pc.ttl)
+			if pc.prevKey != "" {
+				pc.prev = p.Get(ctx, pc.prevKey)
+			}
+		}
+	}))
+	if err != nil {
+		return false, nil, err // the INCRBYs may have run or not: nothing to take back
+	}
+	_, hiR, ok := n.clock.bounds(localUS())
+	fits := ok
+	for i := range checks {
+		c, pc := &checks[i], &pcs[i]
+		if err := pc.incr.Err(); err != nil {
+			if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "ERR unknown command") {
+				n.noPlain.Store(true) // an ACL without the command: scripts only
+			}
+			fits = false
+			continue
+		}
+		b := plainBack{key: pc.key, n: int64(c.Hits + c.Want), ttl: pc.ttl}
+		back = append(back, b)
+		if !fits || hiR >= pc.start+pc.wus || !pc.decide(c, &results[i], lo, hiR) {
+			fits = false
+		}
+	}
+	if !fits {
+		return false, back, nil
+	}
+	// The request stands: take back only what its leases did not get.
+	back = back[:0]
+	for i := range checks {
+		if short := int64(checks[i].Want - results[i].Lease.Hits); short > 0 {
+			back = append(back, plainBack{key: pcs[i].key, n: short, ttl: pcs[i].ttl})
+		}
+	}
+	if len(back) > 0 {
+		_ = n.do(ctx, newCall(func(ctx context.Context, p redis.Pipeliner) { queueBack(ctx, p, back) }))
+	}
+	return true, nil, nil
+}
+
+// decide sets r from c's replies when c fits: the budget before the INCRBY
+// at lo (Redis's earliest time, µs), the window ending no earlier than hi.
+func (pc *plainCheck) decide(c *store.Check, r *store.Result, lo, hi int64) bool {
+	count := pc.incr.Val()
+	before := count - int64(c.Hits+c.Want)
+	var prev int64
+	if pc.prev != nil {
+		v, err := strconv.ParseInt(pc.prev.Val(), 10, 64)
+		if err == nil && v > 0 {
+			prev = v
+		} else if err != nil && pc.prev.Err() != redis.Nil {
+			return false // not a count: the script reads it as fresh and writes over it
+		}
+	}
+	if before < 0 {
+		return false
+	}
+	into := lo - pc.start
+	var budget uint64
+	if c.Algorithm == store.FixedWindow {
+		budget = uint64(max(0, int64(c.Limit)-before))
+	} else {
+		budget = store.SlidingBudget(prev, before, c.Limit, into, pc.wus)
+	}
+	if c.Hits > budget {
+		return false
+	}
+	lease := min(c.Want, budget-c.Hits)
+	if lease < c.Want && c.Horizon > 0 && prev > 0 && c.Algorithm != store.FixedWindow {
+		return false // the script may grant hits that pass later (store.SlidingLease)
+	}
+	*r = store.Result{Allowed: true, Remaining: budget - c.Hits - lease, Reset: time.Duration(pc.start+pc.wus-hi) * time.Microsecond,
+		Lease: store.Lease{Hits: lease, Now: lease}, Consumed: true}
+	if c.Algorithm != store.FixedWindow {
+		r.Remaining = store.SlidingBudget(prev, before+int64(c.Hits+lease), c.Limit, into, pc.wus)
+	}
+	return true
+}
+
+// floorDiv returns a/b rounded towards negative infinity (b > 0).
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
