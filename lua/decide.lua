@@ -32,8 +32,9 @@
 -- other value, a negative, NaN or infinite number too, reads as fresh.
 -- Every write sets its key's TTL: a window key's lasts while the window
 -- counts (fixed: to its end; sliding: to the next one's end) and MARGIN_US
--- more. A denied check gives an existing key without TTL the TTL a write
--- would, so a value rls did not write cannot deny a key for ever.
+-- more. A denied check gives an existing state key without TTL the TTL a
+-- write would, so a value rls did not write cannot deny a key for ever (a
+-- window key's name moves on with its window).
 --
 -- One text, two ways to run it: as a script (EVAL/EVALSHA), whole on every
 -- call, ending in `return rls_decide(KEYS, ARGV)`; as a Function library
@@ -401,11 +402,12 @@ local function write(s)
   end
 end
 
--- restore_ttl gives the key a denied check found its TTL back when it has
--- none.
+-- restore_ttl gives a state key a denied check found its TTL back when it
+-- has none (a window key's name moves on with its window).
 local function restore_ttl(s)
-  local k = s.ckey or s.key
-  if s.found and redis.call('PTTL', k) == -1 then redis.call('PEXPIRE', k, format('%.0f', ttl_ms(s, k))) end
+  if not s.ckey and s.found and redis.call('PTTL', s.key) == -1 then
+    redis.call('PEXPIRE', s.key, format('%.0f', ttl_ms(s, s.key)))
+  end
 end
 
 local function rls_decide(keys, args)
@@ -452,8 +454,13 @@ local function rls_decide(keys, args)
   end
   local base = {}
   for _, s in pairs(states) do base[s] = snapshot(s) end
-  -- Then the others, in order, against the tentative state.
-  local veto, consumed, found = false, {}, {}
+  -- Then the others, in order, against the tentative state. The request's
+  -- only consuming check may lease when denied (pkg/store's Leases).
+  local consuming = 0
+  for i = 1, n do
+    if not C[i].write and C[i].hits > 0 then consuming = consuming + 1 end
+  end
+  local veto, consumed, found, leased = false, {}, {}, {}
   for i = 1, n do
     local c, s = C[i], S[i]
     if not c.write then
@@ -489,14 +496,24 @@ local function rls_decide(keys, args)
           local ra
           if pc then ra = reset(s) else ra = retry_after(s, limit, h) end
           out[i] = { false, r, ra, reset(s) }
-          found[#found + 1] = s
+          if consuming == 1 and c.want > 0 and c.horizon > 0 and not c.shadow and not pc and s.alg == ALG_SLIDING and not s.pn then
+            local lh, ln, lf, le = lease(s, limit, r, c.want, c.horizon)
+            if lh > 0 then
+              add(s, lh)
+              out[i] = { false, r, ra, reset(s), lh, ln, lf, le }
+              leased[s] = true
+            end
+          end
+          if not leased[s] then found[#found + 1] = s end
           if not c.shadow then veto = true end
         end
       end
     end
   end
   if veto then
-    for s, t in pairs(base) do restore(s, t) end
+    for s, t in pairs(base) do
+      if not leased[s] then restore(s, t) end
+    end
     for i = 1, n do
       local o = out[i]
       if o.found then o[2], o[5], o[6], o[7], o[8] = o.found, 0, 0, 0, 0 end
@@ -504,7 +521,7 @@ local function rls_decide(keys, args)
   end
   if not peek then
     for _, s in pairs(states) do
-      if wrote[s] or (consumed[s] and not veto) then write(s) end
+      if wrote[s] or leased[s] or (consumed[s] and not veto) then write(s) end
     end
     for _, s in ipairs(found) do
       if not (wrote[s] or (consumed[s] and not veto)) then restore_ttl(s) end

@@ -225,6 +225,7 @@ scenarios=(
   "e_fixed_5000|-domain bench -dist roundrobin -keys 1000 -rate 5000|"
   "f_hot_40000|-domain bench -dist one -keys 1 -rate 40000|"
   "g_hot_over_5000|-domain hot -dist one -keys 1 -rate 5000|"
+  "h_5000_keys_5000|-domain bench -dist roundrobin -keys 5000 -rate 5000|"
 )
 # BENCH_SCENARIOS: run only these scenarios (their names' letters, e.g. "c e f g"; all when empty).
 ONLY=${BENCH_SCENARIOS:-}

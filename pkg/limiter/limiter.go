@@ -428,7 +428,8 @@ func (l *Limiter) settleLeases(items []Item, sc *scratch, stood bool, sent int64
 		case i == rideReturn:
 			l.res.settleReturn(c.Hits, !r.Undecided && r.Allowed)
 		case i >= 0 && c.Want > 0:
-			l.res.grant(c, r, stood && r.Consumed, sent, arrived)
+			// A denied check may hold a queued lease (store's Leases).
+			l.res.grant(c, r, (stood && r.Consumed) || (!r.Allowed && !r.Undecided), sent, arrived)
 		}
 	}
 }

@@ -134,7 +134,12 @@
 // exact one); they are granted while From + (j-1)*Every <= Horizon and <
 // Reset, R'+j <= L - cur' (the window's own budget) and n+j <= Want. The
 // lease's hits are consumed (cur, count or tokens), Remaining is the budget
-// after them, and a vetoed batch grants nothing.
+// after them, and a vetoed batch grants nothing, with one exception: when
+// the batch's only consuming check is such a sliding window, with Horizon
+// > 0, and its own h hits do not fit (h > R), it is denied as usual (its
+// Remaining, RetryAfter and Reset as any denial's) and is granted the lease
+// that follows R: SlidingLease with cur and r = R (a queue position in
+// what frees up, which is fair to the replicas that wait for it).
 //
 // A Paced check (sliding windows; ignored by the other algorithms)
 // reserves hits that its holder spends no faster than the limit's pace, a

@@ -38,6 +38,7 @@ const (
 	opConsume           // consume Hits if they fit the budget
 	opRefund            // return Hits to the budget
 	opForce             // add Hits whatever the budget (a write-back)
+	opQueue             // opConsume, the batch's only consuming check: a denial may lease (see store's Leases)
 )
 
 // apply evaluates c against st at now (Unix microseconds), updating st, and
@@ -68,7 +69,7 @@ func (st *state) apply(c *store.Check, now int64, o op) store.Result {
 // on a consuming check that is neither a shadow nor paced (see the package
 // doc's Leases).
 func want(c *store.Check, o op) uint64 {
-	if o != opConsume || c.Shadow || c.Paced || c.Hits == 0 {
+	if (o != opConsume && o != opQueue) || c.Shadow || c.Paced || c.Hits == 0 {
 		return 0
 	}
 	return c.Want
@@ -167,6 +168,12 @@ func (st *state) slidingWindow(c *store.Check, now, wus int64, h uint64, o op) s
 		return st.windowCount(st.cur, limit, h, 0, rst)
 	}
 	r := st.slidingBudget(limit, into, wus)
+	if o == opQueue && h > r && c.Want > 0 && c.Horizon > 0 && !c.Shadow {
+		res := store.Result{Remaining: r, RetryAfter: st.slidingRetry(limit, h, into, wus), Reset: rst}
+		res.Lease = store.SlidingLease(st.prev, st.cur, limit, r, c.Want, c.Horizon, into, wus)
+		st.cur += int64(res.Lease.Hits)
+		return res
+	}
 	if allowed(h, r) {
 		st.cur += int64(h)
 		l := store.SlidingLease(st.prev, st.cur, limit, r-h, want(c, o), c.Horizon, into, wus)

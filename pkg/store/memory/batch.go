@@ -26,6 +26,7 @@ type slot struct {
 	baseExp  int64  // expiry of base
 	written  bool   // a refund or a force applies: base is written whatever the verdict
 	consumed bool
+	leased   bool // the batch's only consuming check was denied and leased (see store's Leases)
 }
 
 func (m *Store) decide(ctx context.Context, checks []store.Check, results []store.Result, peek bool) error {
@@ -208,6 +209,12 @@ func writeBackOp(c *store.Check) op {
 // reports whether a denied consuming check that is not a shadow vetoes the
 // batch's consumption.
 func evaluate(checks []store.Check, results []store.Result, slots []slot, idx []int, peek bool) (veto bool) {
+	consuming := 0
+	for i := range checks {
+		if checks[i].Consuming() {
+			consuming++
+		}
+	}
 	for i := range checks {
 		c := &checks[i]
 		o := opCheck
@@ -215,13 +222,19 @@ func evaluate(checks []store.Check, results []store.Result, slots []slot, idx []
 		case peek:
 		case writeBackOp(c) != opCheck:
 			continue
+		case c.Hits > 0 && consuming == 1:
+			o = opQueue
 		case c.Hits > 0:
 			o = opConsume
 		}
 		s := &slots[idx[i]]
 		results[i] = s.st.apply(c, s.now, o)
-		if o != opConsume {
+		if o == opCheck {
 			continue
+		}
+		if !results[i].Allowed && results[i].Lease.Hits > 0 {
+			s.leased = true // a queued lease stands although the check was denied
+			s.exp = expiry(c, s.now)
 		}
 		if results[i].Allowed {
 			s.consumed = true
@@ -245,7 +258,7 @@ func commit(slots []slot, veto bool) {
 				continue
 			}
 			switch {
-			case !veto && (s.written || s.consumed):
+			case (!veto && (s.written || s.consumed)) || s.leased:
 				s.shard.write(s.ent, s.key, s.st, s.exp, s.now)
 			case s.written:
 				s.shard.write(s.ent, s.key, s.base, s.baseExp, s.now)

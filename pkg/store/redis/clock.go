@@ -19,12 +19,14 @@ type clock struct {
 	fake   func() time.Time
 }
 
-// The clock's bounds: a measurement is used for clockAge, and while its
-// bounds are at most clockWidth apart; plain commands are not sent within
-// boundaryMargin (plus the bounds) of a window's end.
+// The clock's bounds: a measurement older than clockAge/2 is renewed by a
+// TIME riding on the node's next round trip, and is used, widened by its
+// slew, for 10 × clockAge, while its bounds are at most clockWidth apart;
+// plain commands are not sent within boundaryMargin (plus the bounds) of a
+// window's end.
 const (
 	clockAge       = time.Second
-	clockWidth     = 2 * time.Millisecond
+	clockWidth     = 20 * time.Millisecond
 	boundaryMargin = 2 * time.Millisecond
 	maxSlew        = 1000 // Redis's clock may run 1/maxSlew faster or slower than this one
 )
@@ -45,7 +47,7 @@ func (c *clock) bounds(l int64) (lo, hi int64, ok bool) {
 	lo, hi, at := c.lo, c.hi, c.at
 	c.mu.Unlock()
 	age := l - at
-	if at == 0 || age > clockAge.Microseconds() || hi-lo > clockWidth.Microseconds() {
+	if at == 0 || age > 10*clockAge.Microseconds() || hi-lo > clockWidth.Microseconds() {
 		return 0, 0, false
 	}
 	slew := age/maxSlew + 1

@@ -186,6 +186,13 @@ type parsed struct {
 func (p parsed) newClient() redis.UniversalClient {
 	switch {
 	case p.cluster != nil:
+		if p.cluster.MaxRedirects == 0 {
+			// A slot being migrated answers TRYAGAIN to a command of two
+			// keys split between its nodes (a sliding window's two) until
+			// the migration moves the second: ride through it (bounded by
+			// each call's deadline).
+			p.cluster.MaxRedirects = clusterRedirects
+		}
 		return redis.NewClusterClient(p.cluster)
 	case p.failover != nil:
 		return redis.NewFailoverClient(p.failover)

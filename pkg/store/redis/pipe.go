@@ -182,15 +182,19 @@ func (n *node) send(ctx context.Context, calls []*call) error {
 	if n.clock.stale(s) {
 		tc = p.Time(ctx)
 	}
-	_, err := p.Exec(ctx)
+	cmds, err := p.Exec(ctx)
 	if tc != nil && tc.Err() == nil {
 		n.clock.observe(tc.Val().UnixMicro(), s, localUS())
 	}
 	var re redis.Error
 	if err != nil && errors.As(err, &re) {
-		return nil // an error reply: its command holds it
+		for _, c := range cmds {
+			if c.Err() != nil {
+				return nil // an error reply: its command holds it
+			}
+		}
 	}
-	return err
+	return err // no answer, or the connection's own (a refused password)
 }
 
 // release frees the slot of a round trip that returned (and recycles its

@@ -78,6 +78,29 @@ func backErr(back []plainBack) error {
 	return nil
 }
 
+// otherErr returns the first error of back's commands that is not a
+// redirect.
+func otherErr(back []plainBack) error {
+	for i := range back {
+		if err := back[i].incr.Err(); err != nil && !redirected(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// redone returns the take-backs of back that did not run (a redirect), to
+// send again.
+func redone(back []plainBack) []plainBack {
+	var out []plainBack
+	for _, b := range back {
+		if redirected(b.incr.Err()) {
+			out = append(out, plainBack{key: b.key, n: b.n, ttl: b.ttl})
+		}
+	}
+	return out
+}
+
 // plainCheck is one check's commands and what they name.
 type plainCheck struct {
 	key, prevKey string

@@ -77,6 +77,10 @@ const (
 	numRoutes
 )
 
+// clusterRedirects is how often a Cluster call follows MOVED, ASK and
+// TRYAGAIN (go-redis's MaxRedirects, 3 by default).
+const clusterRedirects = 16
+
 // New validates opts and returns a Store: on opts.Client when it is set,
 // else on a go-redis client of its own made from opts. It does not
 // connect: a Redis that is down makes calls fail, never New, which fails
@@ -352,6 +356,7 @@ func (s *Store) script(ctx context.Context, n *node, peek bool, checks []store.C
 		args[1] = argModePeek
 	}
 	functions := n.scripts.functions(ctx, n.cmdable())
+	sent := time.Now().UnixNano()
 	var cmd *redis.Cmd
 	c := newCall(func(ctx context.Context, p redis.Pipeliner) {
 		queueBack(ctx, p, back)
@@ -361,21 +366,34 @@ func (s *Store) script(ctx context.Context, n *node, peek bool, checks []store.C
 			cmd = p.EvalSha(ctx, lua.Decide.Hash(), keys, args...)
 		}
 	})
-	err := n.do(ctx, c)
-	if err == nil {
-		err = backErr(back)
-	}
-	if err != nil {
+	if err := n.do(ctx, c); err != nil {
 		return err
 	}
 	reply, err := scriptReply(cmd)
-	switch {
-	case noScript(err) || functionMissing(err) || fcallRefused(err):
-		reply, err = n.run(ctx, n.cmdable(), keys, args)
-	case s.cluster && redirected(err) && ctx.Err() == nil:
+	backFailed := backErr(back)
+	if s.cluster && ctx.Err() == nil {
 		// The slot moved or is moving: the cluster client follows MOVED
-		// and ASK. By EVALSHA, which any node runs.
-		reply, err = runEval(ctx, s.client, keys, args)
+		// and ASK, for the take-backs that did not run and the script (by
+		// EVALSHA, which any node runs).
+		if rb := redone(back); len(rb) > 0 {
+			_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+				queueBack(ctx, p, rb)
+				return nil
+			})
+			backFailed = cmp(otherErr(back), backErr(rb))
+		}
+		if redirected(err) {
+			reply, err = runEval(ctx, s.client, keys, args)
+		}
+	}
+	if err == nil {
+		err = backFailed
+	}
+	switch {
+	case err != nil && noScript(err):
+		reply, err = scriptReply(n.cmdable().Eval(ctx, lua.DecideSource, keys, args...))
+	case err != nil && (functionMissing(err) || fcallRefused(err)):
+		reply, err = n.run(ctx, n.cmdable(), keys, args, sent)
 	}
 	if err != nil {
 		return err

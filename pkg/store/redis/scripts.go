@@ -49,8 +49,9 @@ const (
 
 // scripts is one node's script mode.
 type scripts struct {
-	mode    atomic.Int32
-	loading atomic.Bool  // a FUNCTION LOAD is under way
+	mode     atomic.Int32
+	loadedAt atomic.Int64 // unix nanoseconds of the last load
+	loading  atomic.Bool  // a FUNCTION LOAD is under way
 	retryAt atomic.Int64 // unix nanoseconds: after an outage, no load before
 	node    string
 	onMode  func(node, mode, reason string)
@@ -95,6 +96,7 @@ func (sc *scripts) load(ctx context.Context, node redis.Cmdable, why string) boo
 	err := node.FunctionLoadReplace(ctx, lua.Library).Err()
 	switch {
 	case err == nil:
+		sc.loadedAt.Store(time.Now().UnixNano())
 		reason := "library " + lua.LibraryName + " loaded"
 		if why != "" {
 			reason += " again (" + why + ")"
@@ -164,12 +166,17 @@ func fcall(ctx context.Context, c redis.Cmdable, keys []string, args []any) *red
 
 // run runs one script call on c (the node's client, or the cluster client
 // that routes by key) alone, in the node's mode, loading the library again
-// or falling back to EVALSHA as the node's answers require.
-func (n *node) run(ctx context.Context, c redis.Cmdable, keys []string, args []any) (string, error) {
+// (unless it was loaded since sent, unix ns) or falling back to EVALSHA as
+// the node's answers require.
+func (n *node) run(ctx context.Context, c redis.Cmdable, keys []string, args []any, sent int64) (string, error) {
 	sc := &n.scripts
 	if sc.functions(ctx, n.cmdable()) {
 		cmd := fcall(ctx, c, keys, args)
 		err := cmd.Err()
+		if functionMissing(err) && sc.loadedAt.Load() > sent {
+			cmd = fcall(ctx, c, keys, args) // another call loaded it since
+			err = cmd.Err()
+		}
 		switch {
 		case functionMissing(err):
 			if !sc.reload(ctx, n.cmdable()) {

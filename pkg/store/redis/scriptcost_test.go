@@ -1,0 +1,123 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// BenchmarkScriptCost measures what Redis spends on one decision of one
+// check (a sliding window hit on one of 1,000 keys) by FCALL and by
+// EVALSHA, and by plain commands (INCRBY, PEXPIRE and GET of the previous
+// window), next to the two commands envoyproxy/ratelimit sends per
+// decision (INCRBY and EXPIRE). Calls go 50 to a pipeline; the figure is INFO commandstats'
+// usec of the outer commands (a script's includes the commands it runs)
+// per call: redis-us/call. RLS_OLD_DECIDE_LUA, when set, names another
+// decide.lua to time by EVALSHA too (a version before a change).
+//
+//	go test -run '^$' -bench ScriptCost -count 5 ./pkg/store/redis/
+func BenchmarkScriptCost(b *testing.B) {
+	srv := redistest.StartServer(b)
+	c := srv.Client()
+	b.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	if err := c.FunctionLoadReplace(ctx, lua.Library).Err(); err != nil {
+		b.Fatal(err)
+	}
+	old := ""
+	if p := os.Getenv("RLS_OLD_DECIDE_LUA"); p != "" {
+		src, err := os.ReadFile(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		old = c.ScriptLoad(ctx, string(src)).Val()
+	}
+	if err := c.ScriptLoad(ctx, lua.DecideSource).Err(); err != nil {
+		b.Fatal(err)
+	}
+	blob := lua.AppendCheck(nil, &store.Check{Limit: 1_000_000_000, Window: time.Second, Hits: 1})
+	modes := []struct {
+		name string
+		cmds []string // the outer commands timed
+		add  func(p redis.Pipeliner, key string)
+	}{
+		{"fcall", []string{"fcall"}, func(p redis.Pipeliner, key string) {
+			p.FCall(ctx, lua.DecideFunction, []string{key}, "", lua.ModeDecide, blob)
+		}},
+		{"evalsha", []string{"evalsha"}, func(p redis.Pipeliner, key string) {
+			p.EvalSha(ctx, lua.Decide.Hash(), []string{key}, "", lua.ModeDecide, blob)
+		}},
+		{"incrby+expire", []string{"incrby", "expire"}, func(p redis.Pipeliner, key string) {
+			p.IncrBy(ctx, key, 1)
+			p.Expire(ctx, key, 301e9)
+		}},
+		{"plain", []string{"incrby", "pexpire", "get"}, func(p redis.Pipeliner, key string) {
+			p.IncrBy(ctx, key+":2", 1)
+			p.PExpire(ctx, key+":2", 3*time.Second)
+			p.Get(ctx, key+":1")
+		}},
+	}
+	if old != "" {
+		modes = append(modes, struct {
+			name string
+			cmds []string
+			add  func(p redis.Pipeliner, key string)
+		}{"evalsha-old", []string{"evalsha"}, func(p redis.Pipeliner, key string) {
+			p.EvalSha(ctx, old, []string{key}, "", lua.ModeDecide, blob)
+		}})
+	}
+	for i := range 1000 { // the previous windows' counts the plain commands read
+		c.Set(ctx, "rl:{cost}:plain"+strconv.Itoa(i)+":1", 5, time.Hour)
+	}
+	for _, m := range modes {
+		b.Run(m.name, func(b *testing.B) {
+			resetStat(b, c)
+			n := 0
+			for b.Loop() {
+				p := c.Pipeline()
+				for range 50 {
+					m.add(p, "rl:{cost}:"+m.name+strconv.Itoa(n%1000))
+					n++
+				}
+				if _, err := p.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			usec := 0.0
+			for _, cmd := range m.cmds {
+				usec += float64(usecOf(b, c, cmd))
+			}
+			b.ReportMetric(usec/float64(n), "redis-us/call")
+		})
+	}
+}
+
+// resetStat zeroes Redis's commandstats (CONFIG RESETSTAT).
+func resetStat(b *testing.B, c *redis.Client) {
+	if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// usecOf returns INFO commandstats' usec of cmd.
+func usecOf(b *testing.B, c *redis.Client, cmd string) int64 {
+	info := c.Info(context.Background(), "commandstats").Val()
+	var calls, usec int64
+	for line := range strings.Lines(info) {
+		if _, err := fmt.Sscanf(line, "cmdstat_"+cmd+":calls=%d,usec=%d", &calls, &usec); err == nil {
+			return usec
+		}
+	}
+	b.Fatalf("no commandstats for %s", cmd)
+	return 0
+}
