@@ -229,6 +229,7 @@ func (a *app) buildStore() error {
 	if rs, ok := raw.(*redisstore.Store); ok {
 		telemetry.RegisterBreakers(a.reg, rs)
 		telemetry.RegisterScriptMode(a.reg, rs)
+		telemetry.RegisterRoutes(a.reg, rs)
 		// A wrong password is a mistake to fix, not an outage to serve through.
 		if err := telemetry.RefusedCredentials(ready, a.cfg.RedisTimeout); err != nil {
 			return fmt.Errorf("redis refused rls's credentials; set the right password in %s (or the %s's), "+

@@ -203,7 +203,8 @@ func TestAllOrNothing(t *testing.T) {
 	s, _ := newTestService(t)
 	call(t, s, 0, d("small", "y"))
 	r := call(t, s, 0, d("api_key", "aon"), d("small", "y"))
-	if got := brief(r); got != "OVER_LIMIT OK/4/per-key OVER_LIMIT/0/small" {
+	// The passing descriptor reports what it found: nothing was consumed.
+	if got := brief(r); got != "OVER_LIMIT OK/5/per-key OVER_LIMIT/0/small" {
 		t.Fatal(got)
 	}
 	if got := brief(call(t, s, 0, d("api_key", "aon"))); got != "OK OK/4/per-key" {
@@ -278,7 +279,7 @@ type failingStore struct{ err error }
 
 func (f failingStore) Decide(context.Context, []store.Check, []store.Result) error { return f.err }
 func (f failingStore) Peek(context.Context, []store.Check, []store.Result) error   { return f.err }
-func (f failingStore) Delete(context.Context, ...string) error                     { return f.err }
+func (f failingStore) Delete(context.Context, ...store.Check) error                { return f.err }
 func (f failingStore) Close() error                                                { return nil }
 
 func TestStoreErrorsBecomeGRPCCodes(t *testing.T) {

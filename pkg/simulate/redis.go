@@ -1,7 +1,6 @@
 package simulate
 
 import (
-	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
@@ -11,67 +10,56 @@ import (
 
 // RedisCost returns what candidate c costs Redis per decision when the
 // Redis store decides trace tr as allowed says, one request of one
-// descriptor at a time, as rls sends it when the node is idle (under load,
-// concurrent decisions of one node share a pipeline and its TIME: fewer):
-// calls is script calls (FCALL or EVALSHA) per decision; commands is the
-// Redis commands per decision.
+// descriptor at a time, with the service's leases and over-limit cache
+// left out (they only save calls: a key seen several times a window, or
+// held at its limit, costs less): calls is script calls (FCALL or EVALSHA)
+// per decision; commands is the Redis commands per decision, the script's
+// own included.
 //
 // A token bucket or a sliding window of precision 2 or more is one script
-// call per decision, which runs TIME and MGET always and a SET (with its
+// call per decision, which runs TIME and GET always and a SET (with its
 // TTL) when the request was admitted. A fixed window or a two-counter
-// sliding window is first sent as a counter call, INCRBY and TIME (see
-// pkg/store/redis's counter calls); it goes on to the script (TIME, MGET
-// and a SET, as it writes the key back after taking the INCRBY back) when
-// it was denied, or when no script call has written the key in the
-// event's window yet (the key's value is of another window, or new).
-// In the service, near a key's limit, the limiter's over-limit cache
-// answers many denials without a call (the last hit's NextHit), and a
-// one-check request is probed first (GET and TIME, no script call when
-// denied): the model leaves these out, and so counts such a key's
-// denials at their dearest.
+// sliding window is plain commands (pkg/store/redis's plain.go): INCRBY and
+// PEXPIRE of the window's key, and for a sliding window a GET of the
+// previous window's; a denied request adds their take-back (INCRBY and
+// PEXPIRE) and a script call (TIME and a GET of each key) in the same
+// round trip.
 func RedisCost(tr Trace, l Limit, c Candidate, allowed []bool) (calls, commands float64) {
 	n := min(len(tr.Events), len(allowed))
 	if n == 0 {
 		return 0, 0
 	}
-	countable := c.Algorithm == store.FixedWindow || (c.Algorithm == store.SlidingWindow && c.Precision < 2)
-	if !countable {
-		admitted := 0
-		for _, ok := range allowed[:n] {
-			if ok {
-				admitted++
-			}
+	admitted := 0
+	for _, ok := range allowed[:n] {
+		if ok {
+			admitted++
 		}
-		return 1, 2 + float64(admitted)/float64(n)
 	}
-	w := int64(l.Window / time.Microsecond)
-	written := map[string]int64{} // key: the window its last script call wrote it in
-	scripts := 0
-	for i, e := range tr.Events[:n] {
-		win := floorDiv(e.At, w)
-		if last, ok := written[e.Key]; allowed[i] && ok && last == win {
-			continue
-		}
-		scripts++
-		written[e.Key] = win
+	a, d := float64(admitted)/float64(n), float64(n-admitted)/float64(n)
+	switch {
+	case c.Algorithm == store.FixedWindow:
+		return d, 2 + d*(2+2)
+	case c.Algorithm == store.SlidingWindow && c.Precision < 2:
+		return d, 3 + d*(2+3)
 	}
-	return float64(scripts) / float64(n), 2 + 3*float64(scripts)/float64(n)
+	return 1, 2 + a
 }
 
-// RedisBytes returns what one key of candidate c holds in Redis: bytes
-// is MEMORY USAGE of the key (SAMPLES 0), from the table below; value is
-// the length of the stored string (0 for the compact forms, an integer
-// Redis keeps in the key's object itself).
+// RedisBytes returns what one counter of candidate c holds in Redis:
+// bytes is MEMORY USAGE (SAMPLES 0) of its keys, from the table below (a
+// two-counter sliding window counts in two: the current and the previous
+// window's); value is the length of a stored string (0 for a window's
+// count, an integer Redis keeps in the key's object itself).
 func RedisBytes(c Candidate) (bytes, value int) {
 	switch {
 	case c.Algorithm == store.TokenBucket:
 		return redisBytesTokenBucket, 17 // 't', tokens, last
 	case c.Algorithm == store.FixedWindow:
-		return redisBytesFixed, 0
+		return redisBytesWindow, 0
 	case c.Precision >= 2 && c.Precision <= store.MaxPrecision:
 		return redisBytesPrecise[c.Precision-2], 1 + 8*int(c.Precision+3) // 'p', N, sub, cur, N counts
 	}
-	return redisBytesSliding, 0
+	return 2 * redisBytesWindow, 0
 }
 
 // RedisExampleKey is the key whose MEMORY USAGE the table holds for c:
@@ -85,8 +73,8 @@ func RedisExampleKey(c Candidate) string {
 }
 
 // Redis memory per key: MEMORY USAGE <key> SAMPLES 0 after one admitted
-// request, with rls's own Lua script on Redis's TIME (so the compact
-// forms), for the key RedisExampleKey names. Measured on Redis 7.0.15
+// request, for the key RedisExampleKey names (a window's key: it and
+// ":<the window's start>"). Measured on Redis 7.0.15
 // (jemalloc 5.3.0, 64-bit, Debian's redis-server) by
 //
 //	go test ./pkg/simulate -run TestRedisBytes -v
@@ -98,8 +86,7 @@ func RedisExampleKey(c Candidate) string {
 // expires entry): the test also logs the growth of used_memory per key
 // over 10,000 keys of each layout.
 const (
-	redisBytesSliding     = 72  // two counters, compact: an integer
-	redisBytesFixed       = 72  // fixed window, compact: an integer
+	redisBytesWindow      = 88  // one window's count: an integer
 	redisBytesTokenBucket = 104 // 't' + 2 doubles: 17 bytes
 )
 

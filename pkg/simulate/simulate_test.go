@@ -196,25 +196,24 @@ func TestParsePrecisions(t *testing.T) {
 }
 
 // TestRedisCost: a token bucket or precise window is one script call, TIME
-// and MGET always, SET when admitted; a counted window is INCRBY and TIME,
-// plus a script call (TIME, MGET, SET) when denied or first in its window.
+// and GET always, SET when admitted; a window is plain commands (INCRBY,
+// PEXPIRE and, sliding, GET), plus their take-back and a script call
+// (TIME, a GET per key) when denied.
 func TestRedisCost(t *testing.T) {
 	l := Limit{Requests: 2, Window: time.Second}
 	tr := Trace{Events: []Event{
-		{At: 0, Key: "a", Hits: 1}, {At: 1, Key: "a", Hits: 1}, {At: 2, Key: "a", Hits: 1}, // first, counted, denied
-		{At: 3, Key: "b", Hits: 1},                               // first of its key
-		{At: 1_000_000, Key: "a", Hits: 1},                       // first in its window
-		{At: -1, Key: "c", Hits: 1}, {At: -2, Key: "c", Hits: 1}, // window -1, counted
-		{At: 1_000_001, Key: "a", Hits: 1}, // counted
+		{At: 0, Key: "a", Hits: 1}, {At: 1, Key: "a", Hits: 1}, {At: 2, Key: "a", Hits: 1}, // the third denied
+		{At: 3, Key: "b", Hits: 1},
 	}}
-	allowed := []bool{true, true, false, true, true, true, true, true}
-	if c, n := RedisCost(tr, l, Candidate{Algorithm: store.TokenBucket}, allowed[:4]); c != 1 || n != 2.75 {
+	allowed := []bool{true, true, false, true}
+	if c, n := RedisCost(tr, l, Candidate{Algorithm: store.TokenBucket}, allowed); c != 1 || n != 2.75 {
 		t.Errorf("token bucket: got %v calls, %v commands", c, n)
 	}
-	for _, cand := range []Candidate{{Algorithm: store.FixedWindow}, {Algorithm: store.SlidingWindow}} {
-		if c, n := RedisCost(tr, l, cand, allowed); c != 5.0/8 || n != 2+15.0/8 {
-			t.Errorf("%s: got %v calls, %v commands, want 5/8 and 2+15/8", cand.Name(l), c, n)
-		}
+	if c, n := RedisCost(tr, l, Candidate{Algorithm: store.FixedWindow}, allowed); c != 0.25 || n != 3 {
+		t.Errorf("fixed window: got %v calls, %v commands, want 1/4 and 2+4/4", c, n)
+	}
+	if c, n := RedisCost(tr, l, Candidate{Algorithm: store.SlidingWindow}, allowed); c != 0.25 || n != 4.25 {
+		t.Errorf("sliding window: got %v calls, %v commands, want 1/4 and 3+5/4", c, n)
 	}
 	if c, n := RedisCost(Trace{}, l, Candidate{}, nil); c != 0 || n != 0 {
 		t.Errorf("empty trace: %v, %v", c, n)

@@ -55,7 +55,7 @@ func RegisterLimiter(reg prometheus.Registerer, lim *limiter.Limiter, fleet *lim
 		"returned": func(c limiter.Counters) uint64 { return c.ReservedReturned },
 		"expired":  func(c limiter.Counters) uint64 { return c.ReservedExpired },
 	} {
-		reg.MustRegister(counter("rls_reserved_hits_total", "Hits of slices reserved in the store for hot keys, by what became of them: used (admitted requests), returned (unused, refunded in their window), expired (unused when their window ended, their rule changed or their refund failed).",
+		reg.MustRegister(counter("rls_reserved_hits_total", "Hits of leases: counted in the store ahead of a key's requests, by what became of them: used (admitted requests), returned (unused, refunded in their window), expired (unused when their window ended, their rule changed or their refund failed).",
 			prometheus.Labels{"result": result}, n))
 	}
 	for _, s := range limiter.Sources {
@@ -117,6 +117,18 @@ func RegisterScriptMode(reg prometheus.Registerer, st *redisstore.Store) {
 	for _, mode := range []string{redisstore.ScriptFunction, redisstore.ScriptEval} {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rls_redis_script_mode", Help: help,
 			ConstLabels: prometheus.Labels{"mode": mode}}, func() float64 { return float64(st.ScriptModes()[mode]) }))
+	}
+}
+
+// RegisterRoutes exposes how the Redis store decided each hash slot's part
+// of a request, as rls_redis_decisions_total{route}: plain (commands on
+// window-named keys), plain_then_script (taken back, then the script, in
+// one more round trip), script.
+func RegisterRoutes(reg prometheus.Registerer, st *redisstore.Store) {
+	const help = "Hash slots' parts of requests the Redis store decided, by route: plain (INCRBY on window-named keys), plain_then_script (the INCRBYs taken back and the script run in one more round trip), script (decide.lua alone)."
+	for i, route := range []string{"plain", "plain_then_script", "script"} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rls_redis_decisions_total", Help: help,
+			ConstLabels: prometheus.Labels{"route": route}}, func() float64 { return float64(st.Routes()[i]) }))
 	}
 }
 

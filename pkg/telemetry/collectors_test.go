@@ -60,7 +60,7 @@ func TestErrorKind(t *testing.T) {
 func TestMeteredStore(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMeteredStore(memory.New(memory.Options{}), reg)
-	if err := m.Delete(context.Background(), "k"); err != nil {
+	if err := m.Delete(context.Background(), store.Check{Key: "k"}); err != nil {
 		t.Fatal(err)
 	}
 	if n := testutil.CollectAndCount(m.latency); n != 2 { // decide (made at once) and delete

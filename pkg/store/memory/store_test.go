@@ -165,7 +165,7 @@ func TestMemoryPeekAndDelete(t *testing.T) {
 	if n := m.Len(); n != 1 {
 		t.Errorf("Len() = %d after Peek, want 1", n)
 	}
-	if err := m.Delete(context.Background(), "k", "missing"); err != nil {
+	if err := m.Delete(context.Background(), store.Check{Key: "k"}, store.Check{Key: "missing"}); err != nil {
 		t.Fatal(err)
 	}
 	if n := m.Len(); n != 0 {

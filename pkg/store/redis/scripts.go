@@ -52,9 +52,9 @@ type scripts struct {
 	mode     atomic.Int32
 	loadedAt atomic.Int64 // unix nanoseconds of the last load
 	loading  atomic.Bool  // a FUNCTION LOAD is under way
-	retryAt atomic.Int64 // unix nanoseconds: after an outage, no load before
-	node    string
-	onMode  func(node, mode, reason string)
+	retryAt  atomic.Int64 // unix nanoseconds: after an outage, no load before
+	node     string
+	onMode   func(node, mode, reason string)
 }
 
 // set records mode m and reports it when it changed.

@@ -250,7 +250,7 @@ var ACLRules = []string{"~*", "resetchannels", "-@all",
 	"+fcall", "+fcall_ro", "+function|load", // the Function library
 	"+evalsha", "+eval", // the script fallback, and the fleet's heartbeat script
 	"+time", "+get", "+set", "+pttl", "+pexpire", // run by decide.lua
-	"+incrby", // plain commands (with +get, +pexpire and +time)
+	"+incrby",                                       // plain commands (with +get, +pexpire and +time)
 	"+zremrangebyscore", "+zadd", "+zcard", "+zrem", // the fleet's heartbeats
 	"+hset", "+hdel", "+hgetall", // RLQS demand shared by the replicas
 	"+del", "+ping", "+hello", "+cluster|slots", "+cluster|shards"}
