@@ -144,7 +144,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.FleetSize, "fleet-size", 0, "replicas sharing the limits, for the fail-open share; 0 learns it")
 	fs.IntVar(&c.MinFleetSize, "min-fleet-size", 1, "least fleet size learned, and assumed before the first heartbeat")
 	fs.BoolVar(&c.OverLimitCache, "over-limit-cache", true, "deny what the store found over its limit locally until its retry time")
-	fs.BoolVar(&c.Reserve, "reserve", true, "Redis: decide a key seen several times a window from a lease of hits counted in the store ahead")
+	fs.BoolVar(&c.Reserve, "reserve", true, "Redis: decide keys seen often from leases of hits counted ahead in Redis")
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultOverLimitCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes of the local tables (over-limit cache, fail-open buckets)")
 	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters; the oldest are evicted beyond it")
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-* headers, and Retry-After to OVER_LIMIT answers")
