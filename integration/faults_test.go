@@ -35,7 +35,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/testkit"
 )
 
@@ -238,26 +237,22 @@ func ftCount(ss []ftSample, kind int, code rlsv3.RateLimitResponse_Code) (match,
 	return match, total
 }
 
-// ftStoredCount reads the current window's count of a sliding-window key (-1 if
-// absent).
+// ftStoredCount reads the current window's count of a one-second window's
+// key (-1 if absent).
 func ftStoredCount(t *testing.T, s *redistest.Server, key string) int64 {
 	t.Helper()
 	c := s.Client()
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	v, err := c.Get(ctx, key).Result()
+	n, err := c.Get(ctx, winKey(key, time.Second, time.Now())).Int64()
 	if errors.Is(err, redis.Nil) {
 		return -1
 	}
 	if err != nil {
 		t.Fatalf("GET %s: %v", key, err)
 	}
-	st, err := lua.ParseState(v)
-	if err != nil {
-		t.Fatalf("%s: %v", key, err)
-	}
-	return int64(st.Count)
+	return n
 }
 
 func ftScriptCalls(t *testing.T, s *redistest.Server) int64 {

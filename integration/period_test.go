@@ -168,6 +168,11 @@ func TestRedisPeriods(t *testing.T) {
 			"tb:{periods|bucket2m=a}:t120", "rl:{periods|precise2m=a}:s120p4",
 			"rl:{periods|fixed2m=a}:f120", "rl:{periods|route=o}:f1800o7",
 		} {
+			if strings.HasSuffix(want, ":f120") { // a window's key: named by its window
+				want = winKey(want, 2*time.Minute, rdRedisNow(t, rc))
+			} else if strings.HasSuffix(want, ":f1800o7") {
+				want = winKey(want, 30*time.Minute, rdRedisNow(t, rc))
+			}
 			if !keys[want] {
 				t.Errorf("no key %s in Redis; keys: %v", want, keys)
 			}
@@ -199,12 +204,14 @@ func periodTwoSeconds(t *testing.T, p *rlsProc, rc redis.Cmdable) {
 			}
 		}
 		// The keys hold the whole window, and expire as two-second
-		// windows do: a fixed window at its end, a sliding one two
-		// windows after its last write.
+		// windows do: a fixed window's a second after its end, a sliding
+		// one's a second after the next window's end, a precision
+		// window's two windows after its last write.
+		at := time.Unix(0, idx*int64(w))
 		for k, ttl := range map[string][2]time.Duration{
-			"rl:{periods|fixed2s=" + key + "}:f2":     {time.Second, w},
-			"rl:{periods|sliding2s=" + key + "}:s2":   {3 * time.Second, 2 * w},
-			"rl:{periods|precise2s=" + key + "}:s2p4": {3 * time.Second, 2 * w},
+			winKey("rl:{periods|fixed2s="+key+"}:f2", w, at):   {2 * time.Second, w + time.Second},
+			winKey("rl:{periods|sliding2s="+key+"}:s2", w, at): {4 * time.Second, 2*w + time.Second},
+			"rl:{periods|precise2s=" + key + "}:s2p4":          {3 * time.Second, 2 * w},
 		} {
 			if got := periodPTTL(t, rc, k); got <= ttl[0] || got > ttl[1] {
 				problems = append(problems, fmt.Sprintf("%s: PTTL %v, want (%v, %v]", k, got, ttl[0], ttl[1]))

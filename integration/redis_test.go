@@ -308,29 +308,30 @@ func rdTestBatch(t *testing.T, p *rlsProc, rc redis.Cmdable, nodes []*redistest.
 	r := should(t, c, "batch", key, route, method)
 	rdCheckStatuses(t, "request 1", r, rdOkCode, rdOkCode, 9, rdOkCode, 4, rdOkCode, 2)
 
-	// One round trip per request: exactly one EVALSHA and no EVAL, summed
-	// over every node, whatever the request's outcome.
-	measured := func(what string, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	// Far from their limits: plain commands, no script call; the denied
+	// request takes them back and asks the script, once. Summed over every
+	// node, and no EVAL.
+	measured := func(what string, scripts int64, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitResponse {
 		t.Helper()
 		sha0, eval0 := rdEvalCalls(t, nodes...)
 		r := should(t, c, "batch", ds...)
 		sha1, eval1 := rdEvalCalls(t, nodes...)
-		if sha1-sha0 != 1 || eval1 != eval0 {
-			t.Errorf("%s (%d descriptors) cost %d EVALSHA and %d EVAL, want exactly 1 EVALSHA", what, len(ds), sha1-sha0, eval1-eval0)
+		if sha1-sha0 != scripts || eval1 != eval0 {
+			t.Errorf("%s (%d descriptors) cost %d script calls and %d EVAL, want %d and 0", what, len(ds), sha1-sha0, eval1-eval0, scripts)
 		}
 		return r
 	}
-	r = measured("request 2", key, route, method)
+	r = measured("request 2", 1, key, route, method) // near the method's limit (2 of 3 left): the script
 	rdCheckStatuses(t, "request 2", r, rdOkCode, rdOkCode, 8, rdOkCode, 3, rdOkCode, 1)
-	r = measured("request 3", key, route, method)
+	r = measured("request 3", 1, key, route, method)
 	rdCheckStatuses(t, "request 3", r, rdOkCode, rdOkCode, 7, rdOkCode, 2, rdOkCode, 0)
 
 	// The method limit (3) is spent: Redis denies the request, and each
-	// status reports its own verdict in that pass.
-	r = measured("request 4 (denied by Redis)", key, route, method)
-	rdCheckStatuses(t, "request 4", r, rdOverCode, rdOkCode, 6, rdOkCode, 1, rdOverCode, 0)
+	// passing status reports what it found (nothing was consumed).
+	r = measured("request 4 (denied by Redis)", 1, key, route, method)
+	rdCheckStatuses(t, "request 4", r, rdOverCode, rdOkCode, 7, rdOkCode, 2, rdOverCode, 0)
 	// All or nothing: the denied request took nothing from api_key and route.
-	r = measured("request 5", key, route)
+	r = measured("request 5", 1, key, route)
 	rdCheckStatuses(t, "request 5 after a denied request", r, rdOkCode, rdOkCode, 6, rdOkCode, 1)
 
 	// Denied again, now by the local over-limit cache: still nothing taken.
@@ -382,14 +383,20 @@ func rdTestKeys(t *testing.T, p *rlsProc, cluster *redistest.Cluster, nodes ...*
 	cases := rdKeyCases(suffix)
 	c := p.client()
 	want := map[string]bool{}
+	names := map[string]string{} // a case's key -> the key Redis holds
 	for _, kc := range cases {
+		at := time.Now()
 		if r := should(t, c, "keys", kc.d); r.OverallCode != rdOkCode {
 			t.Fatalf("%v: %v", kc.d, r)
 		}
-		if want[kc.key] {
-			t.Fatalf("test bug: duplicate key %q", kc.key)
+		k := kc.key
+		if strings.HasPrefix(k, "rl:") { // a window's key: named by its hour
+			k = winKey(k, time.Hour, at)
 		}
-		want[kc.key] = true
+		if want[k] {
+			t.Fatalf("test bug: duplicate key %q", k)
+		}
+		want[k], names[kc.key] = true, k
 	}
 	got := map[string]*redistest.Server{}
 	for k, s := range rdScanAll(t, nodes...) {
@@ -443,8 +450,8 @@ func rdTestKeys(t *testing.T, p *rlsProc, cluster *redistest.Cluster, nodes ...*
 		if int(rs) != slot {
 			t.Errorf("CLUSTER KEYSLOT %q = %d, redisstore.Slot = %d", kc.key, rs, slot)
 		}
-		if m := cluster.MasterOf(kc.tenant); m == nil || got[kc.key] != m {
-			t.Errorf("key %q is on %s, its tenant's slot on %v", kc.key, got[kc.key].Addr, m)
+		if m := cluster.MasterOf(kc.tenant); m == nil || got[names[kc.key]] != m {
+			t.Errorf("key %q is on %v, its tenant's slot on %v", names[kc.key], got[names[kc.key]], m)
 		}
 	}
 }
@@ -460,6 +467,14 @@ func rdTestAllKeysHaveTTL(t *testing.T, nodes ...*redistest.Server) {
 
 // rdCheckTTLs asserts PTTL > 0 for every key (a key that vanished meanwhile
 // is fine) and, when max is set, at most max(key).
+// winKey is the Redis key of base's count in the window of length w that
+// holds at (a fixed window's or a two-counter sliding window's: its key,
+// ':', the window's start in Unix seconds).
+func winKey(base string, w time.Duration, at time.Time) string {
+	secs := int64(w / time.Second)
+	return base + ":" + strconv.FormatInt(at.Unix()/secs*secs, 10)
+}
+
 func rdCheckTTLs(t *testing.T, keys map[string]*redistest.Server, max func(string) time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -514,9 +529,10 @@ descriptors:
 		}
 	}
 	lastWrite := time.Now()
-	fwKey := "rl:{ttl|fw=v}:f1"
-	perSecond := []string{"rl:{ttl|sw=v}:s1", "tb:{ttl|tb=v}:t1", fwKey}
-	hourKey := "rl:{ttl|hour=v}:s3600"
+	written := time.Unix(writeSec, 0)
+	fwKey := winKey("rl:{ttl|fw=v}:f1", time.Second, written)
+	perSecond := []string{winKey("rl:{ttl|sw=v}:s1", time.Second, written), "tb:{ttl|tb=v}:t1", fwKey}
+	hourKey := winKey("rl:{ttl|hour=v}:s3600", time.Hour, written)
 	keys := rdScanAll(t, srv)
 	scanSec := rdRedisNow(t, rc).Unix()
 	for _, k := range append([]string{hourKey}, perSecond...) {
@@ -531,12 +547,14 @@ descriptors:
 	}
 	rdCheckTTLs(t, keys, func(k string) time.Duration {
 		switch {
-		case strings.HasSuffix(k, ":s1"), strings.HasSuffix(k, ":t1"):
-			return 2 * time.Second // two windows; ceil(B/r)+1s = 2s
-		case strings.HasSuffix(k, ":f1"):
-			return time.Second // to the end of the window
+		case strings.Contains(k, ":s1:"):
+			return 3 * time.Second // to the next window's end, and a second
+		case strings.HasSuffix(k, ":t1"):
+			return 2 * time.Second // ceil(B/r)+1s = 2s
+		case strings.Contains(k, ":f1:"):
+			return 2 * time.Second // to the end of the window, and a second
 		case k == hourKey:
-			return 2 * time.Hour
+			return 2*time.Hour + time.Second
 		case k == redisstore.FleetKey:
 			return 12 * time.Second // 2 heartbeat TTLs
 		}
@@ -544,9 +562,10 @@ descriptors:
 		return 0
 	})
 
-	// Idle per-second keys vanish by themselves: sliding 2 s after its last
-	// write, token bucket 2 s, fixed window by the end of its second.
-	deadline := lastWrite.Add(5 * time.Second)
+	// Idle per-second keys vanish by themselves: a sliding window's a
+	// second after the next window's end, a token bucket's 2 s after its
+	// last write, a fixed window's a second after its window's end.
+	deadline := lastWrite.Add(6 * time.Second)
 	for {
 		n, err := rc.Exists(context.Background(), perSecond...).Result()
 		if err != nil {
@@ -575,7 +594,7 @@ descriptors:
 		if k == redisstore.FleetKey {
 			return 12 * time.Second
 		}
-		return 2 * time.Hour
+		return 2*time.Hour + time.Second
 	})
 	rdNoFallback(t, p)
 }
@@ -991,7 +1010,7 @@ descriptors:
 	defer func() { close(stop); bg.Wait() }()
 
 	exact("before failover", "before", 0)
-	if n, _ := mrc.Exists(ctx, "rl:{sent|api_key=before}:s3600").Result(); n != 1 {
+	if n, _ := mrc.Exists(ctx, winKey("rl:{sent|api_key=before}:s3600", time.Hour, time.Now())).Result(); n != 1 {
 		t.Fatalf("the key is not on the master before the failover")
 	}
 
@@ -1030,7 +1049,7 @@ descriptors:
 	testkit.WaitForEvery(t, "rls writes to the new master", 20*time.Second, pollEvery, func() bool {
 		v = fmt.Sprintf("after-%d", time.Now().UnixNano())
 		should(t, c, "sent", desc("api_key", v))
-		n, _ := nrc.Exists(ctx, "rl:{sent|api_key="+v+"}:s3600").Result()
+		n, _ := nrc.Exists(ctx, winKey("rl:{sent|api_key="+v+"}:s3600", time.Hour, time.Now())).Result()
 		return n == 1
 	})
 	t.Logf("rls writes to the new master %v after the start", time.Since(t0).Round(time.Millisecond))

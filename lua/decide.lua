@@ -5,11 +5,12 @@
 -- numbers are named once, in the `local` lines below, and lua_test.go holds
 -- them to lua/lua.go's constants.
 --
--- KEYS[i]  check i's key. A fixed window and a sliding window of precision
---          0 or 1 count in one key per window, KEYS[i] .. ':' .. the
---          window's start in seconds (the Go store's plain commands use the
---          same names); a token bucket and a sliding window of precision 2
---          or more keep their state in KEYS[i] itself.
+-- KEYS     the checks' keys, in order: a fixed window's its window's key, a
+--          sliding window of precision 0 or 1 its window's and the previous
+--          window's (lua.WindowKey: its key, ':', the window's start in
+--          seconds, as the Go store's plain commands name them), any other
+--          check its own key. Every key a call touches is declared, so a
+--          Redis Cluster slot being migrated answers ASK or TRYAGAIN.
 -- ARGV[1]  now in microseconds, or "" for Redis's TIME (only the Go store's
 --          test clock sets it).
 -- ARGV[2]  "0" decide; "1" peek: every check is check-only, nothing written.
@@ -18,33 +19,31 @@
 --          (byte: 1 refund, 2 shadow, 4 force, 8 paced), then doubles:
 --          limit, window seconds, burst (token bucket: capacity, 0 = limit;
 --          sliding window: precision, negated when strict), hits, want,
---          horizon in microseconds.
+--          horizon in microseconds, the window's start in seconds (the
+--          window its keys name; a call of another window than now's
+--          replies 'W' and now as a double instead, to be sent again).
 -- Reply: RESULT_BYTES per check: allowed (byte), then doubles: remaining,
 --          retry_us, reset_us, lease hits, lease now, lease from_us, lease
 --          every_us.
 --
--- All or nothing (pkg/store's Batches): refunds and forced write-backs
+-- All or nothing (docs/arithmetic.md): refunds and forced write-backs
 -- first, always written; then the other checks in order against the
--- tentative state; if a consuming non-shadow check is denied, none of their
--- consumption is written. Values: a window key holds a decimal count; a
--- token bucket 't' and doubles tokens, last refill; a precision-N window
--- 'p' and doubles N, sub-window, its count, the N counts before it. Any
--- other value, a negative, NaN or infinite number too, reads as fresh.
--- Every write sets its key's TTL: a window key's lasts while the window
--- counts (fixed: to its end; sliding: to the next one's end) and MARGIN_US
--- more. A denied check gives an existing state key without TTL the TTL a
--- write would, so a value rls did not write cannot deny a key for ever (a
--- window key's name moves on with its window).
+-- tentative state; a denied consuming non-shadow check keeps all their
+-- consumption from being written. Values: a window key holds a decimal
+-- count; a token bucket 't' and doubles tokens, last refill; a precision-N
+-- window 'p' and doubles N, sub-window, its count, the N counts before it;
+-- anything else (a negative, NaN or infinite number too) reads as fresh.
+-- Every write sets its key's TTL (a window key's: while its window counts,
+-- and MARGIN_US more); a denied check gives a state key without TTL the TTL
+-- a write would, so a value rls did not write cannot deny it for ever.
 --
--- One text, two ways to run it: as a script (EVAL/EVALSHA), whole on every
--- call, ending in `return rls_decide(KEYS, ARGV)`; as a Function library
--- (lua/library.go drops the first and last lines of code), whose top level
--- runs once. The top level touches no global: bind() takes the libraries
--- on the first call.
+-- As a script (EVAL/EVALSHA) it runs whole on every call; as a Function
+-- library (lua/library.go drops the first and last lines of code) its top
+-- level runs once and touches no global: bind() takes the libraries.
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
-local HEADER, CHECK_BYTES, RESULT_BYTES = 2, 50, 57
+local HEADER, CHECK_BYTES, RESULT_BYTES = 2, 58, 57
 local MODE_PEEK = '1'
 local ALG_SLIDING, ALG_TOKEN_BUCKET, ALG_FIXED = 0, 1, 2
 local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE, FLAG_PACED = 1, 2, 4, 8
@@ -125,7 +124,7 @@ end
 
 -- load returns the state of check i's key, read once per call.
 local states
-local function load(key, alg, w, limit, burst)
+local function load(key, pkey, alg, w, limit, burst)
   local s = states[key]
   if s then return s end
   local wus = w * US
@@ -152,14 +151,10 @@ local function load(key, alg, w, limit, burst)
     s.strict = burst < 0
     load_precise(s, pn)
   else
-    local ws = start / US
-    s.ckey = key .. ':' .. format('%.0f', ws)
-    s.cur, s.found = read(s.ckey)
+    s.ckey, s.pkey = key, pkey
+    s.cur, s.found = read(key)
     s.prev = 0
-    if alg == ALG_SLIDING then
-      s.pkey = key .. ':' .. format('%.0f', ws - w)
-      s.prev = read(s.pkey)
-    end
+    if pkey then s.prev = read(pkey) end
   end
   states[key] = s
   return s
@@ -420,15 +415,24 @@ local function rls_decide(keys, args)
   end
   peek = args[2] == MODE_PEEK
   local blob = args[HEADER + 1]
-  local n = #keys
-  if #blob ~= n * CHECK_BYTES then
-    error('decide.lua: ' .. #blob .. ' bytes of checks for ' .. n .. ' keys')
-  end
+  local n = #blob / CHECK_BYTES
+  if n ~= floor(n) then error('decide.lua: ' .. #blob .. ' bytes of checks') end
   states = {}
   local C, S = {}, {}
+  local ki = 1
   for i = 1, n do
-    local alg, fl, limit, w, burst, hits, want, horizon = sunpack('<BBdddddd', blob, (i - 1) * CHECK_BYTES + 1)
+    local alg, fl, limit, w, burst, hits, want, horizon, ws = sunpack('<BBddddddd', blob, (i - 1) * CHECK_BYTES + 1)
     if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end
+    local key, pkey = keys[ki], nil
+    ki = ki + 1
+    if alg == ALG_FIXED or (alg == ALG_SLIDING and burst >= -1 and burst <= 1) then
+      if ws * US ~= floor(now / (w * US)) * w * US then return 'W' .. pack('<d', now) end
+      if alg == ALG_SLIDING then
+        pkey = keys[ki]
+        ki = ki + 1
+      end
+    end
+    if ki - 1 > #keys then error('decide.lua: ' .. #keys .. ' keys for ' .. n .. ' checks') end
     local c = { alg = alg, limit = limit, w = w, hits = hits, want = want, horizon = horizon,
       refund = bit(fl, FLAG_REFUND), shadow = bit(fl, FLAG_SHADOW), force = bit(fl, FLAG_FORCE), paced = bit(fl, FLAG_PACED) }
     if peek then c.hits, c.refund, c.force = 0, false, false end
@@ -436,8 +440,9 @@ local function rls_decide(keys, args)
     C[i] = c
     -- A token bucket with limit 0 never refills: it denies everything and
     -- neither reads nor writes state.
-    if not (alg == ALG_TOKEN_BUCKET and limit == 0) then S[i] = load(keys[i], alg, w, limit, burst) end
+    if not (alg == ALG_TOKEN_BUCKET and limit == 0) then S[i] = load(key, pkey, alg, w, limit, burst) end
   end
+  if ki ~= #keys + 1 then error('decide.lua: ' .. #keys .. ' keys for ' .. n .. ' checks') end
   local out, wrote = {}, {}
   -- Refunds and forced write-backs first.
   for i = 1, n do

@@ -36,9 +36,10 @@ const (
 	// clock ("" = redis TIME) and the mode (HEADER in decide.lua).
 	HeaderArgs = 2
 	// CheckBytes is the size of one check in ARGV: algorithm and flags
-	// bytes, then limit, window seconds, burst, hits, want and horizon (µs)
-	// as little-endian doubles (CHECK_BYTES).
-	CheckBytes = 50
+	// bytes, then limit, window seconds, burst, hits, want, horizon (µs)
+	// and the window's start (seconds) as little-endian doubles
+	// (CHECK_BYTES).
+	CheckBytes = 58
 	// ResultBytes is the size of one check's result in the reply: allowed
 	// byte, then remaining, retry_after_us, reset_us and the lease's hits,
 	// now, from_us and every_us as little-endian doubles (RESULT_BYTES).
@@ -75,11 +76,34 @@ func Windowed(c *store.Check) bool {
 }
 
 // WindowKey appends to dst the name of key's counter for the window that
-// starts at start (Unix seconds): key ":" start, as decide.lua names it.
+// starts at start (Unix seconds): key ":" start.
 func WindowKey(dst []byte, key string, start int64) []byte {
 	dst = append(dst, key...)
 	dst = append(dst, ':')
 	return strconv.AppendInt(dst, start, 10)
+}
+
+// Keys appends to keys those decide.lua's KEYS holds for c when its
+// window starts at start (Unix seconds): a window key, and a sliding
+// window's previous one, or c's own key.
+func Keys(keys []string, c *store.Check, start int64) []string {
+	if !Windowed(c) {
+		return append(keys, c.Key)
+	}
+	keys = append(keys, string(WindowKey(nil, c.Key, start)))
+	if c.Algorithm != store.FixedWindow {
+		keys = append(keys, string(WindowKey(nil, c.Key, start-int64(c.Window/time.Second))))
+	}
+	return keys
+}
+
+// WrongWindow reports whether reply is decide.lua's answer to a call that
+// named another window than now's, and returns now (Unix microseconds).
+func WrongWindow(reply string) (now int64, ok bool) {
+	if len(reply) != 9 || reply[0] != 'W' {
+		return 0, false
+	}
+	return int64(double(reply[1:])), true
 }
 
 // FleetSource is the text of fleet.lua.
@@ -152,14 +176,15 @@ func (s State) Encode() string {
 // AppendCheck appends c, as decide.lua reads one check, to b: its
 // algorithm's code (an unknown algorithm acts as the default, sliding
 // window, as in the memory store), its flags, then limit, window seconds,
-// burst field, hits, want and horizon (µs) as little-endian doubles. The
-// burst field is a token bucket's capacity or a sliding window's precision
-// (0 or 1: the two-counter window; negated when strict). Numbers above 2^53
-// round to the nearest double.
-func AppendCheck(b []byte, c *store.Check) []byte {
+// burst field, hits, want, horizon (µs) and the start of the window its
+// keys name (seconds; see Keys) as little-endian doubles. The burst field
+// is a token bucket's capacity or a sliding window's precision (0 or 1:
+// the two-counter window; negated when strict). Numbers above 2^53 round
+// to the nearest double.
+func AppendCheck(b []byte, c *store.Check, start int64) []byte {
 	b = append(b, algorithmCode(c.Algorithm), flags(c))
 	for _, v := range [...]float64{float64(c.Limit), float64(c.Window / time.Second), burstField(c), float64(c.Hits),
-		float64(c.Want), float64(c.Horizon / time.Microsecond)} {
+		float64(c.Want), float64(c.Horizon / time.Microsecond), float64(start)} {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
 	}
 	return b

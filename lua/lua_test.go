@@ -2,8 +2,10 @@ package lua
 
 import (
 	"crypto/sha1"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -80,9 +82,9 @@ func TestDecideConstants(t *testing.T) {
 		fmt.Sprintf(`ARGV[2] "%s" decide; "%s" peek`, ModeDecide, ModePeek),
 		fmt.Sprintf("ARGV[%d] the checks, CHECK_BYTES each: algorithm (byte: %d sliding window, %d token bucket, %d fixed window", HeaderArgs+1, algSliding, algTokenBucket, algFixed),
 		fmt.Sprintf("flags (byte: %d refund, %d shadow, %d force, %d paced)", flagRefund, flagShadow, flagForce, flagPaced),
-		"then doubles: limit, window seconds, burst (token bucket: capacity, 0 = limit; sliding window: precision, negated when strict), hits, want, horizon in microseconds",
+		"then doubles: limit, window seconds, burst (token bucket: capacity, 0 = limit; sliding window: precision, negated when strict), hits, want, horizon in microseconds, the window's start in seconds",
 		"Reply: RESULT_BYTES per check: allowed (byte), then doubles: remaining, retry_us, reset_us, lease hits, lease now, lease from_us, lease every_us",
-		"KEYS[i] .. ':' .. the window's start in seconds",
+		"its window's and the previous window's (lua.WindowKey: its key, ':', the window's start in seconds",
 	} {
 		if !strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(header, "--", "")), " "), want) {
 			t.Errorf("decide.lua's header does not say %q", want)
@@ -90,6 +92,19 @@ func TestDecideConstants(t *testing.T) {
 	}
 	if got := string(WindowKey(nil, "rl:{a}:s1", 1751540400)); got != "rl:{a}:s1:1751540400" {
 		t.Errorf("WindowKey = %q", got)
+	}
+	sw := store.Check{Key: "k", Window: 2 * time.Second}
+	fw := store.Check{Key: "f", Algorithm: store.FixedWindow, Window: time.Second}
+	tb := store.Check{Key: "t", Algorithm: store.TokenBucket, Window: time.Second}
+	pw := store.Check{Key: "p", Window: time.Second, Precision: 4}
+	if got := Keys(nil, &sw, 10); !reflect.DeepEqual(got, []string{"k:10", "k:8"}) {
+		t.Errorf("sliding window keys %v", got)
+	}
+	if got := Keys(Keys(Keys(nil, &fw, 10), &tb, 10), &pw, 10); !reflect.DeepEqual(got, []string{"f:10", "t", "p"}) {
+		t.Errorf("fixed, bucket, precision keys %v", got)
+	}
+	if now, ok := WrongWindow("W" + string(binary.LittleEndian.AppendUint64(nil, math.Float64bits(123)))); !ok || now != 123 {
+		t.Errorf("WrongWindow = %d, %v", now, ok)
 	}
 
 	// The code uses the names, not the numbers.
@@ -138,7 +153,7 @@ func TestAppendCheck(t *testing.T) {
 		{"paced", store.Check{Window: time.Minute, Paced: true}, algSliding, flagPaced, 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := AppendCheck([]byte("x"), &tc.check)
+			b := AppendCheck([]byte("x"), &tc.check, 1751540400)
 			if len(b) != 1+CheckBytes || b[0] != 'x' {
 				t.Fatalf("AppendCheck appended %d bytes after %q, want %d", len(b)-1, b[:1], CheckBytes)
 			}
@@ -146,9 +161,9 @@ func TestAppendCheck(t *testing.T) {
 			if b[0] != tc.alg || b[1] != tc.flags {
 				t.Errorf("algorithm, flags = %d, %d; want %d, %d", b[0], b[1], tc.alg, tc.flags)
 			}
-			got := [6]float64{double(string(b[2:])), double(string(b[10:])), double(string(b[18:])), double(string(b[26:])),
-				double(string(b[34:])), double(string(b[42:]))}
-			want := [6]float64{tc.limit, 60, tc.burstField, tc.hits, float64(tc.check.Want), float64(tc.check.Horizon / time.Microsecond)}
+			got := [7]float64{double(string(b[2:])), double(string(b[10:])), double(string(b[18:])), double(string(b[26:])),
+				double(string(b[34:])), double(string(b[42:])), double(string(b[50:]))}
+			want := [7]float64{tc.limit, 60, tc.burstField, tc.hits, float64(tc.check.Want), float64(tc.check.Horizon / time.Microsecond), 1751540400}
 			if got != want {
 				t.Errorf("limit, window, burst field, hits, want, horizon = %v; want %v", got, want)
 			}

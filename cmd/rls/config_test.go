@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/redisclient"
 )
 
 func TestEnvTwins(t *testing.T) {
@@ -183,7 +183,7 @@ func TestConnFlagsValidated(t *testing.T) {
 // TestUserErrorNamesTheSetting: a package's option error becomes one
 // naming the flag behind the option; other errors stay as they are.
 func TestUserErrorNamesTheSetting(t *testing.T) {
-	err := userError(fmt.Errorf("open: %w", &redisstore.OptionError{Option: "Timeout", Msg: "-1s is invalid"}))
+	err := userError(fmt.Errorf("open: %w", &redisclient.OptionError{Option: "Timeout", Msg: "-1s is invalid"}))
 	if err.Error() != "--redis-timeout (RLS_REDIS_TIMEOUT): -1s is invalid" {
 		t.Errorf("got %q", err)
 	}

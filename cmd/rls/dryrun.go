@@ -6,7 +6,7 @@ import (
 	"io"
 	"os"
 
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/redisclient"
 )
 
 // dryRun is `rls serve --dry-run`: parseConfig has parsed and validated the
@@ -18,7 +18,7 @@ import (
 func dryRun(cfg *Config, stdout, stderr io.Writer) error {
 	store := cfg.storeKind()
 	if store == "redis" {
-		store = fmt.Sprintf("redis (%s, %s)", cfg.redisMode(), redisstore.RedactURL(cfg.RedisURL))
+		store = fmt.Sprintf("redis (%s, %s)", cfg.redisMode(), redisclient.RedactURL(cfg.RedisURL))
 	}
 	if _, err := os.Stat(cfg.ConfigDir); errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(stdout, "rls serve --dry-run: flags ok, store %s; --config-dir %s does not exist here: not checked\n", store, cfg.ConfigDir)

@@ -8,14 +8,15 @@ import (
 
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 )
 
-// redisOptions maps the Redis settings to the Redis store's options.
-func (c *Config) redisOptions() redisstore.Options {
-	return redisstore.Options{
+// redisOptions maps the Redis settings to the Redis client's options.
+func (c *Config) redisOptions() redisclient.Options {
+	return redisclient.Options{
 		URL:        c.RedisURL,
 		Mode:       c.redisMode(),
 		MasterName: c.RedisMasterName,
@@ -23,7 +24,6 @@ func (c *Config) redisOptions() redisstore.Options {
 		Password:   c.RedisPassword,
 		PoolSize:   c.RedisPoolSize,
 		Timeout:    c.RedisTimeout,
-		KeyPrefix:  c.KeyPrefix,
 	}
 }
 
@@ -43,15 +43,20 @@ func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
 		}
 		opts.TLSConfig = tc
 	}
-	opts.OnBreakerChange = func(node string, from, to breaker.State) {
-		log.Warn("redis circuit breaker", "node", node, "from", from.String(), "to", to.String())
-	}
-	opts.OnScriptMode = func(node, mode, reason string) {
-		log.Info("redis decision script", "node", node, "mode", mode, "reason", reason)
-	}
-	s, err := redisstore.New(opts)
+	client, err := redisclient.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("redis store: %w", userError(err))
+	}
+	s, err := redisstore.New(redisstore.Options{Client: client, CloseClient: true, Timeout: c.RedisTimeout, KeyPrefix: c.KeyPrefix,
+		OnBreakerChange: func(node string, from, to breaker.State) {
+			log.Warn("redis circuit breaker", "node", node, "from", from.String(), "to", to.String())
+		},
+		OnScriptMode: func(node, mode, reason string) {
+			log.Info("redis decision script", "node", node, "mode", mode, "reason", reason)
+		}})
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("redis store: %w", err)
 	}
 	return s, nil
 }

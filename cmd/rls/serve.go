@@ -29,6 +29,7 @@ import (
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/gctune"
 	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/reload"
 	"github.com/rls-project/rls/pkg/rlqs"
 	"github.com/rls-project/rls/pkg/service"
@@ -197,7 +198,7 @@ func (a *app) logStart() {
 	if cfg.storeKind() == "memory" {
 		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", source...)
 	} else {
-		a.log.Info("rls starting on redis", append([]any{"mode", cfg.redisMode(), "url", redisstore.RedactURL(cfg.RedisURL)}, source...)...)
+		a.log.Info("rls starting on redis", append([]any{"mode", cfg.redisMode(), "url", redisclient.RedactURL(cfg.RedisURL)}, source...)...)
 	}
 }
 
@@ -236,7 +237,12 @@ func (a *app) buildStore() error {
 				"and the ACL user's permissions: %w", redisPasswordEnv, flagRef("redis-url"), err)
 		}
 	}
-	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: a.st.Ready(ready), OnChange: func(s telemetry.StoreState) { a.health.SetStore(s) }, Log: a.log})
+	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: a.st.Ready(ready), OnChange: func(s telemetry.StoreState) {
+		a.health.SetStore(s)
+		if s.OK && a.lim != nil {
+			a.lim.MarkStoreAnswered() // the store has worked: an outage from now on is served from fail-open shares
+		}
+	}, Log: a.log})
 	return nil
 }
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/rls-project/rls/pkg/gctune"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 )
 
@@ -32,7 +32,7 @@ var optionNames = map[string]string{
 // userError turns a package's option error into one naming the setting
 // (optionNames); other errors are returned as they are.
 func userError(err error) error {
-	var oe *redisstore.OptionError
+	var oe *redisclient.OptionError
 	if errors.As(err, &oe) {
 		if name, ok := optionNames["redis."+oe.Option]; ok {
 			return fmt.Errorf("%s: %s", name, oe.Msg)
@@ -163,7 +163,11 @@ func (c *Config) validateRedis() error {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 0 // reported by validateBounds; not twice
 	}
-	return errors.Join(userError(opts.Validate()), c.validateRedisTLS())
+	client, err := redisclient.New(opts)
+	if err == nil {
+		client.Close()
+	}
+	return errors.Join(userError(err), c.validateRedisTLS())
 }
 
 func oneOf(flagName, v string, choices ...string) error {

@@ -117,16 +117,11 @@ func (l *Limiter) logFallback(n int, cause error) {
 		"err", cause, "cause", causeOf(cause).String(), "fallback_decisions", held+uint64(n), "fleet_size", l.opts.FleetSize())
 }
 
-// bucket returns the fail-open bucket of c's key at this replica's share.
-// A bucket the store has spoken about since its last use starts from what
-// the store said was left (this replica's part of it), refilled at the
-// share's rate since then; a key the store never reported starts full.
-//
-// A fixed-window rule's bucket refills the way the store's counter does:
-// all at once when a window starts, to the share of a window, and not in
-// between (a store that said R was left means R until the window ends). A
-// sliding-window or token-bucket rule's bucket refills continuously at the
-// share's rate, which is at least as fast as their budgets grow.
+// bucket returns the fail-open bucket of c's key at this replica's share,
+// seeded from what the store last said was left (this replica's part of
+// it) when the store spoke since the bucket's last use, else full. A fixed
+// window's bucket refills all at once when a window starts, as its counter
+// does; the others' refill continuously at the share's rate.
 func (l *Limiter) bucket(c *store.Check, fleet int, now int64) *bucket {
 	capacity := c.Burst
 	if capacity == 0 {

@@ -12,38 +12,21 @@ import (
 
 // Leases: a key this replica asks about several times a window is decided
 // from hits counted in the store ahead of its requests (store.Check.Want,
-// store.Lease). One request's store call also asks for the lease; the
-// next requests whose every check a live lease covers are decided here.
-//
-// Invariants (docs/redis.md, "Leases"; each held by the named test):
-//
-//  1. Every hit admitted from a lease was counted in the store first, in
-//     the window that counts it, and a lease never outlives that window:
-//     it ends at the call's send time plus the store's Reset, and after
-//     leaseLife in any case (bucketLife for a token bucket, which lets the
-//     fleet admit up to rate × bucketLife more over any span).
-//     TestLeaseNeverOutlivesItsWindow, integration TestLeaseExactAtTheLimit.
-//  2. Far from the limit a lease is at most what the store last said was
-//     left / (leaseShare × fleet size), so the fleet's leases hold at most
-//     about 1/leaseShare of it; a lease is sized to this replica's demand
-//     until the window ends (or leaseLife). TestLeaseSizing.
-//  3. Near the limit only a two-counter sliding window leases, paced: the
-//     store grants the hits that free up within paceSpan, admitted no
-//     earlier than their time (store.Lease.At), at most this replica's
-//     share of what frees in paceSpan (limit × paceSpan / window / fleet);
-//     until a hit is due, requests are denied, as the store would deny
-//     them. Other algorithms decide each request by the script there.
-//     TestPacedLease, integration TestLeaseTwiceTheLimit.
-//  4. Unused hits go back in their window (a refund riding on the key's
-//     next store call, or at shutdown) while it has returnMargin to run;
-//     else they expire with it. TestLeaseReturned, integration
-//     TestLeaseReturnedOnStop.
+// store.Lease), asked for by a request that goes to the store anyway. The
+// invariants are docs/redis.md's "Leases", each held by the test it names:
+// every leased hit was counted first, in its window, and no lease outlives
+// it (TestLeaseNeverOutlivesItsWindow); far from the limit a lease is the
+// demand until the window ends, at most what is left / (leaseShare × fleet)
+// (TestLeaseSizing); near it only a sliding window leases, paced, and a
+// waiting replica queues for its turn (TestPacedLease); unused hits go back
+// while their window runs (TestLeaseReturned).
 
 const (
 	leaseLife    = time.Second            // the longest a lease decides
 	bucketLife   = 200 * time.Millisecond // a token bucket's lease
 	paceSpan     = 20 * time.Millisecond  // near the limit: what a paced lease covers
 	minLease     = 2                      // the smallest lease worth asking for
+	minFar       = 16                     // far from the limit: left / (leaseShare × fleet) is at least this
 	minSeen      = 3                      // hits seen in a window before a key leases
 	leaseShare   = 8                      // far from the limit: at most left / (leaseShare × fleet)
 	nearBelow    = 8                      // a key is near its limit below nearBelow × the hits asked
@@ -211,14 +194,22 @@ func leasable(it *Item) bool {
 	return !it.NoReserve && !it.Quota && !it.FailClosed && c.Consuming() && !c.Shadow && c.Limit > 0
 }
 
-// fromLeases decides items from their keys' live leases when every item
-// has one with hits enough, and reports whether it did.
-func (l *Limiter) fromLeases(items []Item, now int64) bool {
-	r := l.res
+// allLeasable reports whether every item may be decided from a lease.
+func allLeasable(items []Item) bool {
 	for i := range items {
 		if !leasable(&items[i]) || items[i].Source != FromStore {
 			return false
 		}
+	}
+	return true
+}
+
+// fromLeases decides items from their keys' live leases when every item
+// has one with hits enough, and reports whether it did.
+func (l *Limiter) fromLeases(items []Item, now int64) bool {
+	r := l.res
+	if !allLeasable(items) {
+		return false
 	}
 	defer r.unlock(r.lock(items))
 	for i := range items {
@@ -336,7 +327,7 @@ func (r *leases) ask(c *store.Check, k overLimitEntry, known bool, fleet int, no
 	}
 	want := uint64(float64(seen) * float64(span) / float64(iv))
 	fleetN := uint64(max(fleet, 1))
-	if far := left / (leaseShare * fleetN); want <= far || far >= minLease {
+	if far := left / (leaseShare * fleetN); far >= minFar {
 		want = min(want, far)
 	} else if c.Algorithm == store.SlidingWindow && c.Precision < 2 {
 		// Near the limit: a paced lease of what frees up within paceSpan.
@@ -382,6 +373,17 @@ func (r *leases) grant(c *store.Check, res *store.Result, ok bool, sent, arrived
 	}
 	s.returnable = true
 	r.granted.Add(res.Lease.Hits)
+}
+
+// observe records what the store said is left of c's key beyond its
+// lease, for the remaining the lease's requests report.
+func (r *leases) observe(c *store.Check, remaining uint64) {
+	sh := r.shard(c.Key)
+	sh.mu.Lock()
+	if s := sh.m[c.Key]; s != nil && sameRule(&s.rule, c) {
+		s.storeLeft = remaining
+	}
+	sh.mu.Unlock()
 }
 
 // settleReturn counts the outcome of a refund of n unused hits.

@@ -1,23 +1,20 @@
-// Package limiter makes the decision around a store, between the service
-// that answers the request and the store that counts:
+// Package limiter makes the decision around a store: its routes (the
+// over-limit cache, leases, the store, the fallback, the refund of a
+// request denied after all) are docs/ARCHITECTURE.md's table. Invariants:
 //
-//   - It gives the store the caller's time, not its own: a call is bounded by
-//     the gRPC caller's deadline minus a margin for the answer, and by the
-//     store's own timeout when the caller sent none. It decides locally only
-//     when the store actually fails (an error, an open circuit, or the
-//     caller's deadline about to pass), never because a queue is long.
-//   - It remembers, per key, the last state the store reported (the budget
-//     left, and a denial with the hits it denied and until when). A request
-//     asking for at least as many hits as a remembered denial is denied
-//     without a store call until the denial's retry time (the over-limit
-//     cache); a smaller request goes to the store. The cache only repeats
-//     what the store would answer.
-//   - When the store cannot answer, fail_closed rules deny and fail_open
-//     rules take from a local token bucket holding this replica's share of
-//     the limit (limit / fleet size), seeded from what the store last said
-//     was left; the hits admitted locally are written back to the store when
-//     it answers again (store.Check.Force), so the window after an outage
-//     counts them.
+//  1. The store's budget is the caller's deadline less a margin for the
+//     answer (the store's timeout when there is none); the limiter decides
+//     locally only when the store fails, never because a queue is long.
+//  2. A local denial only repeats what the store would answer: a cached
+//     denial of at least the hits asked, until its retry time
+//     (TestCacheDeniesOnlyWhatTheStoreWould); a paced lease's wait
+//     (TestPacedLease).
+//  3. Leases (lease.go) admit only hits the store counted first.
+//  4. When the store cannot answer, fail_closed rules deny and fail_open
+//     rules take from a local bucket of limit / fleet size, seeded from
+//     what the store last said; what they admit is written back when the
+//     store answers again (TestWriteBackAfterOutage). Until the store has
+//     answered once, fail_open rules deny too (StoreAnswered).
 package limiter
 
 import (
@@ -105,60 +102,34 @@ func causeOf(err error) Cause {
 }
 
 // Options configure a Limiter. Zero fields take the defaults in brackets.
+// An entry of a local table counts len(key) plus a per-entry overhead
+// measured on linux/amd64 against its byte cap.
 type Options struct {
-	// FleetSize returns how many replicas share the limits [always 1]. The
-	// fail-open share of a limit is limit / FleetSize().
-	FleetSize func() int
-	// OverLimitCacheSize caps the entries of the over-limit cache, what the
-	// store last said per key (its denials, and the fail-open seeds) [100000].
-	OverLimitCacheSize int
-	// BucketsSize caps the fail-open buckets' entries, and the keys waiting
-	// for their locally admitted hits to be written back [100000].
-	BucketsSize int
-	// OverLimitCacheBytes caps the bytes of the over-limit cache
-	// [DefaultOverLimitCacheBytes]. An entry counts len(key) plus a per-entry
-	// overhead (the map slot, the node and the value) measured on linux/amd64.
-	OverLimitCacheBytes int64
-	// BucketsBytes caps the bytes of the fail-open buckets, and separately
-	// those of the keys waiting for write-back [DefaultBucketsBytes each].
-	BucketsBytes int64
-	// FailClosedRetry is the retry time of a fail_closed denial [1s].
-	FailClosedRetry time.Duration
-	// DisableOverLimitCache turns the over-limit cache's denials off (every
-	// check goes to the store). What the store said is still remembered for
-	// the fallback.
-	DisableOverLimitCache bool
-	// Reserve turns reservations for hot keys on (see reserve.go): a key
-	// this replica sees often, with far more left in the store than the
-	// fleet can use soon, is decided from a slice of hits reserved in the
-	// store in one call.
-	Reserve bool
-	// ReserveBytes caps the bytes of the table of keys whose demand
-	// reservations track [DefaultReserveBytes].
-	ReserveBytes int64
-	// Now is the clock [time.Now].
-	Now func() time.Time
-	// After is the timer of the background retries' backoff [time.After].
-	After func(time.Duration) <-chan time.Time
-	// Log receives rate-limited fallback reports and write-back failures [discard].
-	Log *slog.Logger
+	FleetSize             func() int    // replicas sharing the limits [always 1]
+	OverLimitCacheSize    int           // entries of what the store last said per key [100000]
+	BucketsSize           int           // entries of the fail-open buckets, and of the pending write-backs [100000]
+	OverLimitCacheBytes   int64         // [DefaultOverLimitCacheBytes]
+	BucketsBytes          int64         // each of the fail-open buckets and the write-backs [DefaultBucketsBytes]
+	FailClosedRetry       time.Duration // the retry time of a fail_closed denial [1s]
+	DisableOverLimitCache bool          // no cached denials (what the store said still seeds the fallback)
+	Reserve               bool          // leases (lease.go)
+	ReserveBytes          int64         // the lease table's bytes [DefaultReserveBytes]
+	Now                   func() time.Time
+	After                 func(time.Duration) <-chan time.Time // the retries' backoff timer [time.After]
+	Log                   *slog.Logger                         // fallback reports and write-back failures [discard]
 }
 
 // The default byte caps of the local tables: 64 MiB in all, half for what
-// the store last said (the table every store answer fills), a quarter each
-// for the fail-open buckets and the pending write-backs (filled only while
-// the store cannot answer).
+// the store last said, a quarter each for the fail-open buckets and the
+// pending write-backs.
 const (
 	DefaultOverLimitCacheBytes = 32 << 20
 	DefaultBucketsBytes        = 16 << 20
 )
 
-// What one entry of each local table costs beyond len(key), in bytes: the
-// map slot (with the spare room of a map that just grew), the LRU node and
-// the value. Measured as heap in use after GC (runtime.ReadMemStats) per
-// entry on linux/amd64, Go 1.26, over table sizes at every point of the
-// maps' growth; the constants are the largest figure rounded up.
-// TestLRUEntryOverhead measures them again.
+// What one entry of each local table costs beyond len(key): heap in use
+// per entry on linux/amd64 over every point of the maps' growth, rounded
+// up (TestLRUEntryOverhead measures them again).
 const (
 	overLimitCacheOverhead = 176 // measured 150-169
 	bucketOverhead         = 192 // measured 167-185
@@ -166,50 +137,29 @@ const (
 )
 
 // Item is one check of a request as the limiter decides it: the check and
-// its failure policy in, the result and where it came from out.
+// its policies in, the result and where it came from out.
 type Item struct {
-	Check store.Check
-	// FailClosed makes the check deny, rather than take from the local
-	// share, when the store cannot answer.
-	FailClosed bool
-	// Quota makes the check a quota: the request is denied by quotas only
-	// when every quota check of it is denied (envoyproxy/ratelimit's
-	// quota_mode; see vetoes). The store sees it as a shadow check.
-	Quota bool
-	// NoReserve keeps the check off reservations: it always goes to the
-	// store (the rule's reserve: false).
-	NoReserve bool
-	Result    store.Result
-	Source    Source
+	Check      store.Check
+	FailClosed bool // deny, rather than take from the local share, when the store cannot answer
+	Quota      bool // envoyproxy/ratelimit's quota_mode (see vetoes); the store sees a shadow check
+	NoReserve  bool // never leases (the rule's reserve: false)
+	Result     store.Result
+	Source     Source
 }
 
 // Counters are the limiter's running totals since it was made.
 type Counters struct {
-	Sources [numSources]uint64 // results by source
-	Causes  [numCauses]uint64  // batches decided without the store, by cause
-	// WrittenBack counts hits admitted locally and then written to the store.
-	WrittenBack uint64
-	// WriteBackLost counts hits admitted locally that could not be written
-	// back (the table of pending write-backs was full, or the store had not
-	// taken them when the limiter was closed).
-	WriteBackLost uint64
-	// ProtocolErrors counts store answers rls could not use (store.ErrProtocol).
-	ProtocolErrors uint64
-	// Undone counts the checks refunded because their request was denied
-	// after the store consumed them (another Cluster slot or the fallback
-	// denied it, or its quotas); UndoRetried those whose refund the store
-	// could not take at once, with the clients' refunds (is_negative_hits)
-	// it could not take, and UndoLost those it never took (their counters
-	// keep the consumption until their window passes).
-	Undone, UndoRetried, UndoLost uint64
-	// UndoUnknown counts the consuming checks of denied requests whose store
-	// call, or whose refund, timed out after it may have been sent: Redis
-	// may have run it after all, so the consumption may stand, and is
-	// neither refunded nor retried (that could admit beyond a limit).
-	UndoUnknown uint64
-	// Reserved counts hits of reservations: granted by the store, used by
-	// admitted requests, returned unused, or expired unused (their window
-	// ended, the rule changed, or the refund failed).
+	Sources        [numSources]uint64 // results by source
+	Causes         [numCauses]uint64  // batches decided without the store, by cause
+	WrittenBack    uint64             // hits admitted locally, then written to the store
+	WriteBackLost  uint64             // ... that could not be (the table was full, or the limiter closed)
+	ProtocolErrors uint64             // store answers rls could not use (store.ErrProtocol)
+	// Undone: checks refunded for a request denied after the store consumed
+	// them (undo.go); UndoRetried: refunds (clients' too) retried in the
+	// background; UndoLost: never taken; UndoUnknown: a call that timed out
+	// after it may have been sent, neither refunded nor retried.
+	Undone, UndoRetried, UndoLost, UndoUnknown uint64
+	// Lease hits: granted, used, returned unused, expired unused (lease.go).
 	ReservedGranted, ReservedUsed, ReservedReturned, ReservedExpired uint64
 }
 
@@ -356,6 +306,10 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 // the limit by the fleet's size with nothing to show for it.
 func (l *Limiter) StoreAnswered() bool { return l.answered.Load() }
 
+// MarkStoreAnswered records that the store answered outside a decision
+// (a readiness probe).
+func (l *Limiter) MarkStoreAnswered() { l.answered.Store(true) }
+
 // anyDecided reports whether the store decided some of results.
 func anyDecided(results []store.Result) bool {
 	for i := range results {
@@ -389,17 +343,19 @@ func (sc *scratch) fill(items []Item, vetoed bool) bool {
 // prepare completes the sub-batch: each consuming check whose key the
 // store last reported near its limit is marked Exact (decided by script at
 // once); the leasable checks of a request that a local denial did not veto
-// ask for leases (lease.go), and carry back the unused hits of their keys'
-// ended leases; pending write-backs ride along.
+// ask for leases (lease.go) when every check of the request could be
+// decided from one, and carry back the unused hits of their keys' ended
+// leases; pending write-backs ride along.
 func (l *Limiter) prepare(items []Item, sc *scratch, vetoed bool, now int64) {
 	fleet := l.opts.FleetSize()
 	n := len(sc.checks)
+	ask := l.res != nil && !vetoed && allLeasable(items) // a lease serves requests like this one
 	for j := 0; j < n; j++ {
 		if !sc.checks[j].Consuming() {
 			continue
 		}
 		k, known := l.lookup(&sc.checks[j])
-		if l.res != nil && !vetoed && leasable(&items[sc.idx[j]]) {
+		if ask {
 			if ret := l.res.ask(&sc.checks[j], k, known, fleet, now); ret.Hits > 0 {
 				sc.idx = append(sc.idx, rideReturn)
 				sc.checks = append(sc.checks, ret)
@@ -487,7 +443,10 @@ func (l *Limiter) collect(items []Item, sc *scratch, err error, now int64) (unkn
 		}
 		fromStore++
 		l.learn(&sc.checks[j], &it.Result, sc, now) // the check as sent (a vetoed one only checked)
-		it.Result.Remaining += it.Result.Lease.Now  // held here for the key's next requests
+		if l.res != nil && it.Result.Lease.Hits == 0 {
+			l.res.observe(&sc.checks[j], it.Result.Remaining)
+		}
+		it.Result.Remaining += it.Result.Lease.Now // held here for the key's next requests
 	}
 	l.sources[FromStore].Add(uint64(fromStore))
 	return unknown
@@ -542,11 +501,9 @@ func (l *Limiter) callStoreWith(ctx context.Context, now time.Time, checks []sto
 	return l.st.Decide(sctx, checks, results)
 }
 
-// answerMargin is the part of the caller's remaining time kept for deciding
-// locally and sending the answer when the store is late: a fifth, at least
-// 1ms and at most 5ms (Envoy's default 20ms timeout leaves the store 16ms).
-// The answer itself takes microseconds; the rest is room for a scheduler
-// that is late to wake the caller on a busy machine.
+// answerMargin is the part of the caller's remaining time kept for
+// deciding locally and answering when the store is late: a fifth, between
+// 1 ms and 5 ms (Envoy's default 20 ms leaves the store 16 ms).
 func answerMargin(left time.Duration) time.Duration {
 	return min(max(left/5, time.Millisecond), 5*time.Millisecond)
 }
@@ -650,16 +607,12 @@ func (l *Limiter) CachedDenial(c *store.Check) (time.Duration, bool) {
 }
 
 // Close stops the limiter's background work and waits for it, bounded by
-// ctx: no write-back or refund retry starts after it begins, the retries
-// waiting for their backoff make one last try at once, and what is in
-// flight finishes. When ctx ends first, the store calls still running are
-// cancelled and Close waits for them to return, so nothing the limiter
-// started runs, or calls the store, once Close returns; it then returns
-// ctx's error. A refund not taken by then is counted lost
-// (Counters.UndoLost) and logged. Hits admitted locally and not yet
-// written back stay queued: call WriteBack after Close to hand them over;
-// what that cannot write is counted lost. Decide still works after Close,
-// without background work. Close may be called more than once.
+// ctx: no write-back or refund retry starts, waiting retries make one last
+// try, and when ctx ends first the store calls still running are cancelled
+// and awaited, so nothing the limiter started runs once Close returns (it
+// then returns ctx's error). Refunds not taken are counted lost; hits
+// admitted locally stay queued for WriteBack (or HandOver). Decide still
+// works after Close, without background work. Close may be called twice.
 func (l *Limiter) Close(ctx context.Context) error {
 	lostBefore := l.undoLost.Load()
 	err := l.bg.close(ctx)

@@ -8,21 +8,14 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// A request is all-or-nothing: when it is denied, none of its counters
-// keeps a consumption from it. The store guarantees that within one atomic
-// call; the limiter extends it to what no single call sees: a Redis
-// Cluster request whose slots answered apart, a request the fallback
-// denied after a slot consumed, and a request only its quota checks deny.
-// What the store consumed for such a request (store.Result.Consumed) is
-// refunded before the answer leaves; a refund the store refused (its node
-// down, its breaker open), this one or a client's own (is_negative_hits),
-// is retried in the background for a few seconds (Counters.UndoRetried,
-// UndoLost; Close gives it a last try and counts it lost if that fails). A call that timed out after it may have
-// been sent is never retried or refunded (Counters.UndoUnknown): Redis may
-// still run it, and refunding twice, or refunding what was not consumed,
-// would admit beyond a limit. Until a refund lands, a concurrent request can
-// see the consumption and be denied by it; nothing is ever admitted beyond
-// a limit.
+// A request is all-or-nothing; the limiter extends the store's atomic call
+// to what no single call sees (Cluster slots that answered apart, a
+// fallback or quotas that deny after a slot consumed): what the store
+// consumed (store.Result.Consumed, leases included) is refunded before the
+// answer leaves, and a refund the store refused is retried for a few
+// seconds in the background. A call that timed out after it may have been
+// sent is neither refunded nor retried (Counters.UndoUnknown): refunding
+// what was not consumed would admit beyond a limit.
 
 // vetoes reports whether a request of items is denied when denied(i) says
 // which items' checks were: a consuming check that is neither shadow nor

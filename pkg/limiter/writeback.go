@@ -161,14 +161,11 @@ func (w *writeBacks) kick(l *Limiter) {
 }
 
 // WriteBack writes the hits admitted locally while the store could not
-// answer back to the store, so the window after an outage counts them. Only
-// hits that still count in their rule's trailing window are written. What
-// the store cannot take now (store.ErrUnavailable) stays queued; it returns
-// the first error. It runs by itself after the store answers again; call it
-// on shutdown, after Close, to hand over what is pending: once Close has
-// returned nothing would write what stays queued, so it is counted lost
-// (Counters.WriteBackLost) and logged. The call is bounded by ctx's
-// deadline, or the store's own timeout.
+// answer back to it (store.Check.Force), those that still count in their
+// rule's trailing window, bounded by ctx (else the store's timeout). What
+// the store cannot take stays queued; it returns the first error. It runs
+// by itself after the store answers again; after Close, what it cannot
+// write is counted lost (Counters.WriteBackLost) and logged.
 func (l *Limiter) WriteBack(ctx context.Context) error {
 	pending := l.wb.take()
 	if len(pending) == 0 {
@@ -254,12 +251,11 @@ func anyUndecided(results []store.Result) bool {
 	return false
 }
 
-// attachWriteBacks adds to the sub-batch a write-back (a Force check) for
-// every key of it that has one pending, so the store decides the request
-// knowing what this replica admitted without it: a Redis that restarted
-// empty must not hand out the limit again before the background write-back
-// lands. The store applies Force checks before the others of a batch, on
-// the same shard (same key), atomically.
+// attachWriteBacks adds a pending write-back (a Force check, applied
+// first, atomically, on the same key) for every key of the sub-batch, so
+// the store decides the request knowing what this replica admitted
+// without it: a Redis that restarted empty must not hand out the limit
+// again before the background write-back lands.
 func (l *Limiter) attachWriteBacks(sc *scratch, now int64) {
 	n := len(sc.checks)
 	for j := 0; j < n; j++ {

@@ -1,7 +1,6 @@
 package simulate
 
 import (
-
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/rls-project/rls/pkg/descriptors"

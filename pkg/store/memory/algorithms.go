@@ -194,7 +194,7 @@ func (st *state) slidingRetry(limit, h uint64, into, wus int64) time.Duration {
 }
 
 // tokenBucket applies a token bucket check of h hits. A Limit of 0 never
-// refills; the package doc's divisions by the refill rate then have no
+// refills; docs/arithmetic.md's divisions by the refill rate then have no
 // finite value, so such a bucket denies everything, writes nothing and
 // reports RetryAfter of one window and Reset 0 (a refund or a force is
 // allowed, with Remaining 0).
@@ -290,7 +290,7 @@ func floatMicros(us float64) time.Duration {
 	return math.MaxInt64
 }
 
-// expiry returns when state written by c at now expires: the package doc's
+// expiry returns when state written by c at now expires: docs/arithmetic.md's
 // TTL added to now.
 func expiry(c *store.Check, now int64) int64 {
 	wus := int64(c.Window / time.Microsecond)

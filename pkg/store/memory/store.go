@@ -52,7 +52,7 @@ type Options struct {
 	MaxBytes int64
 }
 
-// Store is an in-process store.Store: the package doc's arithmetic over
+// Store is an in-process store.Store: docs/arithmetic.md's arithmetic over
 // state kept in a sharded map, for a single rls instance, tests and
 // fallback. It is safe for concurrent use; a batch is atomic even when its
 // keys span shards (the shards are locked in ascending order).

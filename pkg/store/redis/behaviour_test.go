@@ -9,11 +9,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/testkit"
 )
+
+// urlClient returns the client redisclient makes of o, as rls serve does.
+func urlClient(t testing.TB, o redisclient.Options) redis.UniversalClient {
+	t.Helper()
+	c, err := redisclient.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
 
 // windowKey is key's counter for the window of length w that holds at.
 func windowKey(key string, at time.Time, w time.Duration) string {
@@ -135,7 +148,7 @@ func TestUnavailable(t *testing.T) {
 	t.Run("never up", func(t *testing.T) {
 		srv := redistest.StartServer(t)
 		srv.Stop()
-		s, err := New(Options{URL: srv.URL(), Timeout: timeout})
+		s, err := New(Options{Client: urlClient(t, redisclient.Options{URL: srv.URL(), Timeout: timeout}), CloseClient: true, Timeout: timeout})
 		if err != nil {
 			t.Fatalf("New with Redis down: %v", err)
 		}
@@ -156,7 +169,7 @@ func TestUnavailable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.StartServer(t)
-			s, err := New(Options{URL: srv.URL(), Timeout: timeout})
+			s, err := New(Options{Client: urlClient(t, redisclient.Options{URL: srv.URL(), Timeout: timeout}), CloseClient: true, Timeout: timeout})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
 )
 
@@ -21,7 +22,8 @@ import (
 func TestCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
-	s, err := New(Options{URL: c.Seeds(), Mode: ModeCluster, Timeout: time.Second, NoPlain: true})
+	s, err := New(Options{Client: urlClient(t, redisclient.Options{URL: c.Seeds(), Mode: redisclient.ModeCluster, Timeout: time.Second}),
+		CloseClient: true, Timeout: time.Second, NoPlain: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +132,8 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("plain commands on the owning master", func(t *testing.T) {
-		ps := mustNew(t, Options{URL: c.Seeds(), Mode: ModeCluster, Timeout: time.Second})
+		ps := mustNew(t, Options{Client: urlClient(t, redisclient.Options{URL: c.Seeds(), Mode: redisclient.ModeCluster, Timeout: time.Second}),
+			CloseClient: true, Timeout: time.Second})
 		if err := ps.Ping(ctx); err != nil { // learns every master's clock
 			t.Fatal(err)
 		}

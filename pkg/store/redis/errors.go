@@ -14,33 +14,15 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// Errors of Redis calls fall in three kinds (see classify):
-//
-//   - An outage: the node could not answer. A network error, no reply in
-//     time, a closed client or pool, and the error replies of a node that
-//     cannot serve now, named in outageReplies (LOADING, CLUSTERDOWN,
-//     READONLY, MASTERDOWN, TRYAGAIN, BUSY, OOM, ...). The store's error
-//     wraps store.ErrUnavailable and the caller falls back; the node's
-//     breaker counts the round trip as a failure.
-//   - A protocol error: the node answered, with something rls cannot use.
-//     Any other error reply (a Lua error, WRONGTYPE from a key holding
-//     another type than the script's strings, an unknown command), and a
-//     reply of the wrong shape or type. It is a bug or corrupt data, not an
-//     outage: the error wraps store.ErrProtocol, not ErrUnavailable, and
-//     the breaker counts the round trip as a success.
-//   - An authentication or authorization error: NOAUTH, WRONGPASS, NOPERM
-//     (and AUTH sent to a server without a password), named in
-//     authReplies. The node answered, but not to rls: a wrong password or
-//     ACL, which waiting does not mend. The error wraps store.ErrAuth, not
-//     ErrUnavailable, so no caller falls back on it (a fleet on its local
-//     shares would admit N times each limit, with nothing to show for the
-//     mistake); the breaker counts the round trip as a success.
-//   - The caller's own cancellation: returned as it is; the breaker hears
-//     nothing (breaker.Unknown).
-//
-// NOSCRIPT never reaches a caller: runDecide and the coalescer re-send the
-// script with EVAL. MOVED, ASK and TRYAGAIN from a node's own client make
-// the call go through the cluster client, which follows them.
+// Errors of Redis calls fall in four kinds (classify), each with what the
+// store's error wraps and what the node's breaker hears: an outage (no
+// answer in time, a network error, or an error reply of outageReplies:
+// store.ErrUnavailable, on which callers fall back; a failure); a protocol
+// error (any other error reply, a reply of the wrong shape: a bug or
+// corrupt data, store.ErrProtocol; a success); a refusal of rls's
+// credentials (authReplies: store.ErrAuth, which no fallback may hide, as
+// a fleet on its local shares would admit N times each limit; a success);
+// and the caller's own cancellation (as it is; breaker.Unknown).
 
 // errKind is the kind of a Redis call's error.
 type errKind int

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"strings"
 	"testing"
@@ -14,77 +13,17 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-func TestOptionsValidate(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		opts Options
-		want string // substring of the error; "" means valid
-	}{
-		{"single", Options{URL: "redis://localhost:6379/0"}, ""},
-		{"tls", Options{URL: "rediss://u:p@localhost:6380"}, ""},
-		{"tls config", Options{URL: "redis://localhost:6380", TLSConfig: &tls.Config{MinVersion: tls.VersionTLS13}}, ""},
-		{"cluster", Options{URL: "redis://h1:1?addr=h2:2&addr=h3:3", Mode: "cluster"}, ""},
-		{"sentinel", Options{URL: "redis://s1:26379?addr=s2:26379", Mode: "sentinel", MasterName: "mymaster"}, ""},
-		{"sentinel url master", Options{URL: "redis://s1:26379?master_name=m", Mode: "sentinel"}, ""},
-		{"bad mode", Options{URL: "redis://h:1", Mode: "x"}, `redis option Mode: "x" is invalid; choices are [single cluster sentinel]`},
-		{"no url", Options{}, "redis option URL: a URL is required"},
-		{"bad scheme", Options{URL: "http://h:1"}, "scheme must be redis, rediss or unix"},
-		{"no host", Options{URL: "redis://"}, "no host"},
-		{"bad query", Options{URL: "redis://:hunter2@h:1?bogus=1"}, "unexpected option"},
-		{"sentinel without master", Options{URL: "redis://s:1", Mode: "sentinel"}, "redis option MasterName: the Sentinel master name is required"},
-		{"master outside sentinel", Options{URL: "redis://s:1", MasterName: "m"}, "only valid in sentinel mode"},
-		{"negative pool", Options{URL: "redis://h:1", PoolSize: -1}, "redis option PoolSize"},
-		{"negative timeout", Options{URL: "redis://h:1", Timeout: -time.Second}, "redis option Timeout"},
-		{"too many in flight", Options{URL: "redis://h:1", MaxInFlight: MaxMaxInFlight + 1}, "max in flight"},
-		{"client", Options{Client: redis.NewClient(&redis.Options{Addr: "h:1"})}, ""},
-		{"client and url", Options{Client: redis.NewClient(&redis.Options{Addr: "h:1"}), URL: "redis://h:1"}, "Client excludes URL"},
-		{"client and pool", Options{Client: redis.NewClient(&redis.Options{Addr: "h:1"}), PoolSize: 3}, "Client excludes"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := tc.opts.Validate()
-			switch {
-			case tc.want == "" && err != nil:
-				t.Errorf("Validate = %v, want nil", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-				t.Errorf("Validate = %v, want an error containing %q", err, tc.want)
-			}
-			if err != nil && strings.Contains(err.Error(), "hunter2") {
-				t.Errorf("error shows the password: %v", err)
-			}
-			if tc.want == "" {
-				s, err := New(tc.opts) // must not connect
-				if err != nil {
-					t.Fatalf("New: %v", err)
-				}
-				s.Close()
-			}
-		})
-	}
-}
-
-// TestNewDefaults: New applies every default in one place, and a client
-// passed in Options.Client is used and left open.
+// TestNewDefaults: New applies every default in one place, uses the
+// client it is given and closes it only when told to.
 func TestNewDefaults(t *testing.T) {
-	s := mustNew(t, Options{URL: "redis://localhost:1"})
-	if s.timeout != DefaultTimeout || DefaultTimeout != time.Second || s.maxInFlight != DefaultMaxInFlight || s.maxBatch != DefaultMaxBatch || s.cluster || !s.owned {
-		t.Errorf("store %+v; want timeout %v, in flight %d, batch %d, owned single-node client", s, DefaultTimeout, DefaultMaxInFlight, DefaultMaxBatch)
-	}
-	p, err := Options{URL: "redis://localhost:1"}.withDefaults().clientOptions()
-	if err != nil || p.single.ReadTimeout != 2*time.Second || p.single.DialTimeout != 2*time.Second || !p.single.ContextTimeoutEnabled || p.single.DialerRetries != 1 {
-		t.Errorf("client options %+v, %v; want socket timeouts of twice the store timeout, context deadlines honoured, one dial attempt", p.single, err)
-	}
-	p, err = Options{URL: "redis://localhost:1?dialer_retries=3", Mode: ModeCluster}.withDefaults().clientOptions()
-	if err != nil || p.cluster.DialerRetries != 3 {
-		t.Errorf("cluster client options %+v, %v; want the URL's dialer_retries", p.cluster, err)
-	}
-
 	srv := redistest.StartServer(t)
 	c := srv.Client()
 	defer c.Close()
-	s = mustNew(t, Options{Client: c, MaxInFlight: 3, MaxBatch: 7, Timeout: 5 * time.Second})
-	if s.client != c || s.owned || s.cluster || s.maxInFlight != 3 || s.maxBatch != 7 || s.timeout != 5*time.Second {
-		t.Errorf("store %+v; want the given client, not owned, with the given limits", s)
+	s := mustNew(t, Options{Client: c})
+	if s.timeout != DefaultTimeout || DefaultTimeout != time.Second || s.maxInFlight != DefaultMaxInFlight || s.maxBatch != DefaultMaxBatch || s.cluster || s.owned {
+		t.Errorf("store %+v; want timeout %v, in flight %d, batch %d, a single node's client not owned", s, DefaultTimeout, DefaultMaxInFlight, DefaultMaxBatch)
 	}
+	s = mustNew(t, Options{Client: c, MaxInFlight: 3, MaxBatch: 7, Timeout: 5 * time.Second})
 	decide(t, s, store.Check{Key: "k", Limit: 1, Window: time.Second, Hits: 1})
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -92,94 +31,27 @@ func TestNewDefaults(t *testing.T) {
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Errorf("Close closed the client it was given: %v", err)
 	}
-
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"localhost:1"}})
 	defer cc.Close()
 	if s := mustNew(t, Options{Client: cc}); !s.cluster {
 		t.Error("a cluster client did not select cluster mode")
 	}
-}
-
-func TestTLSConfig(t *testing.T) {
-	base := &tls.Config{MinVersion: tls.VersionTLS13}
-	p, err := Options{URL: "redis://cache.internal:6380", TLSConfig: base}.withDefaults().clientOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := p.single.TLSConfig
-	if got == nil || got == base || got.ServerName != "cache.internal" || got.MinVersion != tls.VersionTLS13 {
-		t.Errorf("TLSConfig = %+v; want a clone of the option with ServerName cache.internal", got)
-	}
-	if base.ServerName != "" {
-		t.Error("the caller's TLSConfig was modified")
-	}
-	p, err = Options{URL: "rediss://cache.internal:6380", Mode: ModeCluster}.withDefaults().clientOptions()
-	if err != nil || p.cluster.TLSConfig == nil {
-		t.Errorf("rediss:// in cluster mode: TLS %v, %v", p.cluster.TLSConfig, err)
-	}
-	if !p.cluster.ContextTimeoutEnabled {
-		t.Error("ContextTimeoutEnabled is off: Decide's deadline would not bound socket I/O")
-	}
-}
-
-func TestPasswordNeverShown(t *testing.T) {
-	for _, raw := range []string{
-		"redis://user:hunter2@h:1?bogus=1",
-		"redis://h:1?password=hunter2&bogus=1",
-		"redis://user:hunter2@h:1/notadb",
-		"redis://user:hunter2@h:1/%zz",
-		"redis://user:hunter2@[::1:1",
-		"ftp://user:hunter2@h:1",
-	} {
-		for _, mode := range modes {
-			err := Options{URL: raw, Mode: mode, MasterName: "m"}.Validate()
-			if err == nil {
-				t.Errorf("%s %s: no error", mode, raw)
-				continue
-			}
-			if strings.Contains(err.Error(), "hunter2") {
-				t.Errorf("%s: error shows the password: %v", mode, err)
-			}
+	for _, o := range []Options{{}, {Client: c, MaxInFlight: MaxMaxInFlight + 1}, {Client: c, Timeout: -time.Second}} {
+		if _, err := New(o); err == nil {
+			t.Errorf("New(%+v) accepted", o)
 		}
 	}
-	// A wrong password at run time is not shown either, and Password
-	// overrides the URL's.
+}
+
+// TestWrongPassword: a password Redis refuses is store.ErrAuth, not an
+// outage, and the error does not show it.
+func TestWrongPassword(t *testing.T) {
 	srv := redistest.StartServer(t, "--requirepass", "right")
-	s, err := New(Options{URL: "redis://:hunter2@" + srv.Addr, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	err = s.Decide(context.Background(), []store.Check{{Key: "k", Limit: 1, Window: time.Second}}, make([]store.Result, 1))
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "hunter2", MaxRetries: -1})
+	defer c.Close()
+	s := mustNew(t, Options{Client: c, Timeout: time.Second})
+	err := s.Decide(context.Background(), []store.Check{{Key: "k", Limit: 1, Window: time.Second}}, make([]store.Result, 1))
 	if err == nil || strings.Contains(err.Error(), "hunter2") || !errors.Is(err, store.ErrAuth) || errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("wrong password: %v; want store.ErrAuth (not an outage), without the password", err)
-	}
-	s2, err := New(Options{URL: "redis://:hunter2@" + srv.Addr, Password: "right", Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
-	if err := s2.Ping(context.Background()); err != nil {
-		t.Errorf("Password overriding the URL's: %v", err)
-	}
-}
-
-// TestUnparsableURLRedacted: a URL option that is not a URL is shown in
-// the error, with its passwords hidden, and says why it is not one.
-func TestUnparsableURLRedacted(t *testing.T) {
-	_, err := New(Options{URL: "redis://u:secret@host:port:bad"})
-	want := `redis option URL: "redis://u:xxxxx@host:port:bad" is invalid: it is not a URL (invalid port ":bad" after host)`
-	if err == nil || err.Error() != want {
-		t.Errorf("got %v, want %s", err, want)
-	}
-	for raw, want := range map[string]string{
-		"redis://:p@ss@h:1:2/0?password=secret2":    "redis://:xxxxx@h:1:2/0?password=xxxxx",
-		"redis://h:1:2?sentinel_password=secret3&x": "redis://h:1:2?sentinel_password=xxxxx&x",
-		"redis://user@h:1%zz":                       "redis://user@h:1%zz",
-		"not a url at all":                          "not a url at all",
-	} {
-		if got := redactText(raw); got != want {
-			t.Errorf("redactText(%q) = %q, want %q", raw, got, want)
-		}
 	}
 }

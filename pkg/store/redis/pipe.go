@@ -13,19 +13,13 @@ import (
 	"github.com/rls-project/rls/pkg/breaker"
 )
 
-// A node sends its calls in pipelines. A call that finds fewer than
-// MaxInFlight round trips in flight to its node is sent at once, alone,
-// from its caller's goroutine; a call that finds them all busy is queued,
-// and when a round trip returns everything queued (up to MaxBatch calls)
-// leaves as one pipeline, sent by one of the node's flusher goroutines.
-// Each caller keeps its own replies, error and deadline; a pipeline runs
-// until the last of its callers' deadlines. A call whose caller's deadline
-// passes while queued fails without being sent.
-//
-// The node's circuit breaker counts round trips, not calls: each pipeline
-// asks it once (Allow) and reports once (Done) whether the node answered
-// (errors.go's outcome). While the breaker is not closed, each call is its
-// own probe, sent alone.
+// A node sends its calls in pipelines: a call that finds fewer than
+// MaxInFlight round trips in flight is sent at once, alone; calls that find
+// them all busy leave together (up to MaxBatch) when one returns, sent by
+// the node's flushers, until the last of their callers' deadlines; a call
+// whose caller is gone is not sent. The node's breaker counts round trips:
+// each asks it once and reports whether the node answered; while it is not
+// closed, each call is its own probe.
 
 // Defaults of Options.MaxInFlight and Options.MaxBatch.
 const (

@@ -200,7 +200,7 @@ func TestClusterReshard(t *testing.T) {
 		addrs = append(addrs, n.Addr)
 	}
 	h := &tripCounter{}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true, MaxRedirects: clusterRedirects,
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true, MaxRedirects: 16, // as redisclient makes it
 		NewClient: func(o *redis.Options) *redis.Client {
 			nc := redis.NewClient(o)
 			nc.AddHook(h)

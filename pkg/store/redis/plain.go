@@ -11,32 +11,14 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// Plain commands: a request's consuming checks of fixed windows and
-// two-counter sliding windows, far from their limits, decided without the
-// script.
-//
-// A window's count lives in a key named by the window (lua.WindowKey),
-// which the first INCRBY of the window creates, so nothing ever rolls a
-// key. The window is named on the node's clock (clock.go) before the
-// commands are sent; a request within boundaryMargin of a window's end, or
-// on a node whose clock is not known, goes to the script instead. Per
-// check the pipeline holds INCRBY of the window's key by Hits + Want,
-// PEXPIRE of it to the end of the windows that read it (a key never lives
-// without a TTL for longer than the round trip), and for a sliding window
-// GET of the previous window's key.
-//
-// The request is allowed, and its hits and lease stand, when every check
-// fits the budget as reckoned from the count before its INCRBY at the
-// earliest time the INCRBY can have run (a sliding window's budget only
-// grows within a window), and the reply came before the window can have
-// ended. The part of a lease that does not fit is taken back (INCRBY by
-// its negative and PEXPIRE, which deletes a key whose time has passed
-// rather than leaving a negative count behind). Anything else (a check
-// over its budget, a reply that may be of the next window, a value that is
-// not a count) takes back every INCRBY and decides the request by the
-// script in the same round trip: so a plain command never admits what the
-// script would deny, and counted hits that were not admitted only make the
-// budget others see smaller, for one round trip.
+// Plain commands (docs/redis.md): per check, INCRBY of the window's key
+// (lua.WindowKey, named on the node's clock) by Hits + Want, PEXPIRE of it,
+// and for a sliding window GET of the previous window's key, in one
+// pipeline. The request stands when every check fits its budget reckoned
+// at the earliest time its INCRBY can have run, and the reply came before
+// the window can have ended; what a lease did not get is taken back.
+// Anything else takes every INCRBY back and asks the script in one more
+// round trip, so plain commands never admit what the script would deny.
 
 // plainable reports whether every check of a request may go by plain
 // commands.

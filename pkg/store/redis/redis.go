@@ -1,25 +1,12 @@
 // Package redisstore implements store.Store on Redis (a single server,
-// Sentinel or Redis Cluster).
-//
-// A request's checks that share a Redis Cluster hash slot are decided
-// together, atomically, by one of two routes (docs/ARCHITECTURE.md):
-//
-//   - plain commands (plain.go): a fixed window's or a two-counter sliding
-//     window's consuming checks, far from their limits, count with INCRBY
-//     in a key named by its window on the node's clock;
-//   - decide.lua (scripts.go), by FCALL or EVALSHA: everything else, and
-//     what plain commands could not decide (after taking their hits back,
-//     in the same round trip).
-//
-// Concurrent calls to one node share pipelines (pipe.go). A request whose
-// keys span slots is decided per slot, in parallel: each slot's part is
-// atomic, and Result.Consumed says what each wrote, for the caller to
-// refund when the request is denied after all.
-//
-// A call is bounded by its context's deadline when it has one, else by
-// Options.Timeout. Errors say what went wrong (errors.go): a node that
-// cannot answer gives errors wrapping store.ErrUnavailable (on which
-// callers fall back); an answer rls cannot use wraps store.ErrProtocol.
+// Sentinel or Redis Cluster). A request's checks of one hash slot are
+// decided atomically by plain commands on window-named keys (plain.go)
+// where they can, else by decide.lua (scripts.go); concurrent calls to a
+// node share pipelines (pipe.go); a request that spans slots is decided
+// per slot, and Result.Consumed says what each slot wrote. Calls are
+// bounded by their context's deadline, else Options.Timeout. Errors
+// (errors.go) wrap store.ErrUnavailable when a node cannot answer,
+// store.ErrProtocol when its answer is unusable.
 package redisstore
 
 import (
@@ -77,29 +64,16 @@ const (
 	numRoutes
 )
 
-// clusterRedirects is how often a Cluster call follows MOVED, ASK and
-// TRYAGAIN (go-redis's MaxRedirects, 3 by default).
-const clusterRedirects = 16
-
-// New validates opts and returns a Store: on opts.Client when it is set,
-// else on a go-redis client of its own made from opts. It does not
-// connect: a Redis that is down makes calls fail, never New, which fails
-// only on invalid options (see Options.Validate).
+// New validates opts and returns a Store on opts.Client. It does not
+// connect: a Redis that is down makes calls fail, never New.
 func New(opts Options) (*Store, error) {
 	o := opts.withDefaults()
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{client: o.Client, timeout: o.Timeout, now: o.Clock, plain: !o.NoPlain, brOpts: o.Breaker,
+	s := &Store{client: o.Client, owned: o.CloseClient, timeout: o.Timeout, now: o.Clock, plain: !o.NoPlain, brOpts: o.Breaker,
 		onChange: o.OnBreakerChange, onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch,
 		fleetKey: o.KeyPrefix + FleetKey, demandPrefix: o.KeyPrefix + DemandKeyPart, replica: replicaID()}
-	if s.client == nil {
-		p, err := o.clientOptions()
-		if err != nil {
-			return nil, err
-		}
-		s.client, s.owned = p.newClient(), true
-	}
 	_, s.cluster = s.client.(*redis.ClusterClient)
 	return s, nil
 }
@@ -342,11 +316,35 @@ func (s *Store) settle(ctx context.Context, b budget, op string, n *node, checks
 // script decides checks with decide.lua in one round trip, after taking
 // back what plain commands counted (back), and sets results.
 func (s *Store) script(ctx context.Context, n *node, peek bool, checks []store.Check, results []store.Result, back []plainBack) error {
-	keys := make([]string, len(checks))
+	now, _, ok := n.clock.bounds(localUS())
+	if !ok {
+		now = time.Now().UnixMicro() // a guess the script corrects
+	}
+	for range 3 { // a call that named another window than now's is sent again
+		reply, err := s.scriptOnce(ctx, n, peek, checks, now, back)
+		if err != nil {
+			return err
+		}
+		if t, wrong := lua.WrongWindow(reply); wrong {
+			now, back = t, nil
+			continue
+		}
+		return decodeReply(reply, peek, checks, results)
+	}
+	return fmt.Errorf("%w: the script's window moved three times", store.ErrProtocol)
+}
+
+// scriptOnce runs decide.lua once for checks, its window keys named for
+// now (Unix µs), after the take-backs back, and returns its reply.
+func (s *Store) scriptOnce(ctx context.Context, n *node, peek bool, checks []store.Check, now int64, back []plainBack) (string, error) {
+	keys := make([]string, 0, 2*len(checks))
 	blob := make([]byte, 0, lua.CheckBytes*len(checks))
 	for i := range checks {
-		keys[i] = checks[i].Key
-		blob = lua.AppendCheck(blob, &checks[i])
+		c := &checks[i]
+		w := int64(c.Window / time.Second)
+		start := floorDiv(now, w*1e6) * w
+		keys = lua.Keys(keys, c, start)
+		blob = lua.AppendCheck(blob, c, start)
 	}
 	args := []any{argNoClock, argModeDecide, blob}
 	if s.now != nil {
@@ -367,7 +365,7 @@ func (s *Store) script(ctx context.Context, n *node, peek bool, checks []store.C
 		}
 	})
 	if err := n.do(ctx, c); err != nil {
-		return err
+		return "", err
 	}
 	reply, err := scriptReply(cmd)
 	backFailed := backErr(back)
@@ -395,10 +393,7 @@ func (s *Store) script(ctx context.Context, n *node, peek bool, checks []store.C
 	case err != nil && (functionMissing(err) || fcallRefused(err)):
 		reply, err = n.run(ctx, n.cmdable(), keys, args, sent)
 	}
-	if err != nil {
-		return err
-	}
-	return decodeReply(reply, peek, checks, results)
+	return reply, err
 }
 
 // decodeReply stores the script's reply in results. When decided (not

@@ -14,24 +14,13 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// How a node runs decide.lua. With Redis Functions (Redis 7 and later) the
-// library is loaded once per node (FUNCTION LOAD REPLACE, lua.Library) and
-// every call is an FCALL (FCALL_RO for a peek), so the script's helper
-// functions are defined once per node, not on every call. Where FUNCTION
-// is missing or refused (Redis before 7, an ACL without it, a managed
-// service that renames or disables it) the node runs the script with
-// EVALSHA, and EVAL on NOSCRIPT, as before. Both run the same text, so
-// they decide alike.
-//
-// A node's mode is found on its first call (or first readiness Ping) by
-// loading the library: loaded, it is ScriptFunction; refused (an error
-// reply other than an outage's), ScriptEval; an outage leaves it unknown
-// and the call goes by EVALSHA, to be tried again a second later. A
-// node that later answers FCALL with "Function not found" (restarted
-// without persistence, a failover to a node that never had the library,
-// FUNCTION FLUSH) gets the library again and the call is retried once; a
-// node that refuses FCALL (a failover to an older Redis) falls back to
-// EVALSHA for good.
+// How a node runs decide.lua: as a Function library (Redis 7 and later),
+// loaded once per node and called by FCALL (FCALL_RO for a peek), or by
+// EVALSHA (EVAL on NOSCRIPT) where FUNCTION is refused. The mode is found
+// on a node's first call or readiness Ping by loading the library; an
+// outage leaves it unknown for a second (loadRetry). A node that answers
+// "Function not found" gets the library again; one that refuses FCALL
+// goes over to EVALSHA for good (docs/redis.md).
 
 // The script modes, as Store.ScriptModes and OnScriptMode name them.
 const (

@@ -10,6 +10,7 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/testkit"
 )
@@ -22,7 +23,8 @@ func TestSentinel(t *testing.T) {
 	master := redistest.StartServer(t)
 	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
 	sentinel := redistest.StartSentinel(t, "mymaster", master)
-	s, err := New(Options{URL: "redis://" + sentinel.Addr, Mode: ModeSentinel, MasterName: "mymaster", Timeout: time.Second, NoPlain: true})
+	s, err := New(Options{Client: urlClient(t, redisclient.Options{URL: "redis://" + sentinel.Addr, Mode: redisclient.ModeSentinel, MasterName: "mymaster", Timeout: time.Second}),
+		CloseClient: true, Timeout: time.Second, NoPlain: true})
 	if err != nil {
 		t.Fatal(err)
 	}
