@@ -7,7 +7,7 @@ import (
 	"net/url"
 
 	"github.com/rls-project/rls/pkg/breaker"
-	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/fleet"
 	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
@@ -63,10 +63,10 @@ func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
 
 // newFleet returns the fleet-size source: --fleet-size when set, 1 on the
 // memory store, else heartbeats in Redis.
-func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
+func newFleet(cfg *Config, st store.Store, log *slog.Logger) *fleet.Fleet {
 	if rs, ok := st.(*redisstore.Store); ok && cfg.FleetSize == 0 {
 		id := rs.Replica()
-		return limiter.NewFleet(limiter.FleetOptions{
+		return fleet.New(fleet.Options{
 			Beat:     func(ctx context.Context) (int, error) { return rs.Heartbeat(ctx, id, redisstore.HeartbeatTTL) },
 			Leave:    func(ctx context.Context) error { return rs.Leave(ctx, id) },
 			Interval: redisstore.HeartbeatInterval,
@@ -75,5 +75,5 @@ func newFleet(cfg *Config, st store.Store, log *slog.Logger) *limiter.Fleet {
 			Log:      log,
 		})
 	}
-	return limiter.FixedFleet(cfg.FleetSize)
+	return fleet.Fixed(cfg.FleetSize)
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/connguard"
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/fleet"
 	"github.com/rls-project/rls/pkg/gctune"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/redisclient"
@@ -102,7 +103,7 @@ type app struct {
 	tracing  *telemetry.Tracing   // nil when tracing is off
 	upstream *upstreamstats.Stats // envoyproxy/ratelimit's stats; nil when off
 
-	fleet   *limiter.Fleet
+	fleet   *fleet.Fleet
 	lim     *limiter.Limiter
 	svc     *service.Service
 	rlqs    *rlqs.Server    // --rlqs; nil when off

@@ -23,7 +23,7 @@ type Rule struct {
 	Strict          bool   // sliding window of precision >= 2: the oldest sub-window counts whole
 	Split           uint32 // sub-keys a key's counter is spread over (1..MaxSplit, see Splits); 0 or 1: none
 	OnError         OnError
-	// NoReserve keeps the rule's keys off reservations (reserve: false):
+	// NoReserve keeps the rule's keys off leases (reserve: false):
 	// every request goes to the store.
 	NoReserve      bool
 	ShadowMode     bool

@@ -5,6 +5,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/fleet"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/reload"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
@@ -13,7 +14,7 @@ import (
 // RegisterLimiter exposes the limiter's and the fleet's state on reg, read
 // at scrape time: the checks by source, the fallback decisions and their
 // causes, the write-backs and refunds, the fleet size and the local tables.
-func RegisterLimiter(reg prometheus.Registerer, lim *limiter.Limiter, fleet *limiter.Fleet) {
+func RegisterLimiter(reg prometheus.Registerer, lim *limiter.Limiter, fleet *fleet.Fleet) {
 	counter := func(name, help string, labels prometheus.Labels, v func(limiter.Counters) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
 			func() float64 { return float64(v(lim.Counters())) })

@@ -1,4 +1,7 @@
-package limiter
+// Package fleet knows how many rls replicas share the limits: a fixed
+// number, or the live heartbeats in the store (the fail-open share of a
+// limit is the limit over the fleet's size).
+package fleet
 
 import (
 	"context"
@@ -32,9 +35,9 @@ type Fleet struct {
 	known  bool      // a beat has succeeded
 }
 
-// FleetOptions configure a learning Fleet. Zero fields take the defaults in
+// Options configure a learning Fleet. Zero fields take the defaults in
 // brackets.
-type FleetOptions struct {
+type Options struct {
 	// Beat refreshes this replica's heartbeat and counts the live ones.
 	Beat func(context.Context) (int, error)
 	// Leave removes this replica's heartbeat [none].
@@ -51,16 +54,16 @@ type FleetOptions struct {
 	Log *slog.Logger
 }
 
-// FixedFleet returns a Fleet of size n (at least 1) that never changes.
-func FixedFleet(n int) *Fleet {
+// Fixed returns a Fleet of size n (at least 1) that never changes.
+func Fixed(n int) *Fleet {
 	f := &Fleet{}
 	f.size.Store(int64(max(n, 1)))
 	return f
 }
 
-// NewFleet returns a Fleet that learns its size from o.Beat (see Learn and
+// New returns a Fleet that learns its size from o.Beat (see Learn and
 // Run). Until the first beat succeeds its size is o.Min.
-func NewFleet(o FleetOptions) *Fleet {
+func New(o Options) *Fleet {
 	if o.Interval <= 0 {
 		o.Interval = 2 * time.Second
 	}

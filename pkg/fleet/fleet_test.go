@@ -1,0 +1,92 @@
+package fleet
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/pkg/testkit"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+func TestFleetKeepsLastSizeOnError(t *testing.T) {
+	n, fail := 3, false
+	f := New(Options{Beat: func(context.Context) (int, error) {
+		if fail {
+			return 0, store.ErrUnavailable
+		}
+		return n, nil
+	}, Interval: time.Second})
+	if f.Size() != 1 || f.Known() {
+		t.Fatalf("initial size %d, known %v", f.Size(), f.Known())
+	}
+	if err := f.Beat(context.Background()); err != nil || f.Size() != 3 || !f.Known() {
+		t.Fatalf("size %d, err %v", f.Size(), err)
+	}
+	fail = true
+	if err := f.Beat(context.Background()); err == nil || f.Size() != 3 {
+		t.Fatalf("size %d after a failed beat, want 3 kept", f.Size())
+	}
+	if Fixed(4).Size() != 4 || !Fixed(4).Known() {
+		t.Fatal("fixed size not kept")
+	}
+}
+
+// A smaller count (a Redis that restarted empty, a replica that left) is
+// believed only once the larger one has not been seen for the hold time.
+func TestFleetShrinksOnlyAfterHold(t *testing.T) {
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	n := 3
+	f := New(Options{Beat: func(context.Context) (int, error) { return n, nil },
+		Interval: 2 * time.Second, Hold: 6 * time.Second, Now: clk.Now})
+	ctx := context.Background()
+	_ = f.Beat(ctx)
+	n = 1 // Redis restarted: only this replica's beat so far
+	for range 2 {
+		clk.Advance(2 * time.Second)
+		_ = f.Beat(ctx)
+		if f.Size() != 3 {
+			t.Fatalf("size %d within the hold time, want 3", f.Size())
+		}
+	}
+	n = 3 // the others beat again
+	clk.Advance(2 * time.Second)
+	_ = f.Beat(ctx)
+	n = 2 // one left for good
+	for range 2 {
+		clk.Advance(2 * time.Second)
+		_ = f.Beat(ctx)
+	}
+	if f.Size() != 3 {
+		t.Fatalf("size %d 4 s after the drop, want 3", f.Size())
+	}
+	clk.Advance(2 * time.Second)
+	_ = f.Beat(ctx)
+	if f.Size() != 2 {
+		t.Fatalf("size %d 6 s after the drop, want 2", f.Size())
+	}
+	n = 5
+	_ = f.Beat(ctx)
+	if f.Size() != 5 {
+		t.Fatalf("size %d, a larger count is taken at once", f.Size())
+	}
+}
+
+// Min floors a learned size and stands until the first beat succeeds.
+func TestFleetMin(t *testing.T) {
+	n := 1
+	f := New(Options{Beat: func(context.Context) (int, error) { return n, nil }, Min: 2})
+	if f.Size() != 2 {
+		t.Fatalf("size before a beat %d, want the minimum 2", f.Size())
+	}
+	_ = f.Beat(context.Background())
+	if f.Size() != 2 {
+		t.Fatalf("one heartbeat counted: size %d, want the minimum 2", f.Size())
+	}
+	n = 4
+	_ = f.Beat(context.Background())
+	if f.Size() != 4 {
+		t.Fatalf("size %d, want 4", f.Size())
+	}
+}
