@@ -905,8 +905,8 @@ descriptors:
 		t.Errorf("slot %d is served by %v after the move, want %s", slot, m, dst.Addr)
 	}
 	keys := rdScanAll(t, c.Nodes...)
-	if keys[key] != dst {
-		t.Errorf("key %q is on %v, want %s (keys: %v)", key, keys[key], dst.Addr, keys)
+	if wk := winKey(key, time.Hour, time.Now()); keys[wk] != dst {
+		t.Errorf("key %q is on %v, want %s (keys: %v)", wk, keys[wk], dst.Addr, keys)
 	}
 	rdNoFallback(t, ps...)
 }

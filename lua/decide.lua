@@ -6,11 +6,12 @@
 -- them to lua/lua.go's constants.
 --
 -- KEYS     the checks' keys, in order: a fixed window's its window's key, a
---          sliding window of precision 0 or 1 its window's and the previous
---          window's (lua.WindowKey: its key, ':', the window's start in
---          seconds, as the Go store's plain commands name them), any other
---          check its own key. Every key a call touches is declared, so a
---          Redis Cluster slot being migrated answers ASK or TRYAGAIN.
+--          sliding window of precision 0 or 1 its window's and, unless the
+--          check gives its count, the previous window's (lua.WindowKey: its
+--          key, ':', the window's start in seconds, as the Go store's plain
+--          commands name them), any other check its own key. Every key a
+--          call touches is declared, so a Redis Cluster slot being migrated
+--          answers ASK or TRYAGAIN.
 -- ARGV[1]  now in microseconds, or "" for Redis's TIME (only the Go store's
 --          test clock sets it).
 -- ARGV[2]  "0" decide; "1" peek: every check is check-only, nothing written.
@@ -21,7 +22,9 @@
 --          sliding window: precision, negated when strict), hits, want,
 --          horizon in microseconds, the window's start in seconds (the
 --          window its keys name; a call of another window than now's
---          replies 'W' and now as a double instead, to be sent again).
+--          replies 'W' and now as a double instead, to be sent again), the
+--          previous window's count (two-counter sliding window; -1: read
+--          its key; given, a refund that reaches it cannot lower it).
 -- Reply: RESULT_BYTES per check: allowed (byte), then doubles: remaining,
 --          retry_us, reset_us, lease hits, lease now, lease from_us, lease
 --          every_us.
@@ -43,7 +46,7 @@
 
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 
-local HEADER, CHECK_BYTES, RESULT_BYTES = 2, 58, 57
+local HEADER, CHECK_BYTES, RESULT_BYTES = 2, 66, 57
 local MODE_PEEK = '1'
 local ALG_SLIDING, ALG_TOKEN_BUCKET, ALG_FIXED = 0, 1, 2
 local FLAG_REFUND, FLAG_SHADOW, FLAG_FORCE, FLAG_PACED = 1, 2, 4, 8
@@ -124,7 +127,7 @@ end
 
 -- load returns the state of check i's key, read once per call.
 local states
-local function load(key, pkey, alg, w, limit, burst)
+local function load(key, pkey, pv, alg, w, limit, burst)
   local s = states[key]
   if s then return s end
   local wus = w * US
@@ -154,7 +157,7 @@ local function load(key, pkey, alg, w, limit, burst)
     s.ckey, s.pkey = key, pkey
     s.cur, s.found = read(key)
     s.prev = 0
-    if pkey then s.prev = read(pkey) end
+    if pkey then s.prev = read(pkey) elseif alg == ALG_SLIDING and count_ok(pv) then s.prev = pv end
   end
   states[key] = s
   return s
@@ -393,7 +396,7 @@ local function write(s)
     set(s, s.key, pack(precise_format(s.pn), BYTE_PRECISE, s.pn, s.win, s.cur, unpack(s.old)))
   else
     set(s, s.ckey, format('%.0f', s.cur))
-    if s.prev_dirty then set(s, s.pkey, format('%.0f', s.prev)) end
+    if s.prev_dirty and s.pkey then set(s, s.pkey, format('%.0f', s.prev)) end
   end
 end
 
@@ -421,13 +424,13 @@ local function rls_decide(keys, args)
   local C, S = {}, {}
   local ki = 1
   for i = 1, n do
-    local alg, fl, limit, w, burst, hits, want, horizon, ws = sunpack('<BBddddddd', blob, (i - 1) * CHECK_BYTES + 1)
+    local alg, fl, limit, w, burst, hits, want, horizon, ws, pv = sunpack('<BBdddddddd', blob, (i - 1) * CHECK_BYTES + 1)
     if alg ~= ALG_TOKEN_BUCKET and alg ~= ALG_FIXED then alg = ALG_SLIDING end
     local key, pkey = keys[ki], nil
     ki = ki + 1
     if alg == ALG_FIXED or (alg == ALG_SLIDING and burst >= -1 and burst <= 1) then
       if ws * US ~= floor(now / (w * US)) * w * US then return 'W' .. pack('<d', now) end
-      if alg == ALG_SLIDING then
+      if alg == ALG_SLIDING and pv < 0 then
         pkey = keys[ki]
         ki = ki + 1
       end
@@ -440,7 +443,7 @@ local function rls_decide(keys, args)
     C[i] = c
     -- A token bucket with limit 0 never refills: it denies everything and
     -- neither reads nor writes state.
-    if not (alg == ALG_TOKEN_BUCKET and limit == 0) then S[i] = load(key, pkey, alg, w, limit, burst) end
+    if not (alg == ALG_TOKEN_BUCKET and limit == 0) then S[i] = load(key, pkey, pv, alg, w, limit, burst) end
   end
   if ki ~= #keys + 1 then error('decide.lua: ' .. #keys .. ' keys for ' .. n .. ' checks') end
   local out, wrote = {}, {}

@@ -36,10 +36,10 @@ const (
 	// clock ("" = redis TIME) and the mode (HEADER in decide.lua).
 	HeaderArgs = 2
 	// CheckBytes is the size of one check in ARGV: algorithm and flags
-	// bytes, then limit, window seconds, burst, hits, want, horizon (µs)
-	// and the window's start (seconds) as little-endian doubles
-	// (CHECK_BYTES).
-	CheckBytes = 58
+	// bytes, then limit, window seconds, burst, hits, want, horizon (µs),
+	// the window's start (seconds) and the previous window's count (-1:
+	// read its key) as little-endian doubles (CHECK_BYTES).
+	CheckBytes = 66
 	// ResultBytes is the size of one check's result in the reply: allowed
 	// byte, then remaining, retry_after_us, reset_us and the lease's hits,
 	// now, from_us and every_us as little-endian doubles (RESULT_BYTES).
@@ -85,13 +85,14 @@ func WindowKey(dst []byte, key string, start int64) []byte {
 
 // Keys appends to keys those decide.lua's KEYS holds for c when its
 // window starts at start (Unix seconds): a window key, and a sliding
-// window's previous one, or c's own key.
-func Keys(keys []string, c *store.Check, start int64) []string {
+// window's previous one unless its count is given (AppendCheck's prev), or
+// c's own key.
+func Keys(keys []string, c *store.Check, start int64, prevGiven bool) []string {
 	if !Windowed(c) {
 		return append(keys, c.Key)
 	}
 	keys = append(keys, string(WindowKey(nil, c.Key, start)))
-	if c.Algorithm != store.FixedWindow {
+	if c.Algorithm != store.FixedWindow && !prevGiven {
 		keys = append(keys, string(WindowKey(nil, c.Key, start-int64(c.Window/time.Second))))
 	}
 	return keys
@@ -176,15 +177,17 @@ func (s State) Encode() string {
 // AppendCheck appends c, as decide.lua reads one check, to b: its
 // algorithm's code (an unknown algorithm acts as the default, sliding
 // window, as in the memory store), its flags, then limit, window seconds,
-// burst field, hits, want, horizon (µs) and the start of the window its
-// keys name (seconds; see Keys) as little-endian doubles. The burst field
-// is a token bucket's capacity or a sliding window's precision (0 or 1:
-// the two-counter window; negated when strict). Numbers above 2^53 round
-// to the nearest double.
-func AppendCheck(b []byte, c *store.Check, start int64) []byte {
+// burst field, hits, want, horizon (µs), the start of the window its keys
+// name (seconds; see Keys) and the previous window's count as
+// little-endian doubles. The burst field is a token bucket's capacity or a
+// sliding window's precision (0 or 1: the two-counter window; negated when
+// strict). prev is a two-counter sliding window's previous count when the
+// caller knows it (that window has ended, so it only falls), else -1: the
+// script reads its key. Numbers above 2^53 round to the nearest double.
+func AppendCheck(b []byte, c *store.Check, start, prev int64) []byte {
 	b = append(b, algorithmCode(c.Algorithm), flags(c))
 	for _, v := range [...]float64{float64(c.Limit), float64(c.Window / time.Second), burstField(c), float64(c.Hits),
-		float64(c.Want), float64(c.Horizon / time.Microsecond), float64(start)} {
+		float64(c.Want), float64(c.Horizon / time.Microsecond), float64(start), float64(prev)} {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
 	}
 	return b

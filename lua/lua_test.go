@@ -83,8 +83,9 @@ func TestDecideConstants(t *testing.T) {
 		fmt.Sprintf("ARGV[%d] the checks, CHECK_BYTES each: algorithm (byte: %d sliding window, %d token bucket, %d fixed window", HeaderArgs+1, algSliding, algTokenBucket, algFixed),
 		fmt.Sprintf("flags (byte: %d refund, %d shadow, %d force, %d paced)", flagRefund, flagShadow, flagForce, flagPaced),
 		"then doubles: limit, window seconds, burst (token bucket: capacity, 0 = limit; sliding window: precision, negated when strict), hits, want, horizon in microseconds, the window's start in seconds",
+		"the previous window's count (two-counter sliding window; -1: read its key;",
 		"Reply: RESULT_BYTES per check: allowed (byte), then doubles: remaining, retry_us, reset_us, lease hits, lease now, lease from_us, lease every_us",
-		"its window's and the previous window's (lua.WindowKey: its key, ':', the window's start in seconds",
+		"its window's and, unless the check gives its count, the previous window's (lua.WindowKey: its key, ':', the window's start in seconds",
 	} {
 		if !strings.Contains(strings.Join(strings.Fields(strings.ReplaceAll(header, "--", "")), " "), want) {
 			t.Errorf("decide.lua's header does not say %q", want)
@@ -97,10 +98,13 @@ func TestDecideConstants(t *testing.T) {
 	fw := store.Check{Key: "f", Algorithm: store.FixedWindow, Window: time.Second}
 	tb := store.Check{Key: "t", Algorithm: store.TokenBucket, Window: time.Second}
 	pw := store.Check{Key: "p", Window: time.Second, Precision: 4}
-	if got := Keys(nil, &sw, 10); !reflect.DeepEqual(got, []string{"k:10", "k:8"}) {
+	if got := Keys(nil, &sw, 10, false); !reflect.DeepEqual(got, []string{"k:10", "k:8"}) {
 		t.Errorf("sliding window keys %v", got)
 	}
-	if got := Keys(Keys(Keys(nil, &fw, 10), &tb, 10), &pw, 10); !reflect.DeepEqual(got, []string{"f:10", "t", "p"}) {
+	if got := Keys(nil, &sw, 10, true); !reflect.DeepEqual(got, []string{"k:10"}) {
+		t.Errorf("sliding window keys, its previous count given: %v", got)
+	}
+	if got := Keys(Keys(Keys(nil, &fw, 10, true), &tb, 10, true), &pw, 10, true); !reflect.DeepEqual(got, []string{"f:10", "t", "p"}) {
 		t.Errorf("fixed, bucket, precision keys %v", got)
 	}
 	if now, ok := WrongWindow("W" + string(binary.LittleEndian.AppendUint64(nil, math.Float64bits(123)))); !ok || now != 123 {
@@ -153,7 +157,7 @@ func TestAppendCheck(t *testing.T) {
 		{"paced", store.Check{Window: time.Minute, Paced: true}, algSliding, flagPaced, 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := AppendCheck([]byte("x"), &tc.check, 1751540400)
+			b := AppendCheck([]byte("x"), &tc.check, 1751540400, 17)
 			if len(b) != 1+CheckBytes || b[0] != 'x' {
 				t.Fatalf("AppendCheck appended %d bytes after %q, want %d", len(b)-1, b[:1], CheckBytes)
 			}
@@ -161,11 +165,11 @@ func TestAppendCheck(t *testing.T) {
 			if b[0] != tc.alg || b[1] != tc.flags {
 				t.Errorf("algorithm, flags = %d, %d; want %d, %d", b[0], b[1], tc.alg, tc.flags)
 			}
-			got := [7]float64{double(string(b[2:])), double(string(b[10:])), double(string(b[18:])), double(string(b[26:])),
-				double(string(b[34:])), double(string(b[42:])), double(string(b[50:]))}
-			want := [7]float64{tc.limit, 60, tc.burstField, tc.hits, float64(tc.check.Want), float64(tc.check.Horizon / time.Microsecond), 1751540400}
+			got := [8]float64{double(string(b[2:])), double(string(b[10:])), double(string(b[18:])), double(string(b[26:])),
+				double(string(b[34:])), double(string(b[42:])), double(string(b[50:])), double(string(b[58:]))}
+			want := [8]float64{tc.limit, 60, tc.burstField, tc.hits, float64(tc.check.Want), float64(tc.check.Horizon / time.Microsecond), 1751540400, 17}
 			if got != want {
-				t.Errorf("limit, window, burst field, hits, want, horizon = %v; want %v", got, want)
+				t.Errorf("limit, window, burst field, hits, want, horizon, start, previous count = %v; want %v", got, want)
 			}
 		})
 	}

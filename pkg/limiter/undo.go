@@ -72,6 +72,13 @@ func (l *Limiter) undo(ctx context.Context, items []Item) {
 	l.undone.Add(uint64(len(refunds)))
 	results := make([]store.Result, len(refunds))
 	err := l.callStoreWith(ctx, l.opts.Now(), refunds, results)
+	if l.res != nil {
+		for j := range refunds { // what is left now the refund landed, for leases' remaining
+			if !results[j].Undecided && (err == nil || errors.Is(err, store.ErrUnavailable)) {
+				l.res.observe(&refunds[j], results[j].Remaining)
+			}
+		}
+	}
 	if failed, maybeRan := failedRefunds(refunds, results, err); maybeRan {
 		l.undoUnknown.Add(uint64(len(failed)))
 	} else if len(failed) > 0 {

@@ -20,9 +20,9 @@ import (
 // TTL) when the request was admitted. A fixed window or a two-counter
 // sliding window is plain commands (pkg/store/redis's plain.go): INCRBY and
 // PEXPIRE of the window's key, and for a sliding window a GET of the
-// previous window's; a denied request adds their take-back (INCRBY and
-// PEXPIRE) and a script call (TIME and a GET of each key) in the same
-// round trip.
+// previous window's once per key and window (the count is then kept); a
+// denied request adds their take-back (INCRBY and PEXPIRE) and a script
+// call (TIME and a GET of the window's key) in the same round trip.
 func RedisCost(tr Trace, l Limit, c Candidate, allowed []bool) (calls, commands float64) {
 	n := min(len(tr.Events), len(allowed))
 	if n == 0 {
@@ -39,7 +39,15 @@ func RedisCost(tr Trace, l Limit, c Candidate, allowed []bool) (calls, commands 
 	case c.Algorithm == store.FixedWindow:
 		return d, 2 + d*(2+2)
 	case c.Algorithm == store.SlidingWindow && c.Precision < 2:
-		return d, 3 + d*(2+3)
+		type keyWindow struct {
+			key    string
+			window int64
+		}
+		seen := map[keyWindow]bool{}
+		for _, e := range tr.Events[:n] {
+			seen[keyWindow{e.Key, e.At / l.Window.Microseconds()}] = true
+		}
+		return d, 2 + float64(len(seen))/float64(n) + d*(2+2)
 	}
 	return 1, 2 + a
 }

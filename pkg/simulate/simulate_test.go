@@ -197,8 +197,8 @@ func TestParsePrecisions(t *testing.T) {
 
 // TestRedisCost: a token bucket or precise window is one script call, TIME
 // and GET always, SET when admitted; a window is plain commands (INCRBY,
-// PEXPIRE and, sliding, GET), plus their take-back and a script call
-// (TIME, a GET per key) when denied.
+// PEXPIRE and, sliding, GET once per key and window), plus their take-back
+// and a script call (TIME, a GET) when denied.
 func TestRedisCost(t *testing.T) {
 	l := Limit{Requests: 2, Window: time.Second}
 	tr := Trace{Events: []Event{
@@ -212,8 +212,8 @@ func TestRedisCost(t *testing.T) {
 	if c, n := RedisCost(tr, l, Candidate{Algorithm: store.FixedWindow}, allowed); c != 0.25 || n != 3 {
 		t.Errorf("fixed window: got %v calls, %v commands, want 1/4 and 2+4/4", c, n)
 	}
-	if c, n := RedisCost(tr, l, Candidate{Algorithm: store.SlidingWindow}, allowed); c != 0.25 || n != 4.25 {
-		t.Errorf("sliding window: got %v calls, %v commands, want 1/4 and 3+5/4", c, n)
+	if c, n := RedisCost(tr, l, Candidate{Algorithm: store.SlidingWindow}, allowed); c != 0.25 || n != 3.5 {
+		t.Errorf("sliding window: got %v calls, %v commands, want 1/4 and 2+2/4+4/4 (two keys' windows)", c, n)
 	}
 	if c, n := RedisCost(Trace{}, l, Candidate{}, nil); c != 0 || n != 0 {
 		t.Errorf("empty trace: %v, %v", c, n)

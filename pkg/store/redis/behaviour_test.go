@@ -140,6 +140,53 @@ func TestPlainTakesBack(t *testing.T) {
 	}
 }
 
+// TestPreviousCountReadOnce: a sliding window reads its previous window's
+// count once per key and window (a GET riding with the first INCRBY), then
+// decides from the kept count; a refund that reads the previous key drops
+// it, since it may lower it; the script, given the count, names one key.
+func TestPreviousCountReadOnce(t *testing.T) {
+	clk := testkit.NewClock(time.UnixMicro(t0 + 400_000))
+	s, srv := newStore(t, clk.Now)
+	rc := srv.Client()
+	defer rc.Close()
+	ctx := context.Background()
+	c := store.Check{Key: "rl:{prev}:s", Limit: 100, Window: time.Second, Hits: 1}
+	if err := rc.Set(ctx, windowKey(c.Key, clk.Now().Add(-time.Second), time.Second), 82, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	gets := func() int64 { return srv.CommandStats(ctx)["get"] }
+	before := gets()
+	for i, want := range []uint64{50, 49, 48} { // ceil(100 - 82 × 0.6 - i) - 1
+		if r := decide(t, s, c)[0]; !r.Allowed || r.Remaining != want {
+			t.Fatalf("call %d: %+v, want allowed with %d left", i+1, r, want)
+		}
+	}
+	if n := gets() - before; n != 1 {
+		t.Errorf("%d GETs for three calls in one window, want 1", n)
+	}
+	// A refund goes by the script, which reads the previous key itself.
+	refund := c
+	refund.Refund = true
+	decide(t, s, refund)
+	before = gets()
+	if r := decide(t, s, c)[0]; !r.Allowed || r.Remaining != 48 {
+		t.Errorf("after a refund: %+v, want allowed with 48 left", r)
+	}
+	if n := gets() - before; n != 1 {
+		t.Errorf("%d GETs after a refund, want 1 (the kept count dropped)", n)
+	}
+	// Near the limit the script decides, given the count: one key.
+	c.Exact = true
+	evals := func() int64 { st := srv.CommandStats(ctx); return st["fcall"] + st["evalsha"] }
+	before, e := gets(), evals()
+	if r := decide(t, s, c)[0]; !r.Allowed || r.Remaining != 47 {
+		t.Errorf("by script: %+v, want allowed with 47 left", r)
+	}
+	if n := gets() - before; n != 1 || evals()-e != 1 { // the script's GET of its window key only
+		t.Errorf("the script call read %d keys in %d calls, want 1 key in 1 call", n, evals()-e)
+	}
+}
+
 // TestUnavailable checks that a dead or hung Redis fails fast with
 // store.ErrUnavailable, and that New never connects.
 func TestUnavailable(t *testing.T) {

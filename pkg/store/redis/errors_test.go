@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -252,7 +253,7 @@ func TestScriptErrorIsProtocol(t *testing.T) {
 	expect := func(name string, err error, r store.Result) {
 		t.Helper()
 		if !errors.Is(err, store.ErrProtocol) || errors.Is(err, store.ErrUnavailable) || r.Undecided ||
-			!strings.Contains(fmt.Sprint(err), "decide.lua: 57 bytes of checks") {
+			!strings.Contains(fmt.Sprint(err), "decide.lua: "+strconv.Itoa(lua.CheckBytes-1)+" bytes of checks") {
 			t.Errorf("%s: %+v, %v; want the script's error as ErrProtocol, not ErrUnavailable, not Undecided", name, r, err)
 		}
 	}
@@ -298,7 +299,7 @@ func (argCutter) cut(cmd redis.Cmder) {
 		return
 	}
 	args := cmd.Args()
-	three := lua.AppendCheck(nil, &store.Check{Hits: 3}, 0)[26:34] // the hits field
+	three := lua.AppendCheck(nil, &store.Check{Hits: 3}, 0, -1)[26:34] // the hits field
 	if b, ok := args[len(args)-1].([]byte); ok && len(b) == lua.CheckBytes && string(b[26:34]) == string(three) {
 		args[len(args)-1] = b[:len(b)-1]
 	}

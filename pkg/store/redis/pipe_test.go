@@ -211,11 +211,15 @@ func TestClusterReshard(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A second replica, scripts only: its sliding window's script call
+	// declares the previous window's key, which does not exist, so a
+	// MIGRATING slot answers TRYAGAIN until it has read the count alone.
+	s2 := mustNew(t, Options{Client: cc, Timeout: 10 * time.Second, NoPlain: true})
 	const tenants = 12
 	check := func(tenant int, k string, hits uint64, alg store.Algorithm) store.Check {
 		return store.Check{Key: fmt.Sprintf("rl:{t%d}:%s", tenant, k), Algorithm: alg, Limit: 1_000_000_000, Window: time.Hour, Hits: hits}
 	}
-	var total [tenants]atomic.Int64
+	var total, totalZ [tenants]atomic.Int64
 	var decided atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -231,17 +235,21 @@ func TestClusterReshard(t *testing.T) {
 				tenant, hits := (g+i)%tenants, uint64(1+(g+i)%5)
 				// A fixed window and a token bucket (the script) of one tenant.
 				batch := []store.Check{check(tenant, "x", hits, store.FixedWindow), check(tenant, "y", 1, store.TokenBucket)}
-				if g%2 == 0 {
+				st, count := s, &total[tenant]
+				switch g % 4 {
+				case 0, 2:
 					batch = batch[:1] // plain commands alone
+				case 1:
+					batch, st, count = []store.Check{check(tenant, "z", hits, store.SlidingWindow)}, s2, &totalZ[tenant]
 				}
-				if err := s.Decide(ctx, batch, r[:len(batch)]); err != nil {
+				if err := st.Decide(ctx, batch, r[:len(batch)]); err != nil {
 					t.Errorf("caller %d call %d (tenant %d): %v", g, i, tenant, err)
 					return
 				}
 				if !r[0].Allowed {
 					t.Errorf("tenant %d denied: %+v", tenant, r[0])
 				}
-				total[tenant].Add(int64(hits))
+				count.Add(int64(hits))
 				decided.Add(1)
 			}
 		})
@@ -283,6 +291,12 @@ func TestClusterReshard(t *testing.T) {
 		}
 		if want := uint64(1_000_000_000 - total[tenant].Load()); res[0].Remaining != want {
 			t.Errorf("tenant %d: remaining %d, want %d (hits lost or doubled)", tenant, res[0].Remaining, want)
+		}
+		if err := s.Peek(ctx, []store.Check{check(tenant, "z", 0, store.SlidingWindow)}, res); err != nil {
+			t.Fatal(err)
+		}
+		if want := uint64(1_000_000_000 - totalZ[tenant].Load()); res[0].Remaining != want {
+			t.Errorf("tenant %d: sliding window remaining %d, want %d (hits lost or doubled)", tenant, res[0].Remaining, want)
 		}
 	}
 	t.Logf("%d decisions, %d commands met MOVED or ASK, routes %v", decided.Load(), h.redirects.Load(), s.Routes())

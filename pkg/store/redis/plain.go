@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -13,8 +12,8 @@ import (
 
 // Plain commands (docs/redis.md): per check, INCRBY of the window's key
 // (lua.WindowKey, named on the node's clock) by Hits + Want, PEXPIRE of it,
-// and for a sliding window GET of the previous window's key, in one
-// pipeline. The request stands when every check fits its budget reckoned
+// and for a sliding window GET of the previous window's key unless its
+// count is kept (prev.go), in one pipeline. The request stands when every check fits its budget reckoned
 // at the earliest time its INCRBY can have run, and the reply came before
 // the window can have ended; what a lease did not get is taken back.
 // Anything else takes every INCRBY back and asks the script in one more
@@ -90,7 +89,8 @@ type plainCheck struct {
 	ttl          time.Duration
 	incr         *redis.IntCmd
 	expire       *redis.BoolCmd
-	prev         *redis.StringCmd
+	get          *redis.StringCmd // the previous count's, when not kept
+	prev         int64            // the previous count
 }
 
 // decidePlain sends checks as plain commands and sets results when they
@@ -114,6 +114,10 @@ func (s *Store) decidePlain(ctx context.Context, n *node, checks []store.Check, 
 		if c.Algorithm != store.FixedWindow {
 			pc.prevKey = string(lua.WindowKey(nil, c.Key, (pc.start-pc.wus)/1e6))
 			until += pc.wus
+			pc.prev = -1
+			if n, ok := s.prevs.get(pc.prevKey, lo); ok {
+				pc.prev = n
+			}
 		}
 		pc.ttl = time.Duration(until+lua.MarginUS-hi) * time.Microsecond
 	}
@@ -122,8 +126,8 @@ func (s *Store) decidePlain(ctx context.Context, n *node, checks []store.Check, 
 			pc := &pcs[i]
 			pc.incr = p.IncrBy(ctx, pc.key, int64(checks[i].Hits+checks[i].Want))
 			pc.expire = p.PExpire(ctx, pc.key, pc.ttl)
-			if pc.prevKey != "" {
-				pc.prev = p.Get(ctx, pc.prevKey)
+			if pc.prev < 0 {
+				pc.get = p.Get(ctx, pc.prevKey)
 			}
 		}
 	}))
@@ -143,6 +147,12 @@ func (s *Store) decidePlain(ctx context.Context, n *node, checks []store.Check, 
 		}
 		b := plainBack{key: pc.key, n: int64(c.Hits + c.Want), ttl: pc.ttl}
 		back = append(back, b)
+		if pc.get != nil {
+			if n, ok := parseCount(pc.get); ok {
+				pc.prev = n
+				s.prevs.put(pc.prevKey, n, pc.start+pc.wus, lo)
+			}
+		}
 		if !fits || hiR >= pc.start+pc.wus || !pc.decide(c, &results[i], lo, hiR) {
 			fits = false
 		}
@@ -168,14 +178,9 @@ func (s *Store) decidePlain(ctx context.Context, n *node, checks []store.Check, 
 func (pc *plainCheck) decide(c *store.Check, r *store.Result, lo, hi int64) bool {
 	count := pc.incr.Val()
 	before := count - int64(c.Hits+c.Want)
-	var prev int64
-	if pc.prev != nil {
-		v, err := strconv.ParseInt(pc.prev.Val(), 10, 64)
-		if err == nil && v > 0 {
-			prev = v
-		} else if err != nil && pc.prev.Err() != redis.Nil {
-			return false // not a count: the script reads it as fresh and writes over it
-		}
+	prev := pc.prev
+	if prev < 0 && c.Algorithm != store.FixedWindow {
+		return false // not a count (or not read): the script reads it as fresh and writes over it
 	}
 	if before < 0 {
 		return false

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"strconv"
 	"sync"
@@ -40,6 +41,7 @@ type Store struct {
 	now     func() time.Time // test clock; nil means Redis's
 	plain   bool             // plain commands (plain.go)
 	routes  [numRoutes]atomic.Uint64
+	prevs   prevCounts // sliding windows' previous counts (prev.go)
 
 	fleetKey     string // KeyPrefix + FleetKey
 	demandPrefix string // KeyPrefix + DemandKeyPart
@@ -75,6 +77,7 @@ func New(opts Options) (*Store, error) {
 		onChange: o.OnBreakerChange, onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch,
 		fleetKey: o.KeyPrefix + FleetKey, demandPrefix: o.KeyPrefix + DemandKeyPart, replica: replicaID()}
 	_, s.cluster = s.client.(*redis.ClusterClient)
+	s.prevs.seed = maphash.MakeSeed()
 	return s, nil
 }
 
@@ -131,7 +134,9 @@ func (s *Store) Delete(ctx context.Context, checks ...store.Check) error {
 			w := int64(c.Window / time.Second)
 			start := now.Unix() / w * w
 			for ws := start - w; ws <= start+w; ws += w {
-				p.Del(ctx, string(lua.WindowKey(nil, c.Key, ws)))
+				k := string(lua.WindowKey(nil, c.Key, ws))
+				p.Del(ctx, k)
+				s.prevs.drop(k)
 			}
 		}
 		return nil
@@ -320,31 +325,121 @@ func (s *Store) script(ctx context.Context, n *node, peek bool, checks []store.C
 	if !ok {
 		now = time.Now().UnixMicro() // a guess the script corrects
 	}
-	for range 3 { // a call that named another window than now's is sent again
-		reply, err := s.scriptOnce(ctx, n, peek, checks, now, back)
+	var fetched map[string]int64
+	for range 4 {
+		prevs := s.prevsOf(checks, now, fetched)
+		reply, err := s.scriptOnce(ctx, n, peek, checks, now, back, prevs)
+		back = nil // taken back, or lost with err
+		if err != nil && fetched == nil && s.cluster && redis.IsTryAgainError(err) {
+			// A slot being migrated refuses a call on keys only some of
+			// which it holds: read the previous counts alone (GET follows
+			// ASK), and send the call again with one key per check.
+			if fetched, err = s.fetchPrevs(ctx, checks, now); err == nil {
+				continue
+			}
+		}
 		if err != nil {
 			return err
 		}
 		if t, wrong := lua.WrongWindow(reply); wrong {
-			now, back = t, nil
+			now = t
 			continue
+		}
+		for i := range checks {
+			if prevs[i] < 0 && checks[i].Refund && twoCounter(&checks[i]) {
+				s.prevs.drop(prevKey(&checks[i], now)) // the refund may have lowered it
+			}
 		}
 		return decodeReply(reply, peek, checks, results)
 	}
-	return fmt.Errorf("%w: the script's window moved three times", store.ErrProtocol)
+	return fmt.Errorf("%w: the script's window kept moving", store.ErrProtocol)
+}
+
+// twoCounter reports whether c is a two-counter sliding window, which
+// reads its previous window's count.
+func twoCounter(c *store.Check) bool {
+	return lua.Windowed(c) && c.Algorithm != store.FixedWindow
+}
+
+// unknownPrev reports whether the script reads a previous count from its
+// key.
+func unknownPrev(checks []store.Check, prevs []int64) bool {
+	for i := range checks {
+		if prevs[i] < 0 && twoCounter(&checks[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// windowStart returns the start (Unix seconds) of c's window at now (µs).
+func windowStart(c *store.Check, now int64) int64 {
+	w := int64(c.Window / time.Second)
+	return floorDiv(now, w*1e6) * w
+}
+
+// prevKey names c's previous window's key at now (µs).
+func prevKey(c *store.Check, now int64) string {
+	return string(lua.WindowKey(nil, c.Key, windowStart(c, now)-int64(c.Window/time.Second)))
+}
+
+// prevsOf returns the previous counts the script call for checks at now
+// gives (-1: it reads the key): those kept, but none to a refund (which
+// may lower it), and every one fetched after a TRYAGAIN.
+func (s *Store) prevsOf(checks []store.Check, now int64, fetched map[string]int64) []int64 {
+	prevs := make([]int64, len(checks))
+	for i := range checks {
+		c := &checks[i]
+		prevs[i] = -1
+		if !twoCounter(c) {
+			continue
+		}
+		k := prevKey(c, now)
+		if n, ok := fetched[k]; ok {
+			prevs[i] = n
+		} else if n, ok := s.prevs.get(k, now); ok && !c.Refund {
+			prevs[i] = n
+		}
+	}
+	return prevs
+}
+
+// fetchPrevs reads the previous counts of checks at now, each by a GET
+// the cluster client sends where the key is, and keeps them.
+func (s *Store) fetchPrevs(ctx context.Context, checks []store.Check, now int64) (map[string]int64, error) {
+	gets := map[string]*redis.StringCmd{}
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range checks {
+			if c := &checks[i]; twoCounter(c) {
+				if k := prevKey(c, now); gets[k] == nil {
+					gets[k] = p.Get(ctx, k)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	out := make(map[string]int64, len(gets))
+	for k, g := range gets {
+		n, _ := parseCount(g) // not a count reads as 0, as in the script
+		out[k] = n
+	}
+	return out, nil
 }
 
 // scriptOnce runs decide.lua once for checks, its window keys named for
-// now (Unix µs), after the take-backs back, and returns its reply.
-func (s *Store) scriptOnce(ctx context.Context, n *node, peek bool, checks []store.Check, now int64, back []plainBack) (string, error) {
+// now (Unix µs) with the previous counts prevs (prevsOf), after the
+// take-backs back, and returns its reply.
+func (s *Store) scriptOnce(ctx context.Context, n *node, peek bool, checks []store.Check, now int64, back []plainBack, prevs []int64) (string, error) {
 	keys := make([]string, 0, 2*len(checks))
 	blob := make([]byte, 0, lua.CheckBytes*len(checks))
 	for i := range checks {
 		c := &checks[i]
-		w := int64(c.Window / time.Second)
-		start := floorDiv(now, w*1e6) * w
-		keys = lua.Keys(keys, c, start)
-		blob = lua.AppendCheck(blob, c, start)
+		start := windowStart(c, now)
+		keys = lua.Keys(keys, c, start, prevs[i] >= 0)
+		blob = lua.AppendCheck(blob, c, start, prevs[i])
 	}
 	args := []any{argNoClock, argModeDecide, blob}
 	if s.now != nil {
@@ -380,7 +475,7 @@ func (s *Store) scriptOnce(ctx context.Context, n *node, peek bool, checks []sto
 			})
 			backFailed = cmp(otherErr(back), backErr(rb))
 		}
-		if redirected(err) {
+		if redirected(err) && !(unknownPrev(checks, prevs) && redis.IsTryAgainError(err)) {
 			reply, err = runEval(ctx, s.client, keys, args)
 		}
 	}

@@ -46,9 +46,9 @@ func BenchmarkScriptCost(b *testing.B) {
 		b.Fatal(err)
 	}
 	hour := time.Now().Unix() / 3600 * 3600 // an hour's window: no call crosses its end
-	blob := lua.AppendCheck(nil, &store.Check{Limit: 1_000_000_000, Window: time.Hour, Hits: 1}, hour)
+	blob := lua.AppendCheck(nil, &store.Check{Limit: 1_000_000_000, Window: time.Hour, Hits: 1}, hour, -1)
 	wkeys := func(key string) []string {
-		return lua.Keys(nil, &store.Check{Key: key, Window: time.Hour}, hour)
+		return lua.Keys(nil, &store.Check{Key: key, Window: time.Hour}, hour, false)
 	}
 	modes := []struct {
 		name string
