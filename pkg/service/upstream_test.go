@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/testkit"
 )
@@ -246,5 +248,68 @@ descriptors:
 				}
 			}
 		})
+	}
+}
+
+// keyRecorder is a store that records the keys it is asked to decide.
+type keyRecorder struct {
+	store.Store
+	keys []string
+}
+
+func (k *keyRecorder) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
+	for _, c := range checks {
+		k.keys = append(k.keys, c.Key)
+	}
+	return k.Store.Decide(ctx, checks, results)
+}
+
+// TestUpstreamShareThresholdKey replays upstream's TestShareThreshold
+// (test/integration) on upstream's keys: a share_threshold wildcard level
+// is counted under its pattern, byte for byte as upstream's cache key
+// ("prefix" "domain_files_files/*_"), so files/b.csv finds the count
+// files/a.pdf left; without share_threshold each value has its own key.
+func TestUpstreamShareThresholdKey(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"s.yaml": []byte(`
+domain: share-threshold-test
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}
+  - key: files_no_share
+    value: files_no_share/*
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &keyRecorder{Store: memory.New(memory.Options{})}
+	svc := New(cfg, limiter.New(rec, limiter.Options{DisableOverLimitCache: true}), Options{UpstreamKeys: true, KeyPrefix: "p:"})
+	ask := func(k, v string) *rlsv3.RateLimitResponse {
+		t.Helper()
+		resp, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "share-threshold-test", Descriptors: []*rlcommon.RateLimitDescriptor{d(k, v)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	for range 10 {
+		ask("files", "files/a.pdf")
+	}
+	if r := ask("files", "files/b.csv"); r.OverallCode != cOver || r.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("files/b.csv after 10 of files/a.pdf: %v, want OVER_LIMIT, 0 left", r)
+	}
+	for i := range 3 {
+		if r := ask("files_no_share", fmt.Sprintf("files_no_share/%d", i)); r.Statuses[0].LimitRemaining != 9 {
+			t.Errorf("files_no_share/%d: %v, want 9 left, its own counter", i, r)
+		}
+	}
+	want := map[string]bool{"p:share-threshold-test_files_files/*_": true, "p:share-threshold-test_files_no_share_files_no_share/0_": true,
+		"p:share-threshold-test_files_no_share_files_no_share/1_": true, "p:share-threshold-test_files_no_share_files_no_share/2_": true}
+	for _, k := range rec.keys {
+		if !want[k] {
+			t.Errorf("key %q, want one of %v", k, want)
+		}
 	}
 }

@@ -286,7 +286,7 @@ func (g *generation) ruleStats(domain string, d *rlcommon.RateLimitDescriptor, r
 	if !r.DetailedMetric && !r.ValueToMetric() {
 		return e.plain
 	}
-	name := domain + "." + levels(r.MetricLabel(d.GetEntries()))
+	name := domain + "." + r.StatsName(d.GetEntries())
 	if rs, ok := e.byName.Load(name); ok {
 		return rs.(*rateLimitStats)
 	}
@@ -333,14 +333,9 @@ func (g *generation) overrideStats(domain string, d *rlcommon.RateLimitDescripto
 
 // RuleKey is a rule's stats key, as upstream names it: the domain, then
 // each level of the rule's descriptor path as key_value (or key), joined
-// by '.'.
+// by '.', values as configured ("files_files/*").
 func RuleKey(r *descriptors.Rule) string {
-	return r.Domain + "." + strings.NewReplacer("/", ".", "=", "_").Replace(r.Path)
-}
-
-// levels turns a MetricLabel ("k=v|k2=v2") into upstream's "k_v.k2_v2".
-func levels(label string) string {
-	return strings.NewReplacer("|", ".", "=", "_").Replace(label)
+	return r.Domain + "." + r.StatsPath()
 }
 
 var ipv4 = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)

@@ -322,3 +322,42 @@ func TestParseTarget(t *testing.T) {
 		t.Errorf("%+v %v", tg, err)
 	}
 }
+
+// TestStatNamesKeepSlashes: a configured value with '/' (a URL path) keeps
+// it in the stats key, as upstream's does ("files_files/*", not
+// "files_files.*"), in the rule's key and in a detailed_metric name, whose
+// request values keep '/' and '=' too.
+func TestStatNamesKeepSlashes(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"s.yaml": []byte(`
+domain: d
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: route
+    value: /v1/a
+    descriptors:
+      - key: path
+        detailed_metric: true
+        rate_limit: {unit: hour, requests_per_unit: 10}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]string{}
+	for _, r := range cfg.Rules() {
+		names[r.Path] = RuleKey(r)
+	}
+	if got := names["files=files/*"]; got != "d.files_files/*" {
+		t.Errorf("RuleKey of files/* = %q, want d.files_files/*", got)
+	}
+	if got := names["route=/v1/a/path"]; got != "d.route_/v1/a.path" {
+		t.Errorf("RuleKey of /v1/a/path = %q, want d.route_/v1/a.path", got)
+	}
+	entries := []*rlcommon.RateLimitDescriptor_Entry{{Key: "route", Value: "/v1/a"}, {Key: "path", Value: "/x/y=z"}}
+	r := cfg.Match("d", entries)
+	if got := r.StatsName(entries); got != "route_/v1/a.path_/x/y=z" {
+		t.Errorf("detailed name %q, want route_/v1/a.path_/x/y=z", got)
+	}
+}
