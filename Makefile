@@ -40,13 +40,18 @@ release-check: ## a release dry run into dist/, checking binaries, checksums, ch
 run: build ## serve ./config on the embedded memory store (gRPC :8081, HTTP :8080)
 	./$(BIN) serve --config-dir $(CONFIG)
 
-deps: ## install what the tests need (redis-server from Debian) when missing
+deps: ## install what the tests need (redis-server and nutcracker from Debian) when missing
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
 	  echo "redis-server not found: installing Debian's redis-server package"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null || { \
 	    echo "could not install redis-server: run 'apt-get install -y redis-server'"; exit 1; }; }
 	@redis-server --version
+	@command -v nutcracker >/dev/null || test -x /usr/sbin/nutcracker || { \
+	  echo "nutcracker not found: installing Debian's nutcracker package (twemproxy, for the tests behind it)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nutcracker >/dev/null || { \
+	    echo "could not install nutcracker: run 'apt-get install -y nutcracker'"; exit 1; }; }
 	@command -v grpcurl >/dev/null || { echo "installing grpcurl (the README's examples are run by a test)"; \
 	  $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4; }
 	@command -v service_cmd >/dev/null || test -x "$(GOBIN)/service_cmd" || { echo "installing envoyproxy/ratelimit's service_cmd (the mixed-fleet test runs it beside rls)"; \

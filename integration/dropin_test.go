@@ -38,6 +38,24 @@ func startAsRatelimit(t testing.TB, env map[string]string) *rlsProc {
 // makes to GRPC_PORT's address (nil: gRPC over TCP, plaintext).
 func startAsRatelimitConn(t testing.TB, env map[string]string, dial func(addr string) *grpc.ClientConn) *rlsProc {
 	t.Helper()
+	files := map[string]string{}
+	for _, f := range []string{"config.yaml", "example.yaml"} {
+		b, err := os.ReadFile(filepath.Join(upstreamExampleConfig, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[f] = string(b)
+	}
+	p := startRatelimit(t, env, files, dial)
+	p.waitServing(t, 20*time.Second)
+	return p
+}
+
+// startRatelimit runs the binary as ratelimit with env and the config files
+// (name → YAML, in RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config), without
+// waiting for it to serve.
+func startRatelimit(t testing.TB, env, files map[string]string, dial func(addr string) *grpc.ClientConn) *rlsProc {
+	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin", "ratelimit")
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
@@ -51,12 +69,11 @@ func startAsRatelimitConn(t testing.TB, env map[string]string, dial func(addr st
 	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"config.yaml", "example.yaml"} {
-		b, err := os.ReadFile(filepath.Join(upstreamExampleConfig, f))
-		if err != nil {
+	for f, body := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(cfgDir, f)), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(cfgDir, f), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(cfgDir, f), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -99,7 +116,6 @@ func startAsRatelimitConn(t testing.TB, env map[string]string, dial func(addr st
 		p.conn = conn
 		t.Cleanup(func() { conn.Close() })
 	}
-	p.waitServing(t, 20*time.Second)
 	return p
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,7 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/upstream"
 	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 	"github.com/rls-project/rls/pkg/upstreamstats"
@@ -95,8 +97,9 @@ type app struct {
 	cfgMetrics *telemetry.ConfigMetrics
 	svcMetrics *service.Metrics
 
-	rawStore store.Store             // as opened (the fleet's heartbeats need Redis itself)
-	st       *telemetry.MeteredStore // rawStore with metrics; closed last
+	rawStore  store.Store             // as opened (the fleet's heartbeats need Redis itself)
+	st        *telemetry.MeteredStore // rawStore with metrics; closed last
+	twemproxy bool                    // --redis-url is a twemproxy (twemproxy.go)
 
 	tracing  *telemetry.Tracing   // nil when tracing is off
 	upstream *upstreamstats.Stats // envoyproxy/ratelimit's stats; nil when off
@@ -161,6 +164,9 @@ func (a *app) build() error {
 	if err := a.buildStore(); err != nil {
 		return err
 	}
+	if err := a.checkTwemproxy(rules); err != nil {
+		return err
+	}
 	if err := a.buildTracing(); err != nil {
 		return err
 	}
@@ -214,21 +220,54 @@ func loadRules(cfg *Config, note func(string)) (*descriptors.Config, error) {
 	return rules, nil
 }
 
-// buildStore opens the configured store and wraps it with metrics.
+// buildStore opens the configured store and wraps it with metrics. On
+// Redis with --env-compat upstream, fixed windows count in upstream's
+// keys (pkg/store/upstream) around the Redis store; behind twemproxy they
+// are all there is (twemproxy.go).
 func (a *app) buildStore() error {
-	raw, ready, err := openStore(a.cfg, a.log)
-	if err != nil {
-		return err
+	var tc *tls.Config
+	if a.cfg.storeKind() == "redis" {
+		var err error
+		if tc, err = redisTLS(a.cfg, a.log); err != nil {
+			return err
+		}
+		a.twemproxy = a.detectTwemproxy(tc)
+	}
+	var raw store.Store
+	var ready func(context.Context) error
+	if a.twemproxy {
+		client, err := upstream.NewClient(a.cfg.upstreamClient(true, nil))
+		if err != nil {
+			return fmt.Errorf("%s: %w", flagRef("redis-url"), err)
+		}
+		us := upstream.New(upstream.Options{Client: client, KeyPrefix: a.cfg.KeyPrefix, Timeout: a.cfg.RedisTimeout})
+		raw, ready = us, us.Ready
+		if a.cfg.FleetSize == 0 {
+			a.log.Warn("behind twemproxy rls cannot learn the fleet's size (its heartbeats need scripts): set " + flagRef("fleet-size") +
+				", or each replica's fail-open share while Redis is down is the whole limit")
+		}
+	} else {
+		var err error
+		if raw, ready, err = openStore(a.cfg, tc, a.log); err != nil {
+			return err
+		}
+		ready = a.lateTwemproxy(ready, tc)
 	}
 	a.rawStore = raw // closed by closeStore from here on
 	st := raw
 	if rs, ok := raw.(*redisstore.Store); ok && a.cfg.EnvCompat == "upstream" {
-		st = redisstore.NewUpstreamKeys(rs, a.cfg.KeyPrefix) // fixed windows in upstream's keys
+		client, err := upstream.NewClient(a.cfg.upstreamClient(false, tc))
+		if err != nil {
+			return fmt.Errorf("%s: %w", flagRef("redis-url"), err)
+		}
+		st = upstream.New(upstream.Options{Inner: rs, Client: client, KeyPrefix: a.cfg.KeyPrefix, Timeout: a.cfg.RedisTimeout})
 	}
 	a.st = telemetry.NewMeteredStore(st, a.reg)
 	if rs, ok := raw.(*redisstore.Store); ok {
 		telemetry.RegisterBreakers(a.reg, rs)
 		telemetry.RegisterScriptMode(a.reg, rs)
+	}
+	if a.cfg.storeKind() == "redis" {
 		// A wrong password is a mistake to fix, not an outage to serve through.
 		if err := telemetry.RefusedCredentials(ready, a.cfg.RedisTimeout); err != nil {
 			return fmt.Errorf("redis refused rls's credentials; set the right password in %s (or the %s's), "+
@@ -395,7 +434,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) error {
 		RefuseRefunds:    !cfg.AllowNegativeHits,
 		Observer:         a.upstream.Observer(),
 		KeyPrefix:        cfg.KeyPrefix,
-		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis",
+		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis" || a.twemproxy,
 	})
 	a.admin.Register(service.NewAdmin(a.svc, a.st, a.lim))
 	o := rlqs.Options{Store: a.tracing.Store(a.st), Resolver: a.svc, Fleet: a.fleet.Size, Log: a.log}
@@ -424,6 +463,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		MergeDomains:     a.cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"],
 		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
+		Check:            a.checkTwemproxy,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.Set(c)
@@ -727,10 +767,10 @@ func grpcCreds(cfg *Config, log *slog.Logger) (credentials.TransportCredentials,
 }
 
 // openStore builds the configured store and its readiness probe.
-func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context) error, error) {
+func openStore(cfg *Config, tc *tls.Config, log *slog.Logger) (store.Store, func(context.Context) error, error) {
 	switch cfg.storeKind() {
 	case "redis":
-		rs, err := openRedis(cfg, log)
+		rs, err := openRedis(cfg, tc, log)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -78,6 +78,9 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 	if err == nil && len(cfg.Domains()) == 0 && !a.cfg.AllowEmptyConfig {
 		err = fmt.Errorf("version %q has no RateLimitConfig with a domain: it would remove every limit (%s allows it)", version, flagRef("allow-empty-config"))
 	}
+	if err == nil {
+		err = a.checkTwemproxy(cfg)
+	}
 	if err != nil {
 		a.cfgMetrics.Report(reload.Failure)
 		return err

@@ -59,6 +59,10 @@ type Options struct {
 	// DefaultAlgorithm is the algorithm of rules that name none
 	// (descriptors.ParseOptions).
 	DefaultAlgorithm store.Algorithm
+	// Check, when set, refuses a valid config the server cannot serve
+	// (rules its store cannot count): its error fails the reload as a
+	// broken file does.
+	Check func(*descriptors.Config) error
 }
 
 // load is descriptors.LoadWith; tests count its calls.
@@ -171,6 +175,9 @@ func (w *Watcher) Reload() Result {
 	if err == nil && len(cfg.Domains()) == 0 && !w.opts.AllowEmpty {
 		err = errors.New("the config directory " + w.opts.Dir + " has no domain left (no .yaml or .yml file with a domain): " +
 			"a reload to it would remove every limit" + allowHint(w.opts.AllowEmptyName))
+	}
+	if err == nil && w.opts.Check != nil {
+		err = w.opts.Check(cfg)
 	}
 	if err != nil {
 		msg := err.Error()
