@@ -333,7 +333,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		addRateLimitHeaders(resp, &s.opts.HeaderNames)
 	}
 	if s.opts.ResponseMetadata {
-		resp.DynamicMetadata = responseMetadata(req, res, resp)
+		resp.DynamicMetadata = responseMetadata(req, res, resp, s.quotaMode)
 	}
 	return resp
 }

@@ -42,6 +42,8 @@ type upCase struct {
 	wantCodes      []rlsv3.RateLimitResponse_Code
 	wantMeta       map[string]string // response metadata "metadata" fields (string values)
 	wantNoMetadata bool              // response metadata without a "metadata" field
+	wantViolations []float64         // response metadata's quotaModeViolations
+	wantQuotaOn    bool              // response metadata's quotaModeEnabled
 }
 
 const (
@@ -64,13 +66,18 @@ var upstreamServiceCases = []upCase{
 		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOver}},
 	{name: "TestMetadataReturnedForPassedDescriptors", quotaMode: true, metadata: true,
 		descs:       []upDesc{{kind: "ok", metadata: "{name: service_1}"}, {kind: "over", quota: true, metadata: "{name: service_2}"}},
-		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}, wantMeta: map[string]string{"name": "service_1"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}, wantMeta: map[string]string{"name": "service_1"},
+		wantViolations: []float64{1}, wantQuotaOn: true},
 	{name: "TestMetadataReturnedForAllPassedDescriptors", quotaMode: true, metadata: true,
 		descs:       []upDesc{{kind: "ok", quota: true, metadata: "{name: service_1}"}, {kind: "ok", quota: true, metadata: "{some_other_name: service_2}"}},
-		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1", "some_other_name": "service_2"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1", "some_other_name": "service_2"},
+		wantQuotaOn: true},
 	{name: "TestOverlappingMetadataReturnsTheFirstValue", quotaMode: true, metadata: true,
 		descs:       []upDesc{{kind: "ok", quota: true, metadata: "{name: service_1}"}, {kind: "ok", quota: true, metadata: "{name: service_2}"}},
-		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1"},
+		wantQuotaOn: true},
+	{name: "TestServiceQuotaModeWithMetadata", quotaMode: true, metadata: true, descs: []upDesc{{kind: "ok"}, {kind: "over", quota: true}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}, wantNoMetadata: true, wantViolations: []float64{1}, wantQuotaOn: true},
 	{name: "TestServicePerDescriptorQuotaMode", descs: []upDesc{{kind: "over"}, {kind: "ok", quota: true}},
 		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOK}},
 	{name: "TestServiceMixedPerDescriptorModes", descs: []upDesc{{kind: "ok"}, {kind: "over", quota: true}},
@@ -163,6 +170,14 @@ func TestUpstreamServiceCases(t *testing.T) {
 				if got[k].GetStringValue() != v {
 					t.Errorf("metadata %s = %v, want %q", k, got[k], v)
 				}
+			}
+			var violations []float64
+			for _, v := range md["quotaModeViolations"].GetListValue().GetValues() {
+				violations = append(violations, v.GetNumberValue())
+			}
+			if fmt.Sprint(violations) != fmt.Sprint(c.wantViolations) || md["quotaModeEnabled"] == nil ||
+				md["quotaModeEnabled"].GetBoolValue() != c.wantQuotaOn {
+				t.Errorf("quotaModeViolations %v, quotaModeEnabled %v; want %v, %v", violations, md["quotaModeEnabled"], c.wantViolations, c.wantQuotaOn)
 			}
 		})
 	}
