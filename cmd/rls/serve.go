@@ -274,7 +274,8 @@ func (a *app) buildStore() error {
 				"and the ACL user's permissions: %w", redisPasswordEnv, flagRef("redis-url"), err)
 		}
 	}
-	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: a.st.Ready(ready), OnChange: func(s telemetry.StoreState) { a.health.SetStore(s) }, Log: a.log})
+	a.probe = telemetry.NewStoreProbe(a.reg, telemetry.StoreProbeOptions{Ready: a.st.Ready(ready), OnChange: func(s telemetry.StoreState) { a.health.SetStore(s) },
+		Log: a.log, Addr: a.storeAddr()})
 	return nil
 }
 
@@ -474,11 +475,12 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 }
 
 // registerGRPC registers RateLimitService, health and reflection.
-// Readiness: serving from start-up to SIGTERM (with --config-source xds,
-// from the first valid config). A store outage does not make rls unready
-// (it decides in fallback); it shows as degraded on /healthcheck and as
-// NOT_SERVING of the gRPC health service "rls.store". A refusal of rls's
-// credentials does (telemetry.Health).
+// Readiness: serving once the store has answered since start-up (with
+// --config-source xds, and a valid config has come), until SIGTERM. A
+// later store outage does not make rls unready (it decides in fallback);
+// it shows as degraded on /healthcheck and as NOT_SERVING of the gRPC
+// health service "rls.store". A refusal of rls's credentials does
+// (telemetry.Health).
 func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.rlqs.Register(a.grpcSrv)
@@ -594,13 +596,29 @@ func (a *app) httpHandler() http.Handler {
 
 // healthcheck answers /healthcheck (telemetry.HealthcheckAnswer).
 func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
-	code, body := telemetry.HealthcheckAnswer(a.shuttingDown.Load(), a.configReady.Load(), a.health.Auth(),
-		!a.probe.OK() || a.lim.Degraded(degradedWindow))
+	ps := a.probe.State()
+	hs := telemetry.HealthState{ShuttingDown: a.shuttingDown.Load(), ConfigReady: a.configReady.Load(), AuthRefused: a.health.Auth(),
+		Degraded: !ps.OK || a.lim.Degraded(degradedWindow)}
+	if !ps.Answered {
+		hs.Waiting = a.storeAddr() + " has not answered yet"
+		if ps.Err != nil {
+			hs.Waiting = fmt.Sprintf("%s: %v", a.storeAddr(), ps.Err)
+		}
+	}
+	code, body := telemetry.HealthcheckAnswer(hs)
 	if code != http.StatusOK {
 		http.Error(w, body, code)
 		return
 	}
 	io.WriteString(w, body+"\n")
+}
+
+// storeAddr names the store in messages: its URL without the password.
+func (a *app) storeAddr() string {
+	if a.cfg.storeKind() == "memory" {
+		return "the memory store"
+	}
+	return redisstore.RedactURL(a.cfg.RedisURL)
 }
 
 // debugHandler serves --debug-addr: /rlconfig and /debug/pprof.
