@@ -464,6 +464,8 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		MergeDomains:     a.cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"],
 		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
+		Upstream:         loadOptions(a.cfg).Upstream,
+		IgnoreDotFiles:   loadOptions(a.cfg).IgnoreDotFiles,
 		Check:            a.checkTwemproxy,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
@@ -805,5 +807,7 @@ func loadOptions(cfg *Config) descriptors.LoadOptions {
 	alg, _ := store.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg,
-		AllowEmpty: cfg.AllowEmptyConfig, AllowEmptyName: flagRef("allow-empty-config")}
+		AllowEmpty: cfg.AllowEmptyConfig, AllowEmptyName: flagRef("allow-empty-config"),
+		// As ratelimit, the files upstream's runtime loader reads.
+		Upstream: cfg.EnvCompat == "upstream", IgnoreDotFiles: cfg.Compat.IgnoreDotFiles}
 }

@@ -162,3 +162,29 @@ descriptors:
 		t.Errorf("a reachable rule is reported:\n%s", out)
 	}
 }
+
+// TestValidateUpstreamFiles: rls validate in upstream mode (the flag, or
+// its twin as ratelimit) loads what serve loads then: a file in a
+// subdirectory without a .yaml name, which plain rls validate skips.
+func TestValidateUpstreamFiles(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sub", "limits"), []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: parsec}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := validate([]string{dir}, envOf(nil), &out); err == nil || !strings.Contains(out.String(), "ignoring "+filepath.Join(dir, "sub")) {
+		t.Errorf("plain validate: %v\n%s", err, out.String())
+	}
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+	}{{[]string{"--env-compat", "upstream", dir}, nil}, {[]string{dir}, map[string]string{"RLS_ENV_COMPAT": "upstream"}}} {
+		out.Reset()
+		if err := validate(c.args, envOf(c.env), &out); err == nil || !strings.Contains(out.String(), filepath.Join(dir, "sub", "limits")+":4") {
+			t.Errorf("%v %v: %v, want the unit error of sub/limits:\n%s", c.args, c.env, err, out.String())
+		}
+	}
+}
