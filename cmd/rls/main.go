@@ -56,12 +56,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
-		return err
+		return cfg.upstreamError(err)
 	}
 	if cfg.DryRun {
-		return dryRun(cfg, stdout, stderr)
+		return cfg.upstreamError(dryRun(cfg, stdout, stderr))
 	}
-	return serve(ctx, cfg, stderr)
+	return cfg.upstreamError(serve(ctx, cfg, stderr))
 }
 
 // isHelp reports whether arg asks for help.

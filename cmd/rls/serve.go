@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,6 +201,10 @@ func (a *app) logStart() {
 	for _, w := range cfg.Compat.Warnings { // upstream's variables that change nothing
 		a.log.Warn(w)
 	}
+	if len(cfg.StrayUpstream) > 0 { // an upstream Deployment's env: carried over to rls serve
+		a.log.Warn("envoyproxy/ratelimit's variables are set but rls serve does not read them: run as ratelimit, or set "+
+			flagRef("env-compat")+" upstream, for rls to read them; or use rls's flags (docs/MIGRATING.md)", "variables", strings.Join(cfg.StrayUpstream, ","))
+	}
 	if cfg.storeKind() == "memory" {
 		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", source...)
 	} else {
@@ -287,7 +292,7 @@ func (a *app) buildTracing() error {
 		return err // validated already
 	}
 	a.tracing, err = telemetry.NewTracing(telemetry.TracingOptions{OTLP: otlp, Store: a.cfg.storeKind(), RedisMode: a.cfg.redisMode(),
-		DescriptorValues: a.cfg.TraceDescriptorValues, Registerer: a.reg, Log: a.log})
+		DescriptorValues: a.cfg.TraceDescriptorValues, Registerer: a.reg, Log: a.log, SampleRatio: a.cfg.Compat.TracingSampleRatio})
 	return err
 }
 

@@ -278,7 +278,17 @@ func (r *reader) stats() {
 	flush := r.duration("STATS_FLUSH_INTERVAL")
 	tags := r.raw("EXTRA_TAGS")
 	if r.bool("USE_STATSD") {
-		u := url.URL{Scheme: "udp", Host: net.JoinHostPort(r.str("STATSD_HOST"), r.str("STATSD_PORT"))}
+		// gostats's STATSD_PROTOCOL, which upstream's statsd sink reads:
+		// tcp unless it says udp.
+		scheme := "tcp"
+		switch p := strings.ToLower(strings.TrimSpace(r.getenv("STATSD_PROTOCOL"))); p {
+		case "", "tcp", "tcp4", "tcp6":
+		case "udp", "udp4", "udp6":
+			scheme = "udp"
+		default:
+			r.errs = append(r.errs, &Error{Var: "STATSD_PROTOCOL", Value: p, Msg: "want tcp or udp"})
+		}
+		u := url.URL{Scheme: scheme, Host: net.JoinHostPort(r.str("STATSD_HOST"), r.str("STATSD_PORT"))}
 		q := url.Values{}
 		q.Set("flush_interval", flush.String())
 		if tags != "" {
@@ -450,6 +460,13 @@ func (r *reader) tracing() {
 		r.fail("TRACING_EXPORTER_PROTOCOL", "want http or grpc")
 	}
 	r.env("OTEL_EXPORTER_OTLP_PROTOCOL", proto)
+	if v := r.raw("TRACING_SAMPLING_RATE"); v != "" && r.getenv("OTEL_TRACES_SAMPLER") == "" {
+		rate, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(rate) {
+			r.fail("TRACING_SAMPLING_RATE", "want a number such as 0.1 (0 samples nothing, 1 everything)")
+		}
+		r.set.TracingSampleRatio = &rate
+	}
 	if proto == "grpc" {
 		r.env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317")
 	} else {
@@ -547,4 +564,17 @@ func AsRatelimit(argv0 string, getenv func(string) string) func(string) string {
 		}
 		return "upstream"
 	}
+}
+
+// Stray returns the names of upstream's variables (Vars) that getenv has
+// set, in Vars' order: outside upstream mode rls reads none of them, and
+// says so (a Deployment's env: carried over to rls serve).
+func Stray(getenv func(string) string) []string {
+	var out []string
+	for _, v := range Vars {
+		if strings.TrimSpace(getenv(v.Name)) != "" {
+			out = append(out, v.Name)
+		}
+	}
+	return out
 }

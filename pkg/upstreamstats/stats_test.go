@@ -1,6 +1,7 @@
 package upstreamstats
 
 import (
+	"bufio"
 	"context"
 	"net"
 	"sort"
@@ -312,14 +313,56 @@ func TestDetailedCap(t *testing.T) {
 }
 
 func TestParseTarget(t *testing.T) {
-	for _, bad := range []string{"", "nohost", "udp://", "tcp://h:1", "udp://h:1?flush_interval=1ms", "udp://h:1?x=1", "udp://h:1?tags=novalue", "h:99999"} {
+	for _, bad := range []string{"", "nohost", "udp://", "http://h:1", "udp://h:1?flush_interval=1ms", "udp://h:1?x=1", "udp://h:1?tags=novalue", "h:99999"} {
 		if _, err := ParseTarget(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
 	}
 	tg, err := ParseTarget("udp://agent:9125?flush_interval=2s&tags=env:prod,team:a")
-	if err != nil || tg.Addr != "agent:9125" || tg.Flush != 2*time.Second || tg.Tags["env"] != "prod" || tg.Tags["team"] != "a" {
+	if err != nil || tg.Addr != "agent:9125" || tg.Protocol != "udp" || tg.Flush != 2*time.Second || tg.Tags["env"] != "prod" || tg.Tags["team"] != "a" {
 		t.Errorf("%+v %v", tg, err)
+	}
+	for s, want := range map[string]string{"agent:9125": "udp", "tcp://agent:9125": "tcp"} {
+		if tg, err := ParseTarget(s); err != nil || tg.Protocol != want || tg.Addr != "agent:9125" {
+			t.Errorf("%s: %+v %v, want protocol %s", s, tg, err, want)
+		}
+	}
+}
+
+// TestStatsdTCP: over TCP, upstream's default statsd protocol (gostats's
+// STATSD_PROTOCOL), a listener gets the same stats.
+func TestStatsdTCP(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	target, err := ParseTarget("tcp://" + lis.Addr().String() + "?flush_interval=100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := New(Options{Sinks: []gostats.Sink{NewStatsdSink(target, nil)}, Flush: target.Flush})
+	svc := newService(t, st)
+	run(t, svc, st)
+	st.Flush()
+	_ = lis.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	conn, err := lis.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	counters := map[string]uint64{}
+	sc := bufio.NewScanner(conn)
+	for counters["ratelimit.service.rate_limit.rl.key4_value4.total_hits"] < 16 && sc.Scan() {
+		name, rest, _ := strings.Cut(sc.Text(), ":")
+		if v, ok := strings.CutSuffix(rest, "|c"); ok {
+			n, _ := strconv.ParseUint(v, 10, 64)
+			counters[name] += n
+		}
+	}
+	if got := counters["ratelimit.service.rate_limit.rl.key4_value4.total_hits"]; got != 16 {
+		t.Errorf("total_hits over TCP %d, want 16", got)
 	}
 }
 
