@@ -432,6 +432,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) error {
 		ShadowMode:       cfg.ShadowMode,
 		QuotaMode:        cfg.QuotaMode,
 		ResponseMetadata: cfg.ResponseMetadata,
+		WholeSeconds:     cfg.EnvCompat == "upstream", // as upstream sends them
 		NearLimitRatio:   cfg.NearLimitRatio,
 		Limits:           service.DefaultLimits, // fixed bounds, listed in docs/flags.md
 		Metrics:          a.svcMetrics,

@@ -328,3 +328,26 @@ descriptors:
 		}
 	}
 }
+
+// TestWholeSeconds: with WholeSeconds (compatibility mode) a status's
+// duration_until_reset is whole seconds, rounded up, as upstream sends
+// them; without it, the store's sub-seconds.
+func TestWholeSeconds(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"w.yaml": []byte("domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, whole := range []bool{false, true} {
+		clk := testkit.NewClock(time.Unix(1_751_540_400, 250_000_000)) // 0.25 s into a minute
+		svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.Now}), limiter.Options{Now: clk.Now}), Options{WholeSeconds: whole})
+		for i, want := range map[bool][]time.Duration{false: {59750 * time.Millisecond, 59750 * time.Millisecond}, true: {60 * time.Second, 60 * time.Second}}[whole] {
+			resp, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "w", Descriptors: []*rlcommon.RateLimitDescriptor{d("k", "v")}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resp.Statuses[0].DurationUntilReset.AsDuration(); got != want {
+				t.Errorf("whole seconds %v, call %d (%v): %v, want %v", whole, i+1, resp.Statuses[0].Code, got, want)
+			}
+		}
+	}
+}
