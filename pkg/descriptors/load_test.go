@@ -158,7 +158,7 @@ func TestLoadUpstreamFiles(t *testing.T) {
 		want string
 		err  string
 	}{
-		{LoadOptions{}, "[a b]", ""}, // a.yaml, link.yml
+		{LoadOptions{}, "[a b]", ""},                                          // a.yaml, link.yml
 		{LoadOptions{Upstream: true, IgnoreDotFiles: true}, "", `domain "b"`}, // sub/b.conf and link.yml
 		{LoadOptions{Upstream: true, IgnoreDotFiles: true, MergeDomains: true}, "[a b e]", ""},
 		{LoadOptions{Upstream: true, MergeDomains: true}, "[a b c d e]", ""},

@@ -39,7 +39,7 @@ func TestStoreProbe(t *testing.T) {
 		OnChange: func(s StoreState) { mu.Lock(); changes = append(changes, s.OK); mu.Unlock() },
 		Log:      slog.New(slog.NewTextHandler(&logs, nil)),
 		Every:    time.Millisecond, Failing: time.Millisecond,
-		Addr:     "redis://h:1", WaitLogEvery: 20 * time.Millisecond,
+		Addr: "redis://h:1", WaitLogEvery: 20 * time.Millisecond,
 	})
 	up := func() float64 { return gauge(t, reg, "rls_store_up", "") }
 	if p.OK() || up() != 0 {
