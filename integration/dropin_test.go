@@ -88,7 +88,7 @@ func startRatelimit(t testing.TB, env, files map[string]string, dial func(addr s
 	for k, v := range env {
 		vars[k] = v
 	}
-	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &testkit.Buffer{}, done: make(chan struct{})}
+	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], ConfigDir: cfgDir, Log: &testkit.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin)
 	p.cmd.SysProcAttr = redistest.ChildAttr()
 	p.cmd.Env = cleanEnv()
