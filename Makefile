@@ -20,16 +20,22 @@ build: ## build bin/rls
 IMAGE  ?= rls:dev
 DOCKER ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
 
-image: ## build the container image (IMAGE=rls:dev; IMAGE=registry/rls:tag to push it) with docker or podman
+# Releases (docs/operations.md, "Versions and releases"): offline, into dist/.
+VERSION ?=
+DIST    ?= dist
+
+# What the image and a release stamp into the binary (rls version): the
+# version (VERSION, else git describe), the commit and its time.
+STAMP_VERSION = $(or $(VERSION),$(shell git describe --tags --match 'v*' 2>/dev/null || echo v0.0.0-dev))
+STAMP_COMMIT  = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+STAMP_DATE    = $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+
+image: ## build the container image (IMAGE=rls:dev; IMAGE=registry/rls:tag to push it), stamped with VERSION and the commit, with docker or podman
 	@if [ -z "$(DOCKER)" ]; then \
 	  echo "make image: neither docker nor podman is installed here: install one, or set DOCKER=/path/to/it" >&2; exit 1; fi
 	@$(DOCKER) info >/dev/null 2>&1 || { \
 	  echo "make image: $(DOCKER) is installed but cannot build: '$(DOCKER) info' fails (is its daemon running, and may you use it?)" >&2; exit 1; }
-	$(DOCKER) build -t $(IMAGE) .
-
-# Releases (docs/operations.md, "Versions and releases"): offline, into dist/.
-VERSION ?=
-DIST    ?= dist
+	$(DOCKER) build --build-arg VERSION=$(STAMP_VERSION) --build-arg COMMIT=$(STAMP_COMMIT) --build-arg DATE=$(STAMP_DATE) -t $(IMAGE) .
 
 release: ## versioned linux/amd64 and linux/arm64 binaries, the Helm chart, SHA256SUMS and the image command into dist/ (VERSION=v1.2.3)
 	GO=$(GO) VERSION=$(VERSION) DIST=$(DIST) bash scripts/release.sh

@@ -38,6 +38,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) > 0 && (args[0] == "serve" || args[0] == "validate" || args[0] == "simulate" || args[0] == "version" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
 	}
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") { // rls --version, as most servers answer it
+		cmd = "version"
+	}
 	switch cmd {
 	case "version":
 		fmt.Fprintln(stdout, "rls", buildinfo.String())

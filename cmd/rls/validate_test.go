@@ -122,15 +122,18 @@ descriptors:
 	}
 }
 
-// TestVersion: rls version prints the release's ldflags.
+// TestVersion: rls version, and rls --version, print the release's
+// ldflags.
 func TestVersion(t *testing.T) {
 	old := [3]string{buildinfo.Version, buildinfo.Commit, buildinfo.Date}
 	t.Cleanup(func() { buildinfo.Version, buildinfo.Commit, buildinfo.Date = old[0], old[1], old[2] })
 	buildinfo.Version, buildinfo.Commit, buildinfo.Date = "v1.2.3", "0123abc", "2026-12-02T15:00:00Z"
-	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"version"}, func(string) string { return "" }, &out, &errOut)
-	if err != nil || !strings.HasPrefix(out.String(), "rls v1.2.3 commit 0123abc built 2026-12-02T15:00:00Z go") {
-		t.Errorf("rls version = %q, %v", out.String(), err)
+	for _, args := range [][]string{{"version"}, {"--version"}, {"-version"}} {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), args, func(string) string { return "" }, &out, &errOut)
+		if err != nil || !strings.HasPrefix(out.String(), "rls v1.2.3 commit 0123abc built 2026-12-02T15:00:00Z go") {
+			t.Errorf("rls %v = %q, %v", args, out.String(), err)
+		}
 	}
 }
 
