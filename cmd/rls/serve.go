@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -269,7 +271,7 @@ func (a *app) buildStore() error {
 	}
 	a.st = telemetry.NewMeteredStore(st, a.reg)
 	if rs, ok := raw.(*redisstore.Store); ok {
-		telemetry.RegisterBreakers(a.reg, rs)
+		telemetry.RegisterBreakers(a.reg, rs, a.cfg.redisNode())
 		telemetry.RegisterScriptMode(a.reg, rs)
 	}
 	if a.cfg.storeKind() == "redis" {
@@ -619,6 +621,22 @@ func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	io.WriteString(w, body+"\n")
+}
+
+// redisNode names the Redis node outside cluster mode: --redis-url's
+// host:port, or its socket's path; a Sentinel's master is "master" and the
+// master name.
+func (c *Config) redisNode() string {
+	u, err := url.Parse(c.RedisURL)
+	switch {
+	case err != nil:
+		return "unknown"
+	case c.redisMode() == "sentinel":
+		return "master " + cmp.Or(c.RedisMasterName, u.Query().Get("master_name"))
+	case u.Scheme == "unix":
+		return u.Path
+	}
+	return u.Host
 }
 
 // storeAddr names the store in messages: its URL without the password.
