@@ -18,7 +18,8 @@ import (
 // TestStoreNeverAnswered: two replicas pointed at a Redis port nothing
 // listens on (a typo'd port) start, but stay NOT_SERVING (gRPC health of
 // the rate limit service, upstream's name and "", and /healthcheck 503
-// naming the address), say so at WARN with the address, and a fail_closed
+// naming the address; rls.live, the chart's liveness, stays SERVING), say
+// so at WARN with the address, and a fail_closed
 // rule denies meanwhile; both turn SERVING within seconds of a Redis
 // starting on that port, and decide on it.
 func TestStoreNeverAnswered(t *testing.T) {
@@ -55,6 +56,9 @@ descriptors:
 			if got := status(p, svc); got != notServing {
 				t.Errorf("replica %d: health %q = %v before the store ever answered, want NOT_SERVING", i, svc, got)
 			}
+		}
+		if got := status(p, "rls.live"); got != serving { // the chart's liveness: no restart loop
+			t.Errorf("replica %d: health rls.live = %v while it waits, want SERVING", i, got)
 		}
 		if code, body := ftHTTPGet(t, "http://"+p.HTTPAddr+"/healthcheck"); code != 503 || !strings.Contains(body, url) {
 			t.Errorf("replica %d: /healthcheck %d %q, want 503 naming %s", i, code, body, url)

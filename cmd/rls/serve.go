@@ -57,6 +57,11 @@ const upstreamHealthName = "ratelimit"
 // answers; rls itself stays SERVING (degraded) while it does not.
 const storeHealthName = "rls.store"
 
+// liveHealthName is the gRPC health service of liveness: SERVING from start
+// to shutdown whatever the config and the store, so that a liveness probe
+// never restarts a replica that waits for its store (the chart's).
+const liveHealthName = "rls.live"
+
 func newLogger(cfg *Config, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated already
@@ -499,6 +504,7 @@ func (a *app) registerGRPC() {
 	reflection.Register(a.grpcSrv)
 	// The store's health follows it; rls's, the config and the store's credentials.
 	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, append([]string{"", rlsServiceName, upstreamHealthName}, a.rlqs.HealthNames()...)...)
+	a.healthSrv.SetServingStatus(liveHealthName, healthpb.HealthCheckResponse_SERVING) // NOT_SERVING only on shutdown
 	a.health.SetReady(a.configReady.Load())
 }
 
