@@ -79,7 +79,7 @@ test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit
 	@# Last and alone (-p 1): its tests start real rls and redis-server processes.
 	$(GO) test -race -count=1 -timeout 15m -p 1 ./integration/
 
-unit: ## the unit tests only (no Redis, no binary)
+unit: ## the tests outside integration/ (no rls binary; the Redis store's and a few others start redis-server)
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
 
 # staticcheck is pinned and installed into bin/tools, so that whether make
