@@ -209,7 +209,8 @@ func TestDropinStats(t *testing.T) {
 	promAddr := freeAddr(t)
 	env := upstreamExampleEnv(srv.Addr)
 	_, port, _ := net.SplitHostPort(udp.LocalAddr().String())
-	for k, v := range map[string]string{"USE_STATSD": "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port,
+	// STATSD_PROTOCOL is gostats's (TCP by default, as upstream's sink).
+	for k, v := range map[string]string{"USE_STATSD": "true", "STATSD_PROTOCOL": "udp", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port,
 		"STATS_FLUSH_INTERVAL": "200ms", "EXTRA_TAGS": "env:ci", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": promAddr} {
 		env[k] = v
 	}

@@ -93,6 +93,9 @@ func ParseTags(s string) (map[string]string, error) {
 func NewStatsdSink(t Target, log *slog.Logger) gostats.Sink {
 	host, port, _ := net.SplitHostPort(t.Addr) // parsed by ParseTarget
 	p, _ := strconv.Atoi(port)
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	th := logthrottle.New(logthrottle.Every, nil)
 	return gostats.NewNetSink(gostats.WithStatsdHost(host), gostats.WithStatsdPort(p), gostats.WithStatsdProtocol(t.Protocol),
 		gostats.WithLogger(&sinkLogger{log: log, th: th}))

@@ -404,3 +404,30 @@ descriptors:
 		t.Errorf("detailed name %q, want route_/v1/a.path_/x/y=z", got)
 	}
 }
+
+// TestRunShutdownBounded: with a TCP statsd that nothing answers, the last
+// flush at shutdown gives up after Options.LastFlush instead of holding the
+// shutdown (gostats's TCP sink retries its connection).
+func TestRunShutdownBounded(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // refused from now on
+	target, err := ParseTarget("tcp://" + addr + "?flush_interval=100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := New(Options{Sinks: []gostats.Sink{NewStatsdSink(target, nil)}, Flush: target.Flush, LastFlush: 200 * time.Millisecond})
+	st.ConfigLoaded(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := st.Start(ctx)
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run still flushing long after its bound")
+	}
+}
