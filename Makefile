@@ -20,16 +20,22 @@ build: ## build bin/rls
 IMAGE  ?= rls:dev
 DOCKER ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
 
-image: ## build the container image (IMAGE=rls:dev; IMAGE=registry/rls:tag to push it) with docker or podman
+# Releases (docs/operations.md, "Versions and releases"): offline, into dist/.
+VERSION ?=
+DIST    ?= dist
+
+# What the image and a release stamp into the binary (rls version): the
+# version (VERSION, else git describe), the commit and its time.
+STAMP_VERSION = $(or $(VERSION),$(shell git describe --tags --match 'v*' 2>/dev/null || echo v0.0.0-dev))
+STAMP_COMMIT  = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+STAMP_DATE    = $(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null)
+
+image: ## build the container image (IMAGE=rls:dev; IMAGE=registry/rls:tag to push it), stamped with VERSION and the commit, with docker or podman
 	@if [ -z "$(DOCKER)" ]; then \
 	  echo "make image: neither docker nor podman is installed here: install one, or set DOCKER=/path/to/it" >&2; exit 1; fi
 	@$(DOCKER) info >/dev/null 2>&1 || { \
 	  echo "make image: $(DOCKER) is installed but cannot build: '$(DOCKER) info' fails (is its daemon running, and may you use it?)" >&2; exit 1; }
-	$(DOCKER) build -t $(IMAGE) .
-
-# Releases (docs/operations.md, "Versions and releases"): offline, into dist/.
-VERSION ?=
-DIST    ?= dist
+	$(DOCKER) build --build-arg VERSION=$(STAMP_VERSION) --build-arg COMMIT=$(STAMP_COMMIT) --build-arg DATE=$(STAMP_DATE) -t $(IMAGE) .
 
 release: ## versioned linux/amd64 and linux/arm64 binaries, the Helm chart, SHA256SUMS and the image command into dist/ (VERSION=v1.2.3)
 	GO=$(GO) VERSION=$(VERSION) DIST=$(DIST) bash scripts/release.sh
@@ -40,13 +46,18 @@ release-check: ## a release dry run into dist/, checking binaries, checksums, ch
 run: build ## serve ./config on the embedded memory store (gRPC :8081, HTTP :8080)
 	./$(BIN) serve --config-dir $(CONFIG)
 
-deps: ## install what the tests need (redis-server from Debian) when missing
+deps: ## install what the tests need (redis-server and nutcracker from Debian) when missing
 	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
 	  echo "redis-server not found: installing Debian's redis-server package"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null || { \
 	    echo "could not install redis-server: run 'apt-get install -y redis-server'"; exit 1; }; }
 	@redis-server --version
+	@command -v nutcracker >/dev/null || test -x /usr/sbin/nutcracker || { \
+	  echo "nutcracker not found: installing Debian's nutcracker package (twemproxy, for the tests behind it)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nutcracker >/dev/null || { \
+	    echo "could not install nutcracker: run 'apt-get install -y nutcracker'"; exit 1; }; }
 	@command -v grpcurl >/dev/null || { echo "installing grpcurl (the README's examples are run by a test)"; \
 	  $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4; }
 	@command -v service_cmd >/dev/null || test -x "$(GOBIN)/service_cmd" || { echo "installing envoyproxy/ratelimit's service_cmd (the mixed-fleet test runs it beside rls)"; \
@@ -68,7 +79,7 @@ test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit
 	@# Last and alone (-p 1): its tests start real rls and redis-server processes.
 	$(GO) test -race -count=1 -timeout 15m -p 1 ./integration/
 
-unit: ## the unit tests only (no Redis, no binary)
+unit: ## the tests outside integration/ (no rls binary; the Redis store's and a few others start redis-server)
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
 
 # staticcheck is pinned and installed into bin/tools, so that whether make

@@ -333,6 +333,11 @@ func checkRelease(t *testing.T, r *release) {
 	if p := c.ReadinessProbe; p != nil && p.GRPC != nil && (p.GRPC.Service == nil || *p.GRPC.Service != rlsHealthService(t)) {
 		t.Errorf("readinessProbe asks for service %v, want %q (what rls reports NOT_SERVING while draining)", p.GRPC.Service, rlsHealthService(t))
 	}
+	// Liveness on the service that stays SERVING while rls waits for its
+	// store: a replica started before Redis is not restarted in a loop.
+	if p := c.LivenessProbe; p != nil && p.GRPC != nil && (p.GRPC.Service == nil || *p.GRPC.Service != "rls.live") {
+		t.Errorf("livenessProbe asks for service %v, want rls.live", p.GRPC.Service)
+	}
 
 	// Security: non-root, read-only root file system, no capabilities.
 	psc, sc := pod.Spec.SecurityContext, c.SecurityContext

@@ -164,7 +164,7 @@ func TestDashboardAndAlertsUseExportedSeries(t *testing.T) {
 	until("store down and its breaker open after Redis is killed", 10*time.Second, func() bool {
 		call(time.Second, "dash", "tenant", "k")
 		m := metrics()
-		return strings.HasPrefix(storeUp(m), "0 ") && storeUp(m) != "0 auth" && m[`rls_redis_breaker_state{node="",state="open"}`] == 1 &&
+		return strings.HasPrefix(storeUp(m), "0 ") && storeUp(m) != "0 auth" && m[`rls_redis_breaker_state{node="`+rs.Addr+`",state="open"}`] == 1 &&
 			m[`rls_store_errors_total{kind="unavailable",op="decide"}`]+m[`rls_store_errors_total{kind="circuit_open",op="decide"}`] > 0
 	})
 	// Back: the store answers again and the hits admitted locally are

@@ -38,6 +38,24 @@ func startAsRatelimit(t testing.TB, env map[string]string) *rlsProc {
 // makes to GRPC_PORT's address (nil: gRPC over TCP, plaintext).
 func startAsRatelimitConn(t testing.TB, env map[string]string, dial func(addr string) *grpc.ClientConn) *rlsProc {
 	t.Helper()
+	files := map[string]string{}
+	for _, f := range []string{"config.yaml", "example.yaml"} {
+		b, err := os.ReadFile(filepath.Join(upstreamExampleConfig, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[f] = string(b)
+	}
+	p := startRatelimit(t, env, files, dial)
+	p.waitServing(t, 20*time.Second)
+	return p
+}
+
+// startRatelimit runs the binary as ratelimit with env and the config files
+// (name → YAML, in RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config), without
+// waiting for it to serve.
+func startRatelimit(t testing.TB, env, files map[string]string, dial func(addr string) *grpc.ClientConn) *rlsProc {
+	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin", "ratelimit")
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
@@ -51,12 +69,11 @@ func startAsRatelimitConn(t testing.TB, env map[string]string, dial func(addr st
 	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"config.yaml", "example.yaml"} {
-		b, err := os.ReadFile(filepath.Join(upstreamExampleConfig, f))
-		if err != nil {
+	for f, body := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(cfgDir, f)), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(cfgDir, f), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(cfgDir, f), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -71,7 +88,7 @@ func startAsRatelimitConn(t testing.TB, env map[string]string, dial func(addr st
 	for k, v := range env {
 		vars[k] = v
 	}
-	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &testkit.Buffer{}, done: make(chan struct{})}
+	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], ConfigDir: cfgDir, Log: &testkit.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin)
 	p.cmd.SysProcAttr = redistest.ChildAttr()
 	p.cmd.Env = cleanEnv()
@@ -99,7 +116,6 @@ func startAsRatelimitConn(t testing.TB, env map[string]string, dial func(addr st
 		p.conn = conn
 		t.Cleanup(func() { conn.Close() })
 	}
-	p.waitServing(t, 20*time.Second)
 	return p
 }
 
@@ -193,7 +209,8 @@ func TestDropinStats(t *testing.T) {
 	promAddr := freeAddr(t)
 	env := upstreamExampleEnv(srv.Addr)
 	_, port, _ := net.SplitHostPort(udp.LocalAddr().String())
-	for k, v := range map[string]string{"USE_STATSD": "true", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port,
+	// STATSD_PROTOCOL is gostats's (TCP by default, as upstream's sink).
+	for k, v := range map[string]string{"USE_STATSD": "true", "STATSD_PROTOCOL": "udp", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": port,
 		"STATS_FLUSH_INTERVAL": "200ms", "EXTRA_TAGS": "env:ci", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": promAddr} {
 		env[k] = v
 	}

@@ -45,19 +45,27 @@ func scrape(t testing.TB, p *rlsProc) string {
 	return string(b)
 }
 
-// storeUp returns rls_store_up's one series as "value reason" ("1 none",
-// "0 auth"), or "" when it is not there (or there twice).
+// storeUp returns rls_store_up and the reason of rls_store_down that is 1
+// as "value reason" ("1 none", "0 auth"), or "" when rls_store_up is not
+// there or no reason (or two) is 1 while it is 0.
 func storeUp(m map[string]float64) string {
-	got := ""
+	up, ok := m["rls_store_up"]
+	if !ok {
+		return ""
+	}
+	reason := "none"
 	for k, v := range m {
-		if r, ok := strings.CutPrefix(k, `rls_store_up{reason="`); ok {
-			if got != "" {
+		if r, ok := strings.CutPrefix(k, `rls_store_down{reason="`); ok && v == 1 {
+			if reason != "none" {
 				return ""
 			}
-			got = fmt.Sprintf("%v %s", v, strings.TrimSuffix(r, `"}`))
+			reason = strings.TrimSuffix(r, `"}`)
 		}
 	}
-	return got
+	if (up == 1) != (reason == "none") {
+		return ""
+	}
+	return fmt.Sprintf("%v %s", up, reason)
 }
 
 // series returns the rls_* sample lines of a scrape, name{labels} → value.

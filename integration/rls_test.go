@@ -99,6 +99,7 @@ var (
 // rlsProc is one running rls binary.
 type rlsProc struct {
 	GRPCAddr, HTTPAddr string
+	ConfigDir          string // the directory of its descriptor YAML
 	cmd                *exec.Cmd
 	Log                *testkit.Buffer
 	done               chan struct{}
@@ -145,7 +146,7 @@ func startRLSEnv(t testing.TB, bin, configDir string, env []string, args ...stri
 func startRLSBinEnv(t testing.TB, bin string, env []string, configDir string, args ...string) *rlsProc {
 	t.Helper()
 	addrs := freeAddrs(t, 2)
-	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], Log: &testkit.Buffer{}, done: make(chan struct{})}
+	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], ConfigDir: configDir, Log: &testkit.Buffer{}, done: make(chan struct{})}
 	all := append([]string{"serve", "--config-dir", configDir, "--grpc-addr", p.GRPCAddr,
 		"--http-addr", p.HTTPAddr, "--debug-addr", "", "--admin-addr", ""}, args...)
 	p.cmd = exec.Command(bin, all...)

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 DIST=${DIST:-dist}
+case $DIST in /*) ;; *) DIST=$PWD/$DIST ;; esac
 VERSION=${VERSION:-v0.0.0-dryrun}
 COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 DIST=$DIST VERSION=$VERSION bash scripts/release.sh >/dev/null

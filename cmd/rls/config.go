@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -73,6 +74,7 @@ type Config struct {
 	DetailedMetricMax                          int
 	GRPCTLSClientSAN                           string
 	Compat                                     compat.Settings
+	StrayUpstream                              []string // upstream's variables set outside upstream mode (compat.Stray)
 	// No flag: quota_mode on the descriptors says what QuotaMode does.
 	QuotaMode                                 bool
 	NearLimitRatio                            float64
@@ -87,6 +89,10 @@ type Config struct {
 	GOGC, GOMEMLIMIT string
 
 	given map[string]bool // the flags (or twins) and RLS_REDIS_PASSWORD set
+	// upstreamNames maps each RLS_* variable whose value came from
+	// upstream's environment (upstream mode) to the upstream variables
+	// the user set (compat.Sources), for upstreamError.
+	upstreamNames map[string]string
 }
 
 // defaultConfig is the Config of the settings without a flag.
@@ -253,7 +259,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*Con
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if err := readEnv(fs, c, getenv); err != nil {
-		return nil, err
+		return c, err // c names the upstream variables read (upstreamError)
 	}
 	return c, c.Validate()
 }
@@ -263,9 +269,19 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*Con
 func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	raw := getenv
 	getenv, err := c.readCompat(set["env-compat"], getenv)
 	if err != nil {
 		return err
+	}
+	for k := range c.Compat.Env {
+		flagName := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(k, "RLS_")), "_", "-")
+		if up, ok := compat.Sources[k]; ok && raw(k) == "" && !set[flagName] {
+			if c.upstreamNames == nil {
+				c.upstreamNames = map[string]string{}
+			}
+			c.upstreamNames[k] = up
+		}
 	}
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -292,6 +308,9 @@ func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 // variables.
 func (c *Config) readCompat(flagSet bool, getenv func(string) string) (func(string) string, error) {
 	s, getenv, err := compat.Mode(c.EnvCompat, flagSet, getenv)
+	if s == nil && err == nil {
+		c.StrayUpstream = compat.Stray(getenv)
+	}
 	if s != nil {
 		c.EnvCompat, c.Compat, c.QuotaMode, c.NearLimitRatio = "upstream", *s, s.QuotaMode, s.NearLimitRatio
 		c.HeaderLimit, c.HeaderRemaining, c.HeaderReset = s.HeaderLimit, s.HeaderRemaining, s.HeaderReset
@@ -300,6 +319,42 @@ func (c *Config) readCompat(flagSet bool, getenv func(string) string) (func(stri
 	}
 	return getenv, err
 }
+
+// upstreamError rewrites err in upstream mode so that it names the
+// upstream variables a setting came from where it names the RLS_* twin
+// (and flag) rls read them as: "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and
+// RUNTIME_APPDIRECTORY (--config-dir)" for "--config-dir (RLS_CONFIG_DIR)",
+// REDIS_AUTH for RLS_REDIS_PASSWORD. A nil c or err, or any other mode,
+// leaves err as it is.
+func (c *Config) upstreamError(err error) error {
+	if c == nil || err == nil || len(c.upstreamNames) == 0 {
+		return err
+	}
+	vars := make([]string, 0, len(c.upstreamNames))
+	for k := range c.upstreamNames {
+		vars = append(vars, k)
+	}
+	slices.SortFunc(vars, func(a, b string) int { return len(b) - len(a) }) // RLS_X_Y before RLS_X
+	msg := err.Error()
+	for _, v := range vars {
+		flagName := "--" + strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(v, "RLS_")), "_", "-")
+		msg = strings.ReplaceAll(msg, flagName+" ("+v+")", c.upstreamNames[v]+" ("+flagName+")")
+		msg = strings.ReplaceAll(msg, v, c.upstreamNames[v])
+	}
+	if msg == err.Error() {
+		return err
+	}
+	return &renamedError{msg: msg, err: err}
+}
+
+// renamedError is an error with upstream's variable names in its message.
+type renamedError struct {
+	msg string
+	err error
+}
+
+func (e *renamedError) Error() string { return e.msg }
+func (e *renamedError) Unwrap() error { return e.err }
 
 // valueError says what a flag's value must look like, where the flag
 // package only says "parse error".

@@ -38,6 +38,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) > 0 && (args[0] == "serve" || args[0] == "validate" || args[0] == "simulate" || args[0] == "version" || args[0] == "help") {
 		cmd, args = args[0], args[1:]
 	}
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") { // rls --version, as most servers answer it
+		cmd = "version"
+	}
 	switch cmd {
 	case "version":
 		fmt.Fprintln(stdout, "rls", buildinfo.String())
@@ -47,7 +50,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			fmt.Fprint(stdout, validateUsage)
 			return flag.ErrHelp
 		}
-		return validate(args, stdout)
+		return validate(args, getenv, stdout)
 	case "simulate":
 		return runSimulate(ctx, args, stdout)
 	case "help":
@@ -56,12 +59,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	cfg, err := parseConfig(args, getenv, stderr)
 	if err != nil {
-		return err
+		return cfg.upstreamError(err)
 	}
 	if cfg.DryRun {
-		return dryRun(cfg, stdout, stderr)
+		return cfg.upstreamError(dryRun(cfg, stdout, stderr))
 	}
-	return serve(ctx, cfg, stderr)
+	return cfg.upstreamError(serve(ctx, cfg, stderr))
 }
 
 // isHelp reports whether arg asks for help.
@@ -69,24 +72,39 @@ func isHelp(arg string) bool {
 	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
 }
 
-const validateUsage = `usage: rls validate [--merge-domains] [--allow-empty-config] DIR
+const validateUsage = `usage: rls validate [--merge-domains] [--allow-empty-config] [--env-compat upstream] DIR
 
 Loads every descriptor YAML file in DIR as rls serve would and prints each
 error as file:line: message; exits 1 when any file is invalid, or when DIR
 has no domain (rls serve refuses to start on it). --merge-domains and
---allow-empty-config mean what they mean to rls serve.
+--allow-empty-config mean what they mean to rls serve. With --env-compat
+upstream (RLS_ENV_COMPAT=upstream, the default run as ratelimit) it loads
+the files upstream loads, subdirectories and every name included
+(RUNTIME_IGNOREDOTFILES, MERGE_DOMAIN_CONFIG read), as rls serve does then.
 `
 
 // validate loads a config directory as serve would (loadRules) and prints
-// every error as file:line: message.
-func validate(args []string, out io.Writer) error {
+// every error as file:line: message. In upstream mode (--env-compat, or its
+// twin, as ratelimit) it reads upstream's environment as serve does.
+func validate(args []string, getenv func(string) string, out io.Writer) error {
 	cfg := defaultConfig()
 	fs := flag.NewFlagSet("rls validate", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.BoolVar(&cfg.MergeDomains, "merge-domains", false, "")
 	fs.BoolVar(&cfg.AllowEmptyConfig, "allow-empty-config", false, "")
+	fs.StringVar(&cfg.EnvCompat, "env-compat", "", "")
 	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
-		return errors.New("usage: rls validate [--merge-domains] [--allow-empty-config] DIR (rls validate --help)")
+		return errors.New("usage: rls validate [--merge-domains] [--allow-empty-config] [--env-compat upstream] DIR (rls validate --help)")
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	upstreamEnv, err := cfg.readCompat(set["env-compat"], getenv)
+	if err != nil {
+		return err
+	}
+	if cfg.EnvCompat == "upstream" {
+		cfg.MergeDomains = cfg.MergeDomains || upstreamEnv("RLS_MERGE_DOMAINS") == "true"
+		cfg.DefaultAlgorithm = upstreamEnv("RLS_DEFAULT_ALGORITHM")
 	}
 	cfg.ConfigDir = fs.Arg(0)
 	return descriptors.Report(cfg.ConfigDir, loadOptions(cfg), out)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -27,22 +28,29 @@ func (c *Config) redisOptions() redisclient.Options {
 	}
 }
 
-func openRedis(c *Config, log *slog.Logger) (*redisstore.Store, error) {
-	redisstore.SetLogger(log)
-	opts := c.redisOptions()
+// redisTLS is the TLS configuration of the --redis-tls-* flags; nil
+// without them (the URL's scheme decides).
+func redisTLS(c *Config, log *slog.Logger) (*tls.Config, error) {
 	skip := false
 	if u, err := url.Parse(c.RedisURL); err == nil && u.Query().Get("skip_verify") == "true" {
 		skip = true
 		log.Warn("skip_verify=true in --redis-url: Redis's TLS certificate is not verified (testing only)")
 	}
-	if c.redisTLSSet() {
-		tc, err := tlsconfig.Client(tlsconfig.ClientOptions{CA: c.RedisTLSCA, Cert: c.RedisTLSCert, Key: c.RedisTLSKey,
-			InsecureSkipVerify: skip}, log) // the URL's skip_verify, which this configuration replaces
-		if err != nil {
-			return nil, fmt.Errorf("redis TLS: %w", err)
-		}
-		opts.TLSConfig = tc
+	if !c.redisTLSSet() {
+		return nil, nil
 	}
+	tc, err := tlsconfig.Client(tlsconfig.ClientOptions{CA: c.RedisTLSCA, Cert: c.RedisTLSCert, Key: c.RedisTLSKey,
+		InsecureSkipVerify: skip}, log) // the URL's skip_verify, which this configuration replaces
+	if err != nil {
+		return nil, fmt.Errorf("redis TLS: %w", err)
+	}
+	return tc, nil
+}
+
+func openRedis(c *Config, tc *tls.Config, log *slog.Logger) (*redisstore.Store, error) {
+	redisstore.SetLogger(log)
+	opts := c.redisOptions()
+	opts.TLSConfig = tc
 	client, err := redisclient.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("redis store: %w", userError(err))

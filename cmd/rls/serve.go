@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +41,7 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/upstream"
 	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 	"github.com/rls-project/rls/pkg/upstreamstats"
@@ -53,6 +58,11 @@ const upstreamHealthName = "ratelimit"
 // storeHealthName is the gRPC health service that reflects whether the store
 // answers; rls itself stays SERVING (degraded) while it does not.
 const storeHealthName = "rls.store"
+
+// liveHealthName is the gRPC health service of liveness: SERVING from start
+// to shutdown whatever the config and the store, so that a liveness probe
+// never restarts a replica that waits for its store (the chart's).
+const liveHealthName = "rls.live"
 
 func newLogger(cfg *Config, w io.Writer) *slog.Logger {
 	var level slog.Level
@@ -97,8 +107,9 @@ type app struct {
 	cfgMetrics *telemetry.ConfigMetrics
 	svcMetrics *service.Metrics
 
-	rawStore store.Store             // as opened (the fleet's heartbeats need Redis itself)
-	st       *telemetry.MeteredStore // rawStore with metrics; closed last
+	rawStore  store.Store             // as opened (the fleet's heartbeats need Redis itself)
+	st        *telemetry.MeteredStore // rawStore with metrics; closed last
+	twemproxy bool                    // --redis-url is a twemproxy (twemproxy.go)
 
 	tracing  *telemetry.Tracing   // nil when tracing is off
 	upstream *upstreamstats.Stats // envoyproxy/ratelimit's stats; nil when off
@@ -163,6 +174,9 @@ func (a *app) build() error {
 	if err := a.buildStore(); err != nil {
 		return err
 	}
+	if err := a.checkTwemproxy(rules); err != nil {
+		return err
+	}
 	if err := a.buildTracing(); err != nil {
 		return err
 	}
@@ -196,6 +210,10 @@ func (a *app) logStart() {
 	for _, w := range cfg.Compat.Warnings { // upstream's variables that change nothing
 		a.log.Warn(w)
 	}
+	if len(cfg.StrayUpstream) > 0 { // an upstream Deployment's env: carried over to rls serve
+		a.log.Warn("envoyproxy/ratelimit's variables are set but rls serve does not read them: run as ratelimit, or set "+
+			flagRef("env-compat")+" upstream, for rls to read them; or use rls's flags (docs/MIGRATING.md)", "variables", strings.Join(cfg.StrayUpstream, ","))
+	}
 	if cfg.storeKind() == "memory" {
 		a.log.Info("rls starting on the embedded memory store: counters are per process, not shared by a fleet", source...)
 	} else {
@@ -216,22 +234,55 @@ func loadRules(cfg *Config, note func(string)) (*descriptors.Config, error) {
 	return rules, nil
 }
 
-// buildStore opens the configured store and wraps it with metrics.
+// buildStore opens the configured store and wraps it with metrics. On
+// Redis with --env-compat upstream, fixed windows count in upstream's
+// keys (pkg/store/upstream) around the Redis store; behind twemproxy they
+// are all there is (twemproxy.go).
 func (a *app) buildStore() error {
-	raw, ready, err := openStore(a.cfg, a.log)
-	if err != nil {
-		return err
+	var tc *tls.Config
+	if a.cfg.storeKind() == "redis" {
+		var err error
+		if tc, err = redisTLS(a.cfg, a.log); err != nil {
+			return err
+		}
+		a.twemproxy = a.detectTwemproxy(tc)
+	}
+	var raw store.Store
+	var ready func(context.Context) error
+	if a.twemproxy {
+		client, err := upstream.NewClient(a.cfg.upstreamClient(true, nil))
+		if err != nil {
+			return fmt.Errorf("%s: %w", flagRef("redis-url"), err)
+		}
+		us := upstream.New(upstream.Options{Client: client, KeyPrefix: a.cfg.KeyPrefix, Timeout: a.cfg.RedisTimeout})
+		raw, ready = us, us.Ready
+		if a.cfg.FleetSize == 0 {
+			a.log.Warn("behind twemproxy rls cannot learn the fleet's size (its heartbeats need scripts): set " + flagRef("fleet-size") +
+				", or each replica's fail-open share while Redis is down is the whole limit")
+		}
+	} else {
+		var err error
+		if raw, ready, err = openStore(a.cfg, tc, a.log); err != nil {
+			return err
+		}
+		ready = a.lateTwemproxy(ready, tc)
 	}
 	a.rawStore = raw // closed by closeStore from here on
 	st := raw
 	if rs, ok := raw.(*redisstore.Store); ok && a.cfg.EnvCompat == "upstream" {
-		st = redisstore.NewUpstreamKeys(rs, a.cfg.KeyPrefix) // fixed windows in upstream's keys
+		client, err := upstream.NewClient(a.cfg.upstreamClient(false, tc))
+		if err != nil {
+			return fmt.Errorf("%s: %w", flagRef("redis-url"), err)
+		}
+		st = upstream.New(upstream.Options{Inner: rs, Client: client, KeyPrefix: a.cfg.KeyPrefix, Timeout: a.cfg.RedisTimeout})
 	}
 	a.st = telemetry.NewMeteredStore(st, a.reg)
 	if rs, ok := raw.(*redisstore.Store); ok {
-		telemetry.RegisterBreakers(a.reg, rs)
+		telemetry.RegisterBreakers(a.reg, rs, a.cfg.redisNode())
 		telemetry.RegisterScriptMode(a.reg, rs)
 		telemetry.RegisterRoutes(a.reg, rs)
+	}
+	if a.cfg.storeKind() == "redis" {
 		// A wrong password is a mistake to fix, not an outage to serve through.
 		if err := telemetry.RefusedCredentials(ready, a.cfg.RedisTimeout); err != nil {
 			return fmt.Errorf("redis refused rls's credentials; set the right password in %s (or the %s's), "+
@@ -243,7 +294,7 @@ func (a *app) buildStore() error {
 		if s.OK && a.lim != nil {
 			a.lim.MarkStoreAnswered() // the store has worked: an outage from now on is served from fail-open shares
 		}
-	}, Log: a.log})
+	}, Log: a.log, Addr: a.storeAddr()})
 	return nil
 }
 
@@ -255,7 +306,7 @@ func (a *app) buildTracing() error {
 		return err // validated already
 	}
 	a.tracing, err = telemetry.NewTracing(telemetry.TracingOptions{OTLP: otlp, Store: a.cfg.storeKind(), RedisMode: a.cfg.redisMode(),
-		DescriptorValues: a.cfg.TraceDescriptorValues, Registerer: a.reg, Log: a.log})
+		DescriptorValues: a.cfg.TraceDescriptorValues, Registerer: a.reg, Log: a.log, SampleRatio: a.cfg.Compat.TracingSampleRatio})
 	return err
 }
 
@@ -395,6 +446,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) error {
 		ShadowMode:       cfg.ShadowMode,
 		QuotaMode:        cfg.QuotaMode,
 		ResponseMetadata: cfg.ResponseMetadata,
+		WholeSeconds:     cfg.EnvCompat == "upstream", // as upstream sends them
 		NearLimitRatio:   cfg.NearLimitRatio,
 		Limits:           service.DefaultLimits, // fixed bounds, listed in docs/flags.md
 		Metrics:          a.svcMetrics,
@@ -403,7 +455,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) error {
 		RefuseRefunds:    !cfg.AllowNegativeHits,
 		Observer:         a.upstream.Observer(),
 		KeyPrefix:        cfg.KeyPrefix,
-		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis",
+		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis" || a.twemproxy,
 	})
 	a.admin.Register(service.NewAdmin(a.svc, a.st, a.lim))
 	o := rlqs.Options{Store: a.tracing.Store(a.st), Resolver: a.svc, Fleet: a.fleet.Size, Log: a.log}
@@ -432,6 +484,9 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		MergeDomains:     a.cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"],
 		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
+		Upstream:         loadOptions(a.cfg).Upstream,
+		IgnoreDotFiles:   loadOptions(a.cfg).IgnoreDotFiles,
+		Check:            a.checkTwemproxy,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
 			a.cfgMetrics.Set(c)
@@ -442,11 +497,12 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 }
 
 // registerGRPC registers RateLimitService, health and reflection.
-// Readiness: serving from start-up to SIGTERM (with --config-source xds,
-// from the first valid config). A store outage does not make rls unready
-// (it decides in fallback); it shows as degraded on /healthcheck and as
-// NOT_SERVING of the gRPC health service "rls.store". A refusal of rls's
-// credentials does (telemetry.Health).
+// Readiness: serving once the store has answered since start-up (with
+// --config-source xds, and a valid config has come), until SIGTERM. A
+// later store outage does not make rls unready (it decides in fallback);
+// it shows as degraded on /healthcheck and as NOT_SERVING of the gRPC
+// health service "rls.store". A refusal of rls's credentials does
+// (telemetry.Health).
 func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.rlqs.Register(a.grpcSrv)
@@ -455,6 +511,7 @@ func (a *app) registerGRPC() {
 	reflection.Register(a.grpcSrv)
 	// The store's health follows it; rls's, the config and the store's credentials.
 	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, append([]string{"", rlsServiceName, upstreamHealthName}, a.rlqs.HealthNames()...)...)
+	a.healthSrv.SetServingStatus(liveHealthName, healthpb.HealthCheckResponse_SERVING) // NOT_SERVING only on shutdown
 	a.health.SetReady(a.configReady.Load())
 }
 
@@ -562,13 +619,45 @@ func (a *app) httpHandler() http.Handler {
 
 // healthcheck answers /healthcheck (telemetry.HealthcheckAnswer).
 func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
-	code, body := telemetry.HealthcheckAnswer(a.shuttingDown.Load(), a.configReady.Load(), a.health.Auth(),
-		!a.probe.OK() || a.lim.Degraded(degradedWindow))
+	ps := a.probe.State()
+	hs := telemetry.HealthState{ShuttingDown: a.shuttingDown.Load(), ConfigReady: a.configReady.Load(), AuthRefused: a.health.Auth(),
+		Degraded: !ps.OK || a.lim.Degraded(degradedWindow)}
+	if !ps.Answered {
+		hs.Waiting = a.storeAddr() + " has not answered yet"
+		if ps.Err != nil {
+			hs.Waiting = fmt.Sprintf("%s: %v", a.storeAddr(), ps.Err)
+		}
+	}
+	code, body := telemetry.HealthcheckAnswer(hs)
 	if code != http.StatusOK {
 		http.Error(w, body, code)
 		return
 	}
 	io.WriteString(w, body+"\n")
+}
+
+// redisNode names the Redis node outside cluster mode: --redis-url's
+// host:port, or its socket's path; a Sentinel's master is "master" and the
+// master name.
+func (c *Config) redisNode() string {
+	u, err := url.Parse(c.RedisURL)
+	switch {
+	case err != nil:
+		return "unknown"
+	case c.redisMode() == "sentinel":
+		return "master " + cmp.Or(c.RedisMasterName, u.Query().Get("master_name"))
+	case u.Scheme == "unix":
+		return u.Path
+	}
+	return u.Host
+}
+
+// storeAddr names the store in messages: its URL without the password.
+func (a *app) storeAddr() string {
+	if a.cfg.storeKind() == "memory" {
+		return "the memory store"
+	}
+	return redisclient.RedactURL(a.cfg.RedisURL)
 }
 
 // debugHandler serves --debug-addr: /rlconfig and /debug/pprof.
@@ -735,10 +824,10 @@ func grpcCreds(cfg *Config, log *slog.Logger) (credentials.TransportCredentials,
 }
 
 // openStore builds the configured store and its readiness probe.
-func openStore(cfg *Config, log *slog.Logger) (store.Store, func(context.Context) error, error) {
+func openStore(cfg *Config, tc *tls.Config, log *slog.Logger) (store.Store, func(context.Context) error, error) {
 	switch cfg.storeKind() {
 	case "redis":
-		rs, err := openRedis(cfg, log)
+		rs, err := openRedis(cfg, tc, log)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -755,5 +844,7 @@ func loadOptions(cfg *Config) descriptors.LoadOptions {
 	alg, _ := store.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg,
-		AllowEmpty: cfg.AllowEmptyConfig, AllowEmptyName: flagRef("allow-empty-config")}
+		AllowEmpty: cfg.AllowEmptyConfig, AllowEmptyName: flagRef("allow-empty-config"),
+		// As ratelimit, the files upstream's runtime loader reads.
+		Upstream: cfg.EnvCompat == "upstream", IgnoreDotFiles: cfg.Compat.IgnoreDotFiles}
 }

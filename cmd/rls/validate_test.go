@@ -122,15 +122,18 @@ descriptors:
 	}
 }
 
-// TestVersion: rls version prints the release's ldflags.
+// TestVersion: rls version, and rls --version, print the release's
+// ldflags.
 func TestVersion(t *testing.T) {
 	old := [3]string{buildinfo.Version, buildinfo.Commit, buildinfo.Date}
 	t.Cleanup(func() { buildinfo.Version, buildinfo.Commit, buildinfo.Date = old[0], old[1], old[2] })
 	buildinfo.Version, buildinfo.Commit, buildinfo.Date = "v1.2.3", "0123abc", "2026-12-02T15:00:00Z"
-	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"version"}, func(string) string { return "" }, &out, &errOut)
-	if err != nil || !strings.HasPrefix(out.String(), "rls v1.2.3 commit 0123abc built 2026-12-02T15:00:00Z go") {
-		t.Errorf("rls version = %q, %v", out.String(), err)
+	for _, args := range [][]string{{"version"}, {"--version"}, {"-version"}} {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), args, func(string) string { return "" }, &out, &errOut)
+		if err != nil || !strings.HasPrefix(out.String(), "rls v1.2.3 commit 0123abc built 2026-12-02T15:00:00Z go") {
+			t.Errorf("rls %v = %q, %v", args, out.String(), err)
+		}
 	}
 }
 
@@ -160,5 +163,31 @@ descriptors:
 	}
 	if strings.Contains(out, "rule b:") {
 		t.Errorf("a reachable rule is reported:\n%s", out)
+	}
+}
+
+// TestValidateUpstreamFiles: rls validate in upstream mode (the flag, or
+// its twin as ratelimit) loads what serve loads then: a file in a
+// subdirectory without a .yaml name, which plain rls validate skips.
+func TestValidateUpstreamFiles(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sub", "limits"), []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: parsec}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := validate([]string{dir}, envOf(nil), &out); err == nil || !strings.Contains(out.String(), "ignoring "+filepath.Join(dir, "sub")) {
+		t.Errorf("plain validate: %v\n%s", err, out.String())
+	}
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+	}{{[]string{"--env-compat", "upstream", dir}, nil}, {[]string{dir}, map[string]string{"RLS_ENV_COMPAT": "upstream"}}} {
+		out.Reset()
+		if err := validate(c.args, envOf(c.env), &out); err == nil || !strings.Contains(out.String(), filepath.Join(dir, "sub", "limits")+":4") {
+			t.Errorf("%v %v: %v, want the unit error of sub/limits:\n%s", c.args, c.env, err, out.String())
+		}
 	}
 }

@@ -78,8 +78,12 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 	if err == nil && len(cfg.Domains()) == 0 && !a.cfg.AllowEmptyConfig {
 		err = fmt.Errorf("version %q has no RateLimitConfig with a domain: it would remove every limit (%s allows it)", version, flagRef("allow-empty-config"))
 	}
+	if err == nil {
+		err = a.checkTwemproxy(cfg)
+	}
 	if err != nil {
 		a.cfgMetrics.Report(reload.Failure)
+		a.upstream.Loaded("failure") // upstream's config_load_error
 		return err
 	}
 	if a.configReady.Load() && cfg.Hash() == a.svc.Config().Hash() {
@@ -90,6 +94,7 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 	a.svc.SetConfig(cfg)
 	a.cfgMetrics.Set(cfg)
 	a.cfgMetrics.Report(reload.Success)
+	a.upstream.Loaded("success") // upstream's config_load_success, as a file reload counts it
 	a.log.Info("xds: config applied", "version", version, "domains", cfg.Domains(), "hash", cfg.Hash())
 	if !a.configReady.Swap(true) {
 		a.health.SetReady(true)

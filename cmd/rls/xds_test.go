@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -134,11 +136,17 @@ func decide(conn *grpc.ClientConn, domain, key, value string) (rlsv3.RateLimitRe
 
 // TestServeFromXDS: NOT_SERVING and no decision until the first valid
 // config; decisions follow it; a bad or empty update is NACKed and the
-// config in force stays; losing the server changes nothing but the
-// connected gauge.
+// config in force stays; each counts in upstream's config_load_success or
+// _error, as a file reload does; losing the server changes nothing but
+// the connected gauge.
 func TestServeFromXDS(t *testing.T) {
 	cp := xdstest.Start(t, "127.0.0.1:0")
-	conn, httpAddr, log := xdsServe(t, cp.Addr)
+	statsd, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer statsd.Close()
+	conn, httpAddr, log := xdsServe(t, cp.Addr, "--statsd-addr", "udp://"+statsd.LocalAddr().String()+"?flush_interval=100ms")
 
 	testkit.WaitFor(t, "stream open", 5*time.Second, func() bool { return cp.Streams() > 0 })
 	for _, svc := range []string{"", rlsServiceName, upstreamHealthName} {
@@ -203,6 +211,26 @@ func TestServeFromXDS(t *testing.T) {
 	want("c", ok, ok, ok, ok, over)
 	if code, body := httpGet(t, "http://"+listening(log.String(), "debug-addr")+"/rlconfig"); code != 200 || !strings.Contains(body, "api: k 4/minute sliding_window (xds:api)") {
 		t.Errorf("/rlconfig: %d %q", code, body)
+	}
+
+	loads := map[string]int{}
+	buf := make([]byte, 65536)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) &&
+		(loads["ratelimit.service.config_load_success"] < 2 || loads["ratelimit.service.config_load_error"] < 2); {
+		_ = statsd.SetReadDeadline(deadline)
+		n, _, err := statsd.ReadFrom(buf)
+		if err != nil {
+			break
+		}
+		for _, line := range strings.Split(string(buf[:n]), "\n") {
+			if name, v, ok := strings.Cut(line, ":"); ok && strings.HasPrefix(name, "ratelimit.service.config_load") {
+				c, _ := strconv.Atoi(strings.TrimSuffix(v, "|c"))
+				loads[name] += c
+			}
+		}
+	}
+	if loads["ratelimit.service.config_load_success"] != 2 || loads["ratelimit.service.config_load_error"] != 2 {
+		t.Errorf("upstream's load stats %v, want 2 successes (versions 1, 4) and 2 errors (2, 3)", loads)
 	}
 
 	cp.Stop()

@@ -73,7 +73,20 @@ func StartSentinel(t testing.TB, masterName string, master *Server) *Server {
 
 // startServer starts redis-server with leading arguments (a config file
 // must come first), the defaults, then args.
+// StartServerOn is StartServer on a given port (a test that points rls at
+// a port before Redis listens there).
+func StartServerOn(t testing.TB, port int, args ...string) *Server {
+	t.Helper()
+	return startServerOn(t, port, nil, args...)
+}
+
 func startServer(t testing.TB, leading []string, args ...string) *Server {
+	t.Helper()
+	return startServerOn(t, 0, leading, args...)
+}
+
+// startServerOn starts a server on port, or on a free port when it is 0.
+func startServerOn(t testing.TB, fixed int, leading []string, args ...string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -91,6 +104,9 @@ func startServer(t testing.TB, leading []string, args ...string) *Server {
 		port, err := freePort(maxPort)
 		if err != nil {
 			t.Fatalf("redistest: pick a free port: %v", err)
+		}
+		if fixed != 0 {
+			port = fixed
 		}
 		s := &Server{
 			Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),

@@ -63,8 +63,37 @@ type Settings struct {
 	// mapper names them, on PrometheusAddr at PrometheusPath.
 	UpstreamPrometheus             bool
 	PrometheusAddr, PrometheusPath string
+	// TracingSampleRatio is TRACING_SAMPLING_RATE when tracing is on and
+	// it is set (upstream samples ParentBased(TraceIDRatioBased(rate)));
+	// nil: OpenTelemetry's variables, else the SDK's default, decide.
+	TracingSampleRatio *float64
+	// IgnoreDotFiles is RUNTIME_IGNOREDOTFILES: the config files are
+	// loaded as upstream's runtime loader does (descriptors.LoadOptions.
+	// Upstream), skipping names that start with '.' only when it is true.
+	IgnoreDotFiles bool
 	// Warnings are the variables set without effect, one line each.
 	Warnings []string
+}
+
+// Sources names, for each of rls's variables that Env may fill, the
+// upstream variables its value comes from: an error about the setting
+// names them as the user set them (REDIS_AUTH, not RLS_REDIS_PASSWORD).
+var Sources = map[string]string{
+	"RLS_HTTP_ADDR": "HOST and PORT", "RLS_DEBUG_ADDR": "DEBUG_HOST and DEBUG_PORT", "RLS_GRPC_ADDR": "GRPC_HOST and GRPC_PORT",
+	"RLS_GRPC_UDS": "GRPC_UDS", "RLS_ALLOW_EMPTY_CONFIG": "FORCE_START_WITHOUT_INITIAL_CONFIG", "RLS_SHADOW_MODE": "SHADOW_MODE",
+	"RLS_RESPONSE_METADATA": "RESPONSE_DYNAMIC_METADATA", "RLS_MERGE_DOMAINS": "MERGE_DOMAIN_CONFIG",
+	"RLS_GRPC_TLS_CERT": "GRPC_SERVER_TLS_CERT", "RLS_GRPC_TLS_KEY": "GRPC_SERVER_TLS_KEY",
+	"RLS_GRPC_TLS_CLIENT_CA": "GRPC_CLIENT_TLS_CACERT", "RLS_GRPC_TLS_CLIENT_SAN": "GRPC_CLIENT_TLS_SAN",
+	"RLS_LOG_LEVEL": "LOG_LEVEL", "RLS_LOG_FORMAT": "LOG_FORMAT", "RLS_CONFIG_SOURCE": "CONFIG_TYPE",
+	"RLS_XDS_NODE_ID": "CONFIG_GRPC_XDS_NODE_ID", "RLS_XDS_SERVER": "CONFIG_GRPC_XDS_SERVER_URL",
+	"RLS_XDS_TLS_CA": "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "RLS_XDS_TLS_CERT": "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+	"RLS_XDS_TLS_KEY": "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "RLS_STATSD_ADDR": "STATSD_HOST and STATSD_PORT",
+	"RLS_CONFIG_DIR": "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY", "RLS_OVER_LIMIT_CACHE": "LOCAL_CACHE_SIZE_IN_BYTES",
+	"RLS_LOCAL_MAX_BYTES": "LOCAL_CACHE_SIZE_IN_BYTES", "RLS_KEY_PREFIX": "CACHE_KEY_PREFIX",
+	"RLS_RESPONSE_HEADERS": "LIMIT_RESPONSE_HEADERS_ENABLED", "RLS_STORE": "BACKEND_TYPE and REDIS_TYPE",
+	"RLS_REDIS_URL": "REDIS_URL", "RLS_REDIS_PASSWORD": "REDIS_AUTH", "RLS_REDIS_TLS_CA": "REDIS_TLS_CACERT",
+	"RLS_REDIS_TLS_CERT": "REDIS_TLS_CLIENT_CERT", "RLS_REDIS_TLS_KEY": "REDIS_TLS_CLIENT_KEY",
+	"RLS_DEFAULT_ALGORITHM": "(the default of ratelimit: fixed_window)",
 }
 
 // Error is a variable whose value rls refuses: Var names it, Msg says why
@@ -249,7 +278,17 @@ func (r *reader) stats() {
 	flush := r.duration("STATS_FLUSH_INTERVAL")
 	tags := r.raw("EXTRA_TAGS")
 	if r.bool("USE_STATSD") {
-		u := url.URL{Scheme: "udp", Host: net.JoinHostPort(r.str("STATSD_HOST"), r.str("STATSD_PORT"))}
+		// gostats's STATSD_PROTOCOL, which upstream's statsd sink reads:
+		// tcp unless it says udp.
+		scheme := "tcp"
+		switch p := strings.ToLower(strings.TrimSpace(r.getenv("STATSD_PROTOCOL"))); p {
+		case "", "tcp", "tcp4", "tcp6":
+		case "udp", "udp4", "udp6":
+			scheme = "udp"
+		default:
+			r.errs = append(r.errs, &Error{Var: "STATSD_PROTOCOL", Value: p, Msg: "want tcp or udp"})
+		}
+		u := url.URL{Scheme: scheme, Host: net.JoinHostPort(r.str("STATSD_HOST"), r.str("STATSD_PORT"))}
 		q := url.Values{}
 		q.Set("flush_interval", flush.String())
 		if tags != "" {
@@ -269,6 +308,7 @@ func (r *reader) stats() {
 
 func (r *reader) runtime() {
 	r.env("RLS_CONFIG_DIR", filepath.Join(r.str("RUNTIME_ROOT"), r.str("RUNTIME_SUBDIRECTORY"), r.str("RUNTIME_APPDIRECTORY")))
+	r.set.IgnoreDotFiles = r.bool("RUNTIME_IGNOREDOTFILES")
 }
 
 func (r *reader) limits() {
@@ -420,6 +460,13 @@ func (r *reader) tracing() {
 		r.fail("TRACING_EXPORTER_PROTOCOL", "want http or grpc")
 	}
 	r.env("OTEL_EXPORTER_OTLP_PROTOCOL", proto)
+	if v := r.raw("TRACING_SAMPLING_RATE"); v != "" && r.getenv("OTEL_TRACES_SAMPLER") == "" {
+		rate, err := strconv.ParseFloat(v, 64)
+		if err != nil || math.IsNaN(rate) {
+			r.fail("TRACING_SAMPLING_RATE", "want a number such as 0.1 (0 samples nothing, 1 everything)")
+		}
+		r.set.TracingSampleRatio = &rate
+	}
 	if proto == "grpc" {
 		r.env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4317")
 	} else {
@@ -517,4 +564,17 @@ func AsRatelimit(argv0 string, getenv func(string) string) func(string) string {
 		}
 		return "upstream"
 	}
+}
+
+// Stray returns the names of upstream's variables (Vars) that getenv has
+// set, in Vars' order: outside upstream mode rls reads none of them, and
+// says so (a Deployment's env: carried over to rls serve).
+func Stray(getenv func(string) string) []string {
+	var out []string
+	for _, v := range Vars {
+		if strings.TrimSpace(getenv(v.Name)) != "" {
+			out = append(out, v.Name)
+		}
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package compat
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -27,7 +28,7 @@ func TestDefaults(t *testing.T) {
 		"RLS_CONFIG_DIR":        "/srv/runtime_data/current/config",
 		"RLS_STORE":             "redis",
 		"RLS_REDIS_URL":         "unix:///var/run/nutcracker/ratelimit.sock",
-		"RLS_STATSD_ADDR":       "udp://localhost:8125?flush_interval=10s",
+		"RLS_STATSD_ADDR":       "tcp://localhost:8125?flush_interval=10s", // gostats's default protocol
 		"RLS_OVER_LIMIT_CACHE":  "false",
 		"RLS_RESPONSE_HEADERS":  "false",
 		"RLS_SHADOW_MODE":       "false",
@@ -39,7 +40,13 @@ func TestDefaults(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, s.Env[k], v)
 		}
 	}
-	if s.NearLimitRatio != 0.8 || s.HeaderLimit != "RateLimit-Limit" || s.UpstreamPrometheus || len(s.Warnings) != 0 {
+	for k := range s.Env {
+		if _, ok := Sources[k]; !ok && !strings.HasPrefix(k, "OTEL_") {
+			t.Errorf("%s has no upstream source in Sources", k)
+		}
+	}
+	if s.NearLimitRatio != 0.8 || s.HeaderLimit != "RateLimit-Limit" || s.UpstreamPrometheus || len(s.Warnings) != 0 ||
+		s.IgnoreDotFiles || s.TracingSampleRatio != nil {
 		t.Errorf("settings %+v", s)
 	}
 }
@@ -65,7 +72,8 @@ func TestFromEnv(t *testing.T) {
 			"REDIS_TLS_CACERT": "/ca.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true", "REDIS_POOL_SIZE": "4"},
 			map[string]string{"RLS_REDIS_URL": "rediss://u@r:6380?pool_size=4&skip_verify=true", "RLS_REDIS_PASSWORD": "p", "RLS_REDIS_TLS_CA": "/ca.pem"}},
 		{"statsd with tags", map[string]string{"STATSD_HOST": "agent", "STATSD_PORT": "9125", "EXTRA_TAGS": "env:prod,team:a", "STATS_FLUSH_INTERVAL": "2s"},
-			map[string]string{"RLS_STATSD_ADDR": "udp://agent:9125?flush_interval=2s&tags=env%3Aprod%2Cteam%3Aa"}},
+			map[string]string{"RLS_STATSD_ADDR": "tcp://agent:9125?flush_interval=2s&tags=env%3Aprod%2Cteam%3Aa"}},
+		{"statsd over udp", map[string]string{"STATSD_PROTOCOL": "udp"}, map[string]string{"RLS_STATSD_ADDR": "udp://localhost:8125?flush_interval=10s"}},
 		{"stats disabled", map[string]string{"DISABLE_STATS": "true"}, map[string]string{"RLS_STATSD_ADDR": ""}},
 		{"local cache", map[string]string{"LOCAL_CACHE_SIZE_IN_BYTES": "33554432"},
 			map[string]string{"RLS_OVER_LIMIT_CACHE": "true", "RLS_LOCAL_MAX_BYTES": "67108864"}},
@@ -154,5 +162,43 @@ func TestWarnWhy(t *testing.T) {
 		return
 	}() {
 		t.Error("warnWhy names a variable Vars does not warn about")
+	}
+}
+
+// TestTracingSampleRatio: TRACING_SAMPLING_RATE is read when tracing is on
+// and OpenTelemetry's own sampler variable is not set.
+func TestTracingSampleRatio(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"TRACING_ENABLED": "true", "TRACING_SAMPLING_RATE": "0.25"}, "0.25"},
+		{map[string]string{"TRACING_ENABLED": "true"}, "none"},
+		{map[string]string{"TRACING_SAMPLING_RATE": "0.25"}, "none"},
+		{map[string]string{"TRACING_ENABLED": "true", "TRACING_SAMPLING_RATE": "0.25", "OTEL_TRACES_SAMPLER": "always_on"}, "none"},
+	} {
+		s, err := FromEnv(envOf(tc.env))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := "none"
+		if s.TracingSampleRatio != nil {
+			got = strconv.FormatFloat(*s.TracingSampleRatio, 'g', -1, 64)
+		}
+		if got != tc.want {
+			t.Errorf("%v: ratio %s, want %s", tc.env, got, tc.want)
+		}
+	}
+	if _, err := FromEnv(envOf(map[string]string{"TRACING_ENABLED": "true", "TRACING_SAMPLING_RATE": "half"})); err == nil ||
+		!strings.Contains(err.Error(), "TRACING_SAMPLING_RATE") {
+		t.Errorf("a bad rate: %v, want an error naming TRACING_SAMPLING_RATE", err)
+	}
+}
+
+// TestStray: the upstream variables set are named, in Vars' order.
+func TestStray(t *testing.T) {
+	got := Stray(envOf(map[string]string{"REDIS_URL": "r:6379", "USE_STATSD": "true", "RLS_STORE": "redis"}))
+	if strings.Join(got, ",") != "USE_STATSD,REDIS_URL" {
+		t.Errorf("Stray = %v, want USE_STATSD, REDIS_URL", got)
 	}
 }

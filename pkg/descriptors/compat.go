@@ -50,13 +50,19 @@ func (r *Rule) ValueToMetric() bool { return r.metric != nil }
 // levels joined by '|'. It is "" when r has no value_to_metric level.
 // Bytes that are not UTF-8 are the caller's to escape.
 func (r *Rule) MetricValue(entries []*rlcommon.RateLimitDescriptor_Entry) string {
+	return r.metricValue(entries, '|', '=')
+}
+
+// metricValue is MetricValue with levels joined by sep and each key and
+// value by kv.
+func (r *Rule) metricValue(entries []*rlcommon.RateLimitDescriptor_Entry, sep, kv byte) string {
 	if r.metric == nil {
 		return ""
 	}
 	var b strings.Builder
 	for i, m := range r.metric {
 		if i > 0 {
-			b.WriteByte('|')
+			b.WriteByte(sep)
 		}
 		b.WriteString(m.key)
 		v := m.fixed
@@ -64,11 +70,23 @@ func (r *Rule) MetricValue(entries []*rlcommon.RateLimitDescriptor_Entry) string
 			v = entries[i].GetValue()
 		}
 		if v != "" {
-			b.WriteByte('=')
+			b.WriteByte(kv)
 			b.WriteString(v)
 		}
 	}
 	return b.String()
+}
+
+// SharedValue returns the share_threshold pattern under which level i of a
+// request that matched r is counted instead of the request's value
+// (envoyproxy/ratelimit's ShareThresholdKeyPattern: every value the
+// wildcard matches shares one counter), and whether there is one. Rules
+// made from overrides share nothing.
+func (r *Rule) SharedValue(i int) (string, bool) {
+	if r.Override || i >= len(r.share) || r.share[i] == "" {
+		return "", false
+	}
+	return r.share[i], true
 }
 
 // MetricLabel renders the detailed-metric value of a request that matched
@@ -78,18 +96,36 @@ func (r *Rule) MetricValue(entries []*rlcommon.RateLimitDescriptor_Entry) string
 // values share one counter, and so one series); else MetricValue. Bytes
 // that are not UTF-8 are the caller's to escape.
 func (r *Rule) MetricLabel(entries []*rlcommon.RateLimitDescriptor_Entry) string {
+	return r.metricLabel(entries, '|', '=')
+}
+
+// StatsName renders what MetricLabel does as envoyproxy/ratelimit's stats
+// key names it after the domain: levels joined by '.', each key and value
+// by '_', values as they are ('/' and '=' included).
+func (r *Rule) StatsName(entries []*rlcommon.RateLimitDescriptor_Entry) string {
+	return r.metricLabel(entries, '.', '_')
+}
+
+// StatsPath is the rule's place in the YAML as envoyproxy/ratelimit names
+// its stats after the domain: per level key_value, or the key alone,
+// joined by '.', values as configured ('/' included).
+func (r *Rule) StatsPath() string { return r.statsPath }
+
+// metricLabel is MetricLabel with levels joined by sep and each key and
+// value by kv.
+func (r *Rule) metricLabel(entries []*rlcommon.RateLimitDescriptor_Entry, sep, kv byte) string {
 	if !r.DetailedMetric {
-		return r.MetricValue(entries)
+		return r.metricValue(entries, sep, kv)
 	}
 	var b strings.Builder
 	for i, e := range entries {
 		if i > 0 {
-			b.WriteByte('|')
+			b.WriteByte(sep)
 		}
 		b.WriteString(e.GetKey())
-		b.WriteByte('=')
-		if !r.Override && i < len(r.share) && r.share[i] != "" {
-			b.WriteString(r.share[i])
+		b.WriteByte(kv)
+		if p, ok := r.SharedValue(i); ok {
+			b.WriteString(p)
 		} else {
 			b.WriteString(e.GetValue())
 		}

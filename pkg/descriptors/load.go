@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +39,13 @@ type LoadOptions struct {
 	// AllowEmptyName names that option in its error.
 	AllowEmpty     bool
 	AllowEmptyName string
+	// Upstream loads the files envoyproxy/ratelimit's runtime loader
+	// loads (scanUpstream): every file under the directory, subdirectories
+	// included, whatever its name; IgnoreDotFiles (its
+	// RUNTIME_IGNOREDOTFILES) skips the entries whose names begin with
+	// '.' there. Without Upstream only the *.yaml and *.yml files directly
+	// in the directory are read, never a '.' entry.
+	Upstream, IgnoreDotFiles bool
 }
 
 // parseOptions are the options of parsing what was loaded.
@@ -68,9 +76,12 @@ type candidate struct {
 	fi   os.FileInfo
 }
 
-// scan lists the files of dir that Load reads, the entries it ignores (one
-// line each) and the errors of entries it cannot stat.
-func scan(dir string) (files []candidate, ignored []string, errs Errors, err error) {
+// scan lists the files of dir that Load reads with opts, the entries it
+// ignores (one line each) and the errors of entries it cannot stat.
+func scan(dir string, opts LoadOptions) (files []candidate, ignored []string, errs Errors, err error) {
+	if opts.Upstream {
+		return scanUpstream(dir, opts.IgnoreDotFiles)
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("load %s: %w", dir, err)
@@ -102,6 +113,59 @@ func scan(dir string) (files []candidate, ignored []string, errs Errors, err err
 	return files, ignored, errs, nil
 }
 
+// scanUpstream lists the files envoyproxy/ratelimit's runtime loader
+// (lyft/goruntime's, which walks the directory) reads under dir: every
+// file in it and its subdirectories, whatever its name, and a symbolic
+// link as the file it points at. A link to a directory is skipped, as
+// upstream's walk, which does not follow it, fails to read it (a
+// Kubernetes ConfigMap's "..data"); names beginning with '.' are skipped,
+// directories with all they hold, only with ignoreDot. dir itself may be
+// a link.
+func scanUpstream(dir string, ignoreDot bool) (files []candidate, ignored []string, errs Errors, err error) {
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		show := filepath.Join(dir, strings.TrimPrefix(path, root)) // as the user named the directory
+		if err != nil {
+			if path == root {
+				return err
+			}
+			errs = append(errs, &ConfigError{File: show, Msg: err.Error()})
+			return nil
+		}
+		if path == root {
+			return nil
+		}
+		if ignoreDot && strings.HasPrefix(d.Name(), ".") {
+			ignored = append(ignored, fmt.Sprintf("ignoring %s: hidden entry (RUNTIME_IGNOREDOTFILES=true)", show))
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() {
+			return nil
+		}
+		fi, err := os.Stat(path) // follows symbolic links
+		if err != nil {
+			errs = append(errs, &ConfigError{File: show, Msg: err.Error()})
+			return nil
+		}
+		if fi.IsDir() {
+			ignored = append(ignored, fmt.Sprintf("ignoring %s: a symbolic link to a directory, which upstream does not read either", show))
+			return nil
+		}
+		files = append(files, candidate{show, fi})
+		return nil
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	return files, ignored, errs, nil
+}
+
 // Fingerprint identifies the set of files Load would read in dir by their
 // names, sizes and modification times, without reading them: a cheap way
 // to tell whether a set already loaded (or rejected) may have changed.
@@ -109,7 +173,12 @@ func scan(dir string) (files []candidate, ignored []string, errs Errors, err err
 // within the file system's timestamp granularity keeps its fingerprint, so
 // callers should not trust a fingerprint whose newest file is very recent.
 func Fingerprint(dir string) (fp string, newest time.Time, err error) {
-	files, _, errs, err := scan(dir)
+	return FingerprintWith(dir, LoadOptions{})
+}
+
+// FingerprintWith is Fingerprint of the files LoadWith reads with opts.
+func FingerprintWith(dir string, opts LoadOptions) (fp string, newest time.Time, err error) {
+	files, _, errs, err := scan(dir, opts)
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -143,7 +212,7 @@ func LoadWith(dir string, opts LoadOptions) (cfg *Config, ignored []string, err 
 	if opts.MaxFileBytesName == "" {
 		opts.MaxFileBytesName = "the size limit"
 	}
-	list, ignored, errs, err := scan(dir)
+	list, ignored, errs, err := scan(dir, opts)
 	if err != nil {
 		return nil, nil, err
 	}

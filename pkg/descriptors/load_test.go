@@ -124,3 +124,58 @@ func TestFingerprint(t *testing.T) {
 		t.Error("a renamed file kept the fingerprint")
 	}
 }
+
+// TestLoadUpstreamFiles: with Upstream, the files envoyproxy/ratelimit's
+// runtime loader reads are loaded: subdirectories, any name, '.' entries
+// (a ConfigMap's timestamped directory included) unless IgnoreDotFiles; a
+// link to a directory is skipped, a link to a file read. Without it, only
+// the *.yaml files directly in the directory.
+func TestLoadUpstreamFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, domain string) {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("domain: "+domain+"\ndescriptors: []\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "a")
+	write("sub/b.conf", "b")
+	write(".hidden", "c")
+	write("..2026_01_01/d.yaml", "d")
+	write("noext", "e")
+	if err := os.Symlink("..2026_01_01", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sub/b.conf", filepath.Join(dir, "link.yml")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		opts LoadOptions
+		want string
+		err  string
+	}{
+		{LoadOptions{}, "[a b]", ""},                                          // a.yaml, link.yml
+		{LoadOptions{Upstream: true, IgnoreDotFiles: true}, "", `domain "b"`}, // sub/b.conf and link.yml
+		{LoadOptions{Upstream: true, IgnoreDotFiles: true, MergeDomains: true}, "[a b e]", ""},
+		{LoadOptions{Upstream: true, MergeDomains: true}, "[a b c d e]", ""},
+	} {
+		cfg, notes, err := LoadWith(dir, c.opts)
+		switch {
+		case c.err != "":
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%+v: %v, want an error with %s", c.opts, err, c.err)
+			}
+		case err != nil:
+			t.Errorf("%+v: %v", c.opts, err)
+		case fmt.Sprint(cfg.Domains()) != c.want:
+			t.Errorf("%+v: domains %v, want %s (notes %v)", c.opts, cfg.Domains(), c.want, notes)
+		}
+		if c.opts.Upstream && !strings.Contains(strings.Join(notes, "\n"), "..data: a symbolic link to a directory") && !c.opts.IgnoreDotFiles {
+			t.Errorf("%+v: no note on ..data: %v", c.opts, notes)
+		}
+	}
+}

@@ -592,6 +592,18 @@ func (p *parser) rule(rf field, nodePath string, fl descFlags, levelShare []stri
 		return nil
 	}
 	r.Path, r.File, r.Line = nodePath, p.file, rf.key.Line
+	var sp strings.Builder
+	for i, m := range levelMetric {
+		if i > 0 {
+			sp.WriteByte('.')
+		}
+		sp.WriteString(m.key)
+		if m.fixed != "" {
+			sp.WriteByte('_')
+			sp.WriteString(m.fixed)
+		}
+	}
+	r.statsPath = sp.String()
 	r.ShadowMode, r.DetailedMetric, r.QuotaMode = fl.shadow, fl.detailed, fl.quota
 	for _, s := range levelShare {
 		if s != "" {

@@ -236,21 +236,21 @@ func TestParseRuleFields(t *testing.T) {
 		name string
 		want Rule
 	}{
-		{"per_key", Rule{Name: "per_key", Unit: UnitMinute, RequestsPerUnit: 100, Domain: "api", Path: "api_key", File: file, Line: 5}},
+		{"per_key", Rule{Name: "per_key", Unit: UnitMinute, RequestsPerUnit: 100, Domain: "api", Path: "api_key", statsPath: "api_key", File: file, Line: 5}},
 		{"v1", Rule{Name: "v1", Unit: UnitSecond, RequestsPerUnit: 10, Algorithm: store.TokenBucket, Burst: 20,
-			OnError: OnErrorFailClosed, Domain: "api", Path: "api_key/route=/v1/*", File: file, Line: 9}},
+			OnError: OnErrorFailClosed, Domain: "api", Path: "api_key/route=/v1/*", statsPath: "api_key.route_/v1/*", File: file, Line: 9}},
 		{"admin", Rule{Name: "admin", Unit: UnitSecond, RequestsPerUnit: 1, Replaces: []string{"per_key"},
-			Domain: "api", Path: "api_key/route=/v1/admin", File: file, Line: 18}},
+			Domain: "api", Path: "api_key/route=/v1/admin", statsPath: "api_key.route_/v1/admin", File: file, Line: 18}},
 		{"v2_items", Rule{Name: "v2_items", Unit: UnitHour, RequestsPerUnit: 5, Algorithm: store.FixedWindow,
-			Domain: "api", Path: "api_key/route=/v2/*/items/*", File: file, Line: 21}},
+			Domain: "api", Path: "api_key/route=/v2/*/items/*", statsPath: "api_key.route_/v2/*/items/*", File: file, Line: 21}},
 		{"any_route", Rule{Name: "any_route", Unit: UnitMinute, RequestsPerUnit: 50, OnError: OnErrorFailOpen,
-			Domain: "api", Path: "api_key/route", File: file, Line: 23}},
+			Domain: "api", Path: "api_key/route", statsPath: "api_key.route", File: file, Line: 23}},
 		{"method_path", Rule{Name: "method_path", Unit: UnitDay, RequestsPerUnit: 1000,
-			Domain: "api", Path: "api_key/method/path", File: file, Line: 27}},
+			Domain: "api", Path: "api_key/method/path", statsPath: "api_key.method.path", File: file, Line: 27}},
 		{"shadowed", Rule{Name: "shadowed", Unit: UnitWeek, RequestsPerUnit: 3, ShadowMode: true, DetailedMetric: true,
-			Domain: "api", Path: "shadow", File: file, Line: 42}},
-		{"free", Rule{Name: "free", Unlimited: true, QuotaMode: true, Domain: "api", Path: "free", File: file, Line: 45}},
-		{"eng_shared", Rule{Name: "eng_shared", Unit: UnitMinute, RequestsPerUnit: 7, Domain: "api", Path: "team=eng-*",
+			Domain: "api", Path: "shadow", statsPath: "shadow", File: file, Line: 42}},
+		{"free", Rule{Name: "free", Unlimited: true, QuotaMode: true, Domain: "api", Path: "free", statsPath: "free", File: file, Line: 45}},
+		{"eng_shared", Rule{Name: "eng_shared", Unit: UnitMinute, RequestsPerUnit: 7, Domain: "api", Path: "team=eng-*", statsPath: "team_eng-*",
 			File: file, Line: 50, share: []string{"eng-*"}}},
 	}
 	for _, tt := range tests {

@@ -34,6 +34,7 @@ type Rule struct {
 	ContentType    string   // content-type of ResponseBody; empty means Envoy's default
 	Domain         string
 	Path           string // place in the YAML: key or key=value per level, joined by '/'
+	statsPath      string // the same as upstream's stats name it (StatsPath)
 	File           string
 	Line           int  // line of the rate_limit field in File
 	Override       bool // made from a request's limit override (OverrideRule)

@@ -59,6 +59,14 @@ type Options struct {
 	// DefaultAlgorithm is the algorithm of rules that name none
 	// (descriptors.ParseOptions).
 	DefaultAlgorithm store.Algorithm
+	// Upstream and IgnoreDotFiles select the files as envoyproxy/ratelimit
+	// does (descriptors.LoadOptions): subdirectories are read (their
+	// changes are seen by the poll).
+	Upstream, IgnoreDotFiles bool
+	// Check, when set, refuses a valid config the server cannot serve
+	// (rules its store cannot count): its error fails the reload as a
+	// broken file does.
+	Check func(*descriptors.Config) error
 }
 
 // load is descriptors.LoadWith; tests count its calls.
@@ -160,17 +168,22 @@ func relevant(ev fsnotify.Event) bool {
 func (w *Watcher) Reload() Result {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	fp, newest, fpErr := descriptors.Fingerprint(w.opts.Dir)
+	lo := descriptors.LoadOptions{MaxFileBytes: w.opts.MaxFileBytes, MaxFileBytesName: w.opts.MaxFileBytesName,
+		MergeDomains: w.opts.MergeDomains, MergeDomainsName: w.opts.MergeDomainsName, DefaultAlgorithm: w.opts.DefaultAlgorithm,
+		Upstream: w.opts.Upstream, IgnoreDotFiles: w.opts.IgnoreDotFiles}
+	fp, newest, fpErr := descriptors.FingerprintWith(w.opts.Dir, lo)
 	if fpErr == nil && fp == w.failed {
 		w.report(Failure, nil)
 		return Failure
 	}
 	w.failed = ""
-	cfg, _, err := load(w.opts.Dir, descriptors.LoadOptions{MaxFileBytes: w.opts.MaxFileBytes, MaxFileBytesName: w.opts.MaxFileBytesName,
-		MergeDomains: w.opts.MergeDomains, MergeDomainsName: w.opts.MergeDomainsName, DefaultAlgorithm: w.opts.DefaultAlgorithm})
+	cfg, _, err := load(w.opts.Dir, lo)
 	if err == nil && len(cfg.Domains()) == 0 && !w.opts.AllowEmpty {
 		err = errors.New("the config directory " + w.opts.Dir + " has no domain left (no .yaml or .yml file with a domain): " +
 			"a reload to it would remove every limit" + allowHint(w.opts.AllowEmptyName))
+	}
+	if err == nil && w.opts.Check != nil {
+		err = w.opts.Check(cfg)
 	}
 	if err != nil {
 		msg := err.Error()

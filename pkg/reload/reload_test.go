@@ -181,3 +181,34 @@ func TestPollCatchesMissedEvents(t *testing.T) {
 		t.Fatalf("reload: %v", r)
 	}
 }
+
+// TestCheckRefusesAValidConfig: a config that loads but that Check refuses
+// (rules the store cannot count) fails the reload, and the config in force
+// stays.
+func TestCheckRefusesAValidConfig(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "5"))
+	cfg, _, err := descriptors.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a applied
+	w := New(cfg, Options{Dir: dir, Poll: -1, Apply: func(c *descriptors.Config) { a.cfgs = append(a.cfgs, c) },
+		Check: func(c *descriptors.Config) error {
+			if limitOf(c) == 7 {
+				return fmt.Errorf("7 is not countable here")
+			}
+			return nil
+		}})
+	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "7"))
+	if r := w.Reload(); r != Failure {
+		t.Fatalf("reload to a refused config: %v, want failure", r)
+	}
+	write(t, filepath.Join(dir, "d.yaml"), fmt.Sprintf(good, "8"))
+	if r := w.Reload(); r != Success {
+		t.Fatalf("reload to an accepted config: %v, want success", r)
+	}
+	if c, n := a.last(); n != 1 || limitOf(c) != 8 {
+		t.Errorf("applied %d configs, the last with limit %d; want only 8", n, limitOf(c))
+	}
+}

@@ -6,6 +6,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/rls-project/rls/pkg/descriptors"
 )
 
 // responseMetadata is the response's dynamic_metadata with --response-metadata,
@@ -20,10 +22,14 @@ import (
 //	             OK, not unlimited), merged in request order: the first
 //	             descriptor to set a field wins, and fields that are
 //	             mappings on both sides are merged the same way
+//	quotaModeViolations: the indexes of the quota descriptors over their
+//	             limit (quota_mode or QUOTA_MODE), when there are any
+//	quotaModeEnabled: whether a counted descriptor's rule has quota_mode
+//	             (QUOTA_MODE alone does not set it, as upstream's)
 //
 // Envoy puts it under the filter's namespace (envoy.filters.http.ratelimit)
 // for logs and later filters.
-func responseMetadata(req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.RateLimitResponse) *structpb.Struct {
+func responseMetadata(req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.RateLimitResponse, quota func(*descriptors.Rule) bool) *structpb.Struct {
 	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(printable(req.Domain))}
 	ds := make([]*structpb.Value, 0, len(req.Descriptors))
 	for _, d := range req.Descriptors {
@@ -58,6 +64,21 @@ func responseMetadata(req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.
 	if len(passed.Fields) > 0 {
 		fields["metadata"] = structpb.NewStructValue(passed)
 	}
+	var violations []*structpb.Value
+	enabled := false
+	for i, r := range res.rules {
+		if r == nil || r.Unlimited {
+			continue
+		}
+		enabled = enabled || r.QuotaMode
+		if quota(r) && resp.Statuses[i].Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			violations = append(violations, structpb.NewNumberValue(float64(i)))
+		}
+	}
+	if len(violations) > 0 {
+		fields["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: violations})
+	}
+	fields["quotaModeEnabled"] = structpb.NewBoolValue(enabled)
 	return &structpb.Struct{Fields: fields}
 }
 

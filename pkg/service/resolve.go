@@ -88,7 +88,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		}
 		res.key = descriptors.AppendSubKey(append(res.key[:0], s.opts.KeyPrefix...), req.Domain, d.Entries, r, sub)
 		if s.upstreamKeyed(r) { // a rolling update from upstream shares its counters
-			res.key = appendUpstreamKey(append(res.key[:0], s.opts.KeyPrefix...), req.Domain, d.Entries)
+			res.key = appendUpstreamKey(append(res.key[:0], s.opts.KeyPrefix...), req.Domain, d.Entries, r)
 		}
 		c := ruleCheck(r, string(res.key), sub)
 		c.Hits, c.Refund = hits, d.IsNegativeHits

@@ -97,6 +97,10 @@ type Options struct {
 	// passing descriptors as the response's dynamic_metadata, as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
 	ResponseMetadata bool
+	// WholeSeconds rounds every duration_until_reset up to whole seconds,
+	// as envoyproxy/ratelimit sends them (its windows on whole seconds):
+	// compatibility mode; otherwise they carry the store's microseconds.
+	WholeSeconds bool
 	// NearLimitRatio is the share of a limit used from which an allowed
 	// decision counts as near_limit in metrics [0.8].
 	NearLimitRatio float64
@@ -333,7 +337,7 @@ func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *reso
 		addRateLimitHeaders(resp, &s.opts.HeaderNames)
 	}
 	if s.opts.ResponseMetadata {
-		resp.DynamicMetadata = responseMetadata(req, res, resp)
+		resp.DynamicMetadata = responseMetadata(req, res, resp, s.quotaMode)
 	}
 	return resp
 }
@@ -354,16 +358,16 @@ func (s *Service) limitedStatus(r *descriptors.Rule, it *limiter.Item, st *rlsv3
 	}
 	switch {
 	case out.Allowed:
-		setDuration(dur, out.Reset)
+		setDuration(dur, s.untilReset(out.Reset))
 		if s.nearLimit(remaining, r.RequestsPerUnit) {
 			return OutcomeNearLimit
 		}
 		return OutcomeOK
 	case r.ShadowMode: // counted and reported, never denied
-		setDuration(dur, out.RetryAfter)
+		setDuration(dur, s.untilReset(out.RetryAfter))
 		return OutcomeShadowOverLimit
 	}
-	setDuration(dur, out.RetryAfter)
+	setDuration(dur, s.untilReset(out.RetryAfter))
 	st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	outcome := v.deny(r, quota)
 	if s.opts.ShadowMode {
@@ -462,6 +466,15 @@ func newResponse(n int) (*rlsv3.RateLimitResponse, []rlsv3.RateLimitResponse_Des
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
 	return resp, make([]rlsv3.RateLimitResponse_DescriptorStatus, n),
 		make([]rlsv3.RateLimitResponse_RateLimit, n), make([]durationpb.Duration, n)
+}
+
+// untilReset is x as a status's duration_until_reset: whole seconds,
+// rounded up, with Options.WholeSeconds.
+func (s *Service) untilReset(x time.Duration) time.Duration {
+	if s.opts.WholeSeconds {
+		return time.Duration(ceilSeconds(x)) * time.Second
+	}
+	return x
 }
 
 // setDuration sets d to x, as durationpb.New does.

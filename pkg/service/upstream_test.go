@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/testkit"
 )
@@ -40,6 +42,8 @@ type upCase struct {
 	wantCodes      []rlsv3.RateLimitResponse_Code
 	wantMeta       map[string]string // response metadata "metadata" fields (string values)
 	wantNoMetadata bool              // response metadata without a "metadata" field
+	wantViolations []float64         // response metadata's quotaModeViolations
+	wantQuotaOn    bool              // response metadata's quotaModeEnabled
 }
 
 const (
@@ -62,13 +66,18 @@ var upstreamServiceCases = []upCase{
 		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOver}},
 	{name: "TestMetadataReturnedForPassedDescriptors", quotaMode: true, metadata: true,
 		descs:       []upDesc{{kind: "ok", metadata: "{name: service_1}"}, {kind: "over", quota: true, metadata: "{name: service_2}"}},
-		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}, wantMeta: map[string]string{"name": "service_1"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}, wantMeta: map[string]string{"name": "service_1"},
+		wantViolations: []float64{1}, wantQuotaOn: true},
 	{name: "TestMetadataReturnedForAllPassedDescriptors", quotaMode: true, metadata: true,
 		descs:       []upDesc{{kind: "ok", quota: true, metadata: "{name: service_1}"}, {kind: "ok", quota: true, metadata: "{some_other_name: service_2}"}},
-		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1", "some_other_name": "service_2"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1", "some_other_name": "service_2"},
+		wantQuotaOn: true},
 	{name: "TestOverlappingMetadataReturnsTheFirstValue", quotaMode: true, metadata: true,
 		descs:       []upDesc{{kind: "ok", quota: true, metadata: "{name: service_1}"}, {kind: "ok", quota: true, metadata: "{name: service_2}"}},
-		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1"}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOK}, wantMeta: map[string]string{"name": "service_1"},
+		wantQuotaOn: true},
+	{name: "TestServiceQuotaModeWithMetadata", quotaMode: true, metadata: true, descs: []upDesc{{kind: "ok"}, {kind: "over", quota: true}},
+		wantOverall: cOK, wantCodes: []rlsv3.RateLimitResponse_Code{cOK, cOver}, wantNoMetadata: true, wantViolations: []float64{1}, wantQuotaOn: true},
 	{name: "TestServicePerDescriptorQuotaMode", descs: []upDesc{{kind: "over"}, {kind: "ok", quota: true}},
 		wantOverall: cOver, wantCodes: []rlsv3.RateLimitResponse_Code{cOver, cOK}},
 	{name: "TestServiceMixedPerDescriptorModes", descs: []upDesc{{kind: "ok"}, {kind: "over", quota: true}},
@@ -162,6 +171,14 @@ func TestUpstreamServiceCases(t *testing.T) {
 					t.Errorf("metadata %s = %v, want %q", k, got[k], v)
 				}
 			}
+			var violations []float64
+			for _, v := range md["quotaModeViolations"].GetListValue().GetValues() {
+				violations = append(violations, v.GetNumberValue())
+			}
+			if fmt.Sprint(violations) != fmt.Sprint(c.wantViolations) || md["quotaModeEnabled"] == nil ||
+				md["quotaModeEnabled"].GetBoolValue() != c.wantQuotaOn {
+				t.Errorf("quotaModeViolations %v, quotaModeEnabled %v; want %v, %v", violations, md["quotaModeEnabled"], c.wantViolations, c.wantQuotaOn)
+			}
 		})
 	}
 }
@@ -246,5 +263,91 @@ descriptors:
 				}
 			}
 		})
+	}
+}
+
+// keyRecorder is a store that records the keys it is asked to decide.
+type keyRecorder struct {
+	store.Store
+	keys []string
+}
+
+func (k *keyRecorder) Decide(ctx context.Context, checks []store.Check, results []store.Result) error {
+	for _, c := range checks {
+		k.keys = append(k.keys, c.Key)
+	}
+	return k.Store.Decide(ctx, checks, results)
+}
+
+// TestUpstreamShareThresholdKey replays upstream's TestShareThreshold
+// (test/integration) on upstream's keys: a share_threshold wildcard level
+// is counted under its pattern, byte for byte as upstream's cache key
+// ("prefix" "domain_files_files/*_"), so files/b.csv finds the count
+// files/a.pdf left; without share_threshold each value has its own key.
+func TestUpstreamShareThresholdKey(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"s.yaml": []byte(`
+domain: share-threshold-test
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}
+  - key: files_no_share
+    value: files_no_share/*
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &keyRecorder{Store: memory.New(memory.Options{})}
+	svc := New(cfg, limiter.New(rec, limiter.Options{DisableOverLimitCache: true}), Options{UpstreamKeys: true, KeyPrefix: "p:"})
+	ask := func(k, v string) *rlsv3.RateLimitResponse {
+		t.Helper()
+		resp, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "share-threshold-test", Descriptors: []*rlcommon.RateLimitDescriptor{d(k, v)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	for range 10 {
+		ask("files", "files/a.pdf")
+	}
+	if r := ask("files", "files/b.csv"); r.OverallCode != cOver || r.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("files/b.csv after 10 of files/a.pdf: %v, want OVER_LIMIT, 0 left", r)
+	}
+	for i := range 3 {
+		if r := ask("files_no_share", fmt.Sprintf("files_no_share/%d", i)); r.Statuses[0].LimitRemaining != 9 {
+			t.Errorf("files_no_share/%d: %v, want 9 left, its own counter", i, r)
+		}
+	}
+	want := map[string]bool{"p:share-threshold-test_files_files/*_": true, "p:share-threshold-test_files_no_share_files_no_share/0_": true,
+		"p:share-threshold-test_files_no_share_files_no_share/1_": true, "p:share-threshold-test_files_no_share_files_no_share/2_": true}
+	for _, k := range rec.keys {
+		if !want[k] {
+			t.Errorf("key %q, want one of %v", k, want)
+		}
+	}
+}
+
+// TestWholeSeconds: with WholeSeconds (compatibility mode) a status's
+// duration_until_reset is whole seconds, rounded up, as upstream sends
+// them; without it, the store's sub-seconds.
+func TestWholeSeconds(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"w.yaml": []byte("domain: w\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, whole := range []bool{false, true} {
+		clk := testkit.NewClock(time.Unix(1_751_540_400, 250_000_000)) // 0.25 s into a minute
+		svc := New(cfg, limiter.New(memory.New(memory.Options{Now: clk.Now}), limiter.Options{Now: clk.Now}), Options{WholeSeconds: whole})
+		for i, want := range map[bool][]time.Duration{false: {59750 * time.Millisecond, 59750 * time.Millisecond}, true: {60 * time.Second, 60 * time.Second}}[whole] {
+			resp, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "w", Descriptors: []*rlcommon.RateLimitDescriptor{d("k", "v")}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resp.Statuses[0].DurationUntilReset.AsDuration(); got != want {
+				t.Errorf("whole seconds %v, call %d (%v): %v, want %v", whole, i+1, resp.Statuses[0].Code, got, want)
+			}
+		}
 	}
 }

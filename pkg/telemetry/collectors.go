@@ -102,10 +102,10 @@ func (c *tablesCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // RegisterBreakers exposes each Redis node's circuit breaker state as
-// rls_redis_breaker_state.
-func RegisterBreakers(reg prometheus.Registerer, st *redisstore.Store) {
-	reg.MustRegister(&breakerCollector{st: st, desc: prometheus.NewDesc("rls_redis_breaker_state",
-		"1 for the current state of each Redis node's circuit breaker (node \"\" outside cluster mode).",
+// rls_redis_breaker_state, the node outside cluster mode named addr.
+func RegisterBreakers(reg prometheus.Registerer, st *redisstore.Store, addr string) {
+	reg.MustRegister(&breakerCollector{st: st, addr: addr, desc: prometheus.NewDesc("rls_redis_breaker_state",
+		"1 for the current state of each Redis node's circuit breaker, by node address (outside cluster mode, --redis-url's).",
 		[]string{"node", "state"}, nil)})
 }
 
@@ -136,6 +136,7 @@ func RegisterRoutes(reg prometheus.Registerer, st *redisstore.Store) {
 // breakerCollector reports each Redis node's circuit breaker state.
 type breakerCollector struct {
 	st   *redisstore.Store
+	addr string // the node outside cluster mode, which the store names ""
 	desc *prometheus.Desc
 }
 
@@ -143,6 +144,9 @@ func (b *breakerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- b.desc }
 
 func (b *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 	for node, s := range b.st.BreakerStates() {
+		if node == "" {
+			node = b.addr
+		}
 		for _, st := range []breaker.State{breaker.Closed, breaker.Open, breaker.HalfOpen} {
 			v := 0.0
 			if s == st {

@@ -10,19 +10,20 @@ import (
 )
 
 // Health sets rls's gRPC health services from what it knows: the rate
-// limit service's names are SERVING while a config is in force (SetReady)
-// and the store does not refuse rls's credentials; the store's name
-// follows the store's readiness probe (SetStore). It is safe for
-// concurrent use.
+// limit service's names are SERVING while a config is in force (SetReady),
+// once the store has answered since start, and while it does not refuse
+// rls's credentials (a later outage leaves them SERVING: rls decides in
+// fallback); the store's name follows the store's readiness probe
+// (SetStore). It is safe for concurrent use.
 type Health struct {
 	srv   *health.Server
 	store string   // the store's health service name
 	names []string // the rate limit service's
 	log   *slog.Logger
 
-	mu           sync.Mutex
-	ready, auth  bool
-	storeServing bool
+	mu                     sync.Mutex
+	ready, auth            bool
+	storeServing, answered bool
 }
 
 // NewHealth returns the Health of srv, every service NOT_SERVING.
@@ -44,9 +45,10 @@ func (h *Health) SetReady(ok bool) {
 func (h *Health) SetStore(s StoreState) {
 	h.mu.Lock()
 	h.storeServing, h.auth = s.OK, s.Auth()
+	h.answered = h.answered || s.OK || s.Answered
 	h.mu.Unlock()
 	h.apply()
-	h.log.Info("store health", "serving", s.OK, "reason", s.Reason)
+	h.log.Info("store health", "serving", s.OK, "reason", s.Reason, "answered_since_start", s.Answered)
 }
 
 // Auth reports whether the store refuses rls's credentials.
@@ -67,23 +69,37 @@ func (h *Health) apply() {
 	}
 	h.srv.SetServingStatus(h.store, status(h.storeServing))
 	for _, name := range h.names {
-		h.srv.SetServingStatus(name, status(h.ready && !h.auth))
+		h.srv.SetServingStatus(name, status(h.ready && !h.auth && h.answered))
 	}
 }
 
+// HealthState is what /healthcheck answers from.
+type HealthState struct {
+	ShuttingDown bool // shutdown began
+	ConfigReady  bool // a config is in force
+	AuthRefused  bool // the store refuses rls's credentials
+	// Waiting, when not empty, says which store has not answered since
+	// start and why (its address and the probe's error).
+	Waiting  string
+	Degraded bool // the store does not answer now, or rules fell back lately
+}
+
 // HealthcheckAnswer is the status and body of /healthcheck: 503 once
-// shutdown began, before a config is in force, or while the store refuses
-// rls's credentials; else 200 OK, or 200 DEGRADED while the store does not
-// answer (degraded) and rules decide locally.
-func HealthcheckAnswer(shuttingDown, configReady, authRefused, degraded bool) (int, string) {
+// shutdown began, before a config is in force, while the store refuses
+// rls's credentials, or until it has answered once since start; else
+// 200 OK, or 200 DEGRADED while the store does not answer and rules
+// decide locally.
+func HealthcheckAnswer(s HealthState) (int, string) {
 	switch {
-	case shuttingDown:
+	case s.ShuttingDown:
 		return http.StatusServiceUnavailable, "NOT_SERVING: shutting down"
-	case !configReady:
+	case !s.ConfigReady:
 		return http.StatusServiceUnavailable, "NOT_SERVING: no config yet, waiting for the first valid config from the xDS server"
-	case authRefused:
+	case s.AuthRefused:
 		return http.StatusServiceUnavailable, "NOT_SERVING: the store refuses rls's credentials (wrong password or ACL); calls are answered Unavailable"
-	case degraded:
+	case s.Waiting != "":
+		return http.StatusServiceUnavailable, "NOT_SERVING: the store has not answered since rls started: " + s.Waiting
+	case s.Degraded:
 		return http.StatusOK, "DEGRADED: the store is not answering; deciding locally (fail_open rules at this replica's share, fail_closed rules deny)"
 	}
 	return http.StatusOK, "OK"

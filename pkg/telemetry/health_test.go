@@ -14,8 +14,9 @@ import (
 )
 
 // TestHealth: the rate limit service is SERVING only with a config in
-// force and a store that does not refuse rls's credentials; an outage
-// leaves it SERVING (only the store's service follows the probe).
+// force, once the store has answered, and while the store does not refuse
+// rls's credentials; a later outage leaves it SERVING (only the store's
+// service follows the probe).
 func TestHealth(t *testing.T) {
 	srv := health.NewServer()
 	h := NewHealth(srv, slog.New(slog.DiscardHandler), "rls.store", "", "rl")
@@ -32,14 +33,15 @@ func TestHealth(t *testing.T) {
 		want string
 	}{
 		{func() {}, "NOT_SERVING NOT_SERVING NOT_SERVING"},
-		{func() { h.SetReady(true) }, "SERVING SERVING NOT_SERVING"},
-		{func() { h.SetStore(StoreState{OK: true, Reason: ReasonNone}) }, "SERVING SERVING SERVING"},
-		{func() { h.SetStore(StoreState{Reason: "unavailable", Err: store.ErrUnavailable}) }, "SERVING SERVING NOT_SERVING"},
+		{func() { h.SetReady(true) }, "NOT_SERVING NOT_SERVING NOT_SERVING"},
+		{func() { h.SetStore(StoreState{Reason: "unavailable", Err: store.ErrUnavailable}) }, "NOT_SERVING NOT_SERVING NOT_SERVING"},
+		{func() { h.SetStore(StoreState{OK: true, Reason: ReasonNone, Answered: true}) }, "SERVING SERVING SERVING"},
+		{func() { h.SetStore(StoreState{Reason: "unavailable", Err: store.ErrUnavailable, Answered: true}) }, "SERVING SERVING NOT_SERVING"},
 		{func() {
 			h.SetStore(StoreState{Reason: "auth", Err: fmt.Errorf("redis ping: %w: WRONGPASS", store.ErrAuth)})
 		}, "NOT_SERVING NOT_SERVING NOT_SERVING"},
 		{func() { h.SetReady(true) }, "NOT_SERVING NOT_SERVING NOT_SERVING"},
-		{func() { h.SetStore(StoreState{OK: true, Reason: ReasonNone}) }, "SERVING SERVING SERVING"},
+		{func() { h.SetStore(StoreState{OK: true, Reason: ReasonNone, Answered: true}) }, "SERVING SERVING SERVING"},
 	}
 	for i, s := range steps {
 		s.do()
@@ -53,22 +55,24 @@ func TestHealth(t *testing.T) {
 }
 
 // TestHealthcheckAnswer: NOT_SERVING wins in the order shutdown, no config,
-// refused credentials; DEGRADED is still 200.
+// refused credentials, a store never answered (with why); DEGRADED is
+// still 200.
 func TestHealthcheckAnswer(t *testing.T) {
 	for _, tc := range []struct {
-		shutting, ready, auth, degraded bool
-		code                            int
-		prefix                          string
+		s      HealthState
+		code   int
+		prefix string
 	}{
-		{false, true, false, false, 200, "OK"},
-		{false, true, false, true, 200, "DEGRADED"},
-		{false, true, true, true, 503, "NOT_SERVING: the store refuses"},
-		{false, false, true, false, 503, "NOT_SERVING: no config"},
-		{true, true, true, true, 503, "NOT_SERVING: shutting down"},
+		{HealthState{ConfigReady: true}, 200, "OK"},
+		{HealthState{ConfigReady: true, Degraded: true}, 200, "DEGRADED"},
+		{HealthState{ConfigReady: true, Waiting: "redis://h:1: refused", Degraded: true}, 503, "NOT_SERVING: the store has not answered since rls started: redis://h:1: refused"},
+		{HealthState{ConfigReady: true, AuthRefused: true, Waiting: "x", Degraded: true}, 503, "NOT_SERVING: the store refuses"},
+		{HealthState{AuthRefused: true}, 503, "NOT_SERVING: no config"},
+		{HealthState{ShuttingDown: true, ConfigReady: true, AuthRefused: true, Degraded: true}, 503, "NOT_SERVING: shutting down"},
 	} {
-		code, body := HealthcheckAnswer(tc.shutting, tc.ready, tc.auth, tc.degraded)
+		code, body := HealthcheckAnswer(tc.s)
 		if code != tc.code || !strings.HasPrefix(body, tc.prefix) {
-			t.Errorf("%+v: %d %q, want %d %q...", tc, code, body, tc.code, tc.prefix)
+			t.Errorf("%+v: %d %q, want %d %q...", tc.s, code, body, tc.code, tc.prefix)
 		}
 	}
 }

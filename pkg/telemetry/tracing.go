@@ -44,6 +44,11 @@ type TracingOptions struct {
 	Registerer prometheus.Registerer
 	// Log receives the SDK's messages and, throttled, its errors; required.
 	Log *slog.Logger
+	// SampleRatio, when set, samples ParentBased(TraceIDRatioBased(ratio)),
+	// as envoyproxy/ratelimit's TRACING_SAMPLING_RATE; nil leaves the
+	// sampler to OpenTelemetry's variables (OTEL_TRACES_SAMPLER) and the
+	// SDK's default, parentbased_always_on.
+	SampleRatio *float64
 }
 
 // Tracing is the tracer provider of an rls that traces: an OTLP span of
@@ -91,9 +96,13 @@ func NewTracing(o TracingOptions) (*Tracing, error) {
 	if err != nil {
 		o.Log.Warn("trace resource incomplete", "err", err)
 	}
-	t.tp = sdktrace.NewTracerProvider( // the sampler: OTEL_TRACES_SAMPLER, else parentbased_always_on
+	opts := []sdktrace.TracerProviderOption{ // the sampler: OTEL_TRACES_SAMPLER, else parentbased_always_on
 		sdktrace.WithResource(res),
-		sdktrace.WithSpanProcessor(newBoundedProcessor(exp, o.OTLP.QueueSize, DefaultQueueBytes, t.dropped)))
+		sdktrace.WithSpanProcessor(newBoundedProcessor(exp, o.OTLP.QueueSize, DefaultQueueBytes, t.dropped))}
+	if o.SampleRatio != nil {
+		opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(*o.SampleRatio))))
+	}
+	t.tp = sdktrace.NewTracerProvider(opts...)
 	t.svc = &service.Tracing{Tracer: t.tp.Tracer(TracerName), Store: o.Store, DescriptorValues: o.DescriptorValues}
 	o.Log.Info("tracing on", "otlp_endpoint", o.OTLP.Endpoint, "from", o.OTLP.EndpointVar, "protocol", o.OTLP.Protocol,
 		"descriptor_values", o.DescriptorValues)

@@ -244,3 +244,26 @@ func TestBoundedProcessorBoundsBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTracingSampleRatio: SampleRatio 0 samples no new trace, as upstream's
+// TRACING_SAMPLING_RATE=0; without it every trace is sampled.
+func TestTracingSampleRatio(t *testing.T) {
+	s, _ := OTLPEnv{Endpoint: "http://127.0.0.1:1"}.Settings()
+	for _, c := range []struct {
+		ratio *float64
+		want  bool
+	}{{nil, true}, {new(float64), false}} {
+		tr, err := NewTracing(TracingOptions{OTLP: s, Registerer: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler), SampleRatio: c.ratio})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, span := tr.Service().Tracer.Start(context.Background(), "probe")
+		if got := span.SpanContext().IsSampled(); got != c.want {
+			t.Errorf("ratio %v: sampled %v, want %v", c.ratio, got, c.want)
+		}
+		span.End()
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond) // no collector: do not wait for it
+		tr.Shutdown(ctx)
+		cancel()
+	}
+}

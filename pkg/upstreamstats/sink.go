@@ -20,17 +20,18 @@ import (
 	"github.com/rls-project/rls/pkg/logthrottle"
 )
 
-// Target is where statsd goes: --statsd-addr, host:port or
-// udp://host:port?flush_interval=10s&tags=k:v,k2:v2.
+// Target is where statsd goes: --statsd-addr, host:port (UDP), or
+// udp:// or tcp://host:port?flush_interval=10s&tags=k:v,k2:v2.
 type Target struct {
-	Addr  string
-	Flush time.Duration
-	Tags  map[string]string
+	Addr     string
+	Protocol string // udp or tcp
+	Flush    time.Duration
+	Tags     map[string]string
 }
 
 // ParseTarget parses --statsd-addr.
 func ParseTarget(s string) (Target, error) {
-	t := Target{Addr: s, Flush: 10 * time.Second}
+	t := Target{Addr: s, Protocol: "udp", Flush: 10 * time.Second}
 	if strings.Contains(s, "://") {
 		var err error
 		if t, err = parseURL(s); err != nil {
@@ -47,14 +48,14 @@ func ParseTarget(s string) (Target, error) {
 	return t, nil
 }
 
-// parseURL parses udp://host:port?flush_interval=10s&tags=k:v,k2:v2.
+// parseURL parses udp:// or tcp://host:port?flush_interval=10s&tags=k:v,k2:v2.
 func parseURL(s string) (Target, error) {
 	t := Target{Flush: 10 * time.Second}
 	u, err := url.Parse(s)
-	if err != nil || u.Scheme != "udp" || u.Host == "" || u.Path != "" {
-		return t, errors.New("want host:port or udp://host:port[?flush_interval=10s&tags=k:v,...]")
+	if err != nil || (u.Scheme != "udp" && u.Scheme != "tcp") || u.Host == "" || u.Path != "" {
+		return t, errors.New("want host:port, udp://host:port or tcp://host:port[?flush_interval=10s&tags=k:v,...]")
 	}
-	t.Addr = u.Host
+	t.Addr, t.Protocol = u.Host, u.Scheme
 	q := u.Query()
 	for k := range q {
 		if k != "flush_interval" && k != "tags" {
@@ -92,8 +93,11 @@ func ParseTags(s string) (map[string]string, error) {
 func NewStatsdSink(t Target, log *slog.Logger) gostats.Sink {
 	host, port, _ := net.SplitHostPort(t.Addr) // parsed by ParseTarget
 	p, _ := strconv.Atoi(port)
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	th := logthrottle.New(logthrottle.Every, nil)
-	return gostats.NewNetSink(gostats.WithStatsdHost(host), gostats.WithStatsdPort(p), gostats.WithStatsdProtocol("udp"),
+	return gostats.NewNetSink(gostats.WithStatsdHost(host), gostats.WithStatsdPort(p), gostats.WithStatsdProtocol(t.Protocol),
 		gostats.WithLogger(&sinkLogger{log: log, th: th}))
 }
 

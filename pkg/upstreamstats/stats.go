@@ -37,6 +37,8 @@ type Options struct {
 	Tags map[string]string
 	// Flush is the flush interval [10s].
 	Flush time.Duration
+	// LastFlush bounds the last flush, at shutdown [lastFlushWait].
+	LastFlush time.Duration
 	// MaxDetailed caps the names of one detailed_metric or value_to_metric
 	// rule (and of overrides and unknown domains, each); beyond it, a
 	// decision counts under the rule's own name [100].
@@ -70,6 +72,9 @@ type serviceStats struct {
 // are dropped (a sample of each interval is sent).
 const timesQueue = 4096
 
+// lastFlushWait bounds the last flush at shutdown (Run).
+const lastFlushWait = 2 * time.Second
+
 // New returns Stats sending to opts.Sinks. Call Run to flush.
 func New(opts Options) *Stats {
 	if opts.Flush <= 0 {
@@ -80,6 +85,9 @@ func New(opts Options) *Stats {
 	}
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
 		opts.NearLimitRatio = service.DefaultNearLimitRatio
+	}
+	if opts.LastFlush <= 0 {
+		opts.LastFlush = lastFlushWait
 	}
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
@@ -101,17 +109,49 @@ func New(opts Options) *Stats {
 	return s
 }
 
-// Run flushes every interval until ctx is cancelled, then once more.
+// Run flushes every interval until ctx is cancelled, then once more,
+// waiting at most Options.LastFlush for that.
 func (s *Stats) Run(ctx context.Context) {
 	t := time.NewTicker(s.opts.Flush)
 	defer t.Stop()
+	// A flush runs in a goroutine of its own, one at a time: gostats's TCP
+	// sink waits on a statsd it cannot reach (it connects, sleeps, retries)
+	// before it gives up, which must hold neither the ticks nor the
+	// shutdown. A tick that finds the last flush still running skips.
+	var flushing chan struct{}
+	flush := func() {
+		if flushing != nil {
+			select {
+			case <-flushing:
+			default:
+				return
+			}
+		}
+		ch := make(chan struct{})
+		flushing = ch
+		go func() { s.Flush(); close(ch) }()
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			s.Flush()
+			// The last flush, after the one in flight, all within LastFlush.
+			deadline := time.After(s.opts.LastFlush)
+			last := make(chan struct{})
+			go func() {
+				if flushing != nil {
+					<-flushing
+				}
+				s.Flush()
+				close(last)
+			}()
+			select {
+			case <-last:
+			case <-deadline:
+				s.opts.Log.Warn("statsd: the last stats not flushed at shutdown: statsd does not take them", "waited", s.opts.LastFlush)
+			}
 			return
 		case <-t.C:
-			s.Flush()
+			flush()
 		}
 	}
 }
@@ -286,7 +326,7 @@ func (g *generation) ruleStats(domain string, d *rlcommon.RateLimitDescriptor, r
 	if !r.DetailedMetric && !r.ValueToMetric() {
 		return e.plain
 	}
-	name := domain + "." + levels(r.MetricLabel(d.GetEntries()))
+	name := domain + "." + r.StatsName(d.GetEntries())
 	if rs, ok := e.byName.Load(name); ok {
 		return rs.(*rateLimitStats)
 	}
@@ -333,14 +373,9 @@ func (g *generation) overrideStats(domain string, d *rlcommon.RateLimitDescripto
 
 // RuleKey is a rule's stats key, as upstream names it: the domain, then
 // each level of the rule's descriptor path as key_value (or key), joined
-// by '.'.
+// by '.', values as configured ("files_files/*").
 func RuleKey(r *descriptors.Rule) string {
-	return r.Domain + "." + strings.NewReplacer("/", ".", "=", "_").Replace(r.Path)
-}
-
-// levels turns a MetricLabel ("k=v|k2=v2") into upstream's "k_v.k2_v2".
-func levels(label string) string {
-	return strings.NewReplacer("|", ".", "=", "_").Replace(label)
+	return r.Domain + "." + r.StatsPath()
 }
 
 var ipv4 = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)

@@ -1,6 +1,7 @@
 package upstreamstats
 
 import (
+	"bufio"
 	"context"
 	"net"
 	"sort"
@@ -312,13 +313,121 @@ func TestDetailedCap(t *testing.T) {
 }
 
 func TestParseTarget(t *testing.T) {
-	for _, bad := range []string{"", "nohost", "udp://", "tcp://h:1", "udp://h:1?flush_interval=1ms", "udp://h:1?x=1", "udp://h:1?tags=novalue", "h:99999"} {
+	for _, bad := range []string{"", "nohost", "udp://", "http://h:1", "udp://h:1?flush_interval=1ms", "udp://h:1?x=1", "udp://h:1?tags=novalue", "h:99999"} {
 		if _, err := ParseTarget(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
 	}
 	tg, err := ParseTarget("udp://agent:9125?flush_interval=2s&tags=env:prod,team:a")
-	if err != nil || tg.Addr != "agent:9125" || tg.Flush != 2*time.Second || tg.Tags["env"] != "prod" || tg.Tags["team"] != "a" {
+	if err != nil || tg.Addr != "agent:9125" || tg.Protocol != "udp" || tg.Flush != 2*time.Second || tg.Tags["env"] != "prod" || tg.Tags["team"] != "a" {
 		t.Errorf("%+v %v", tg, err)
+	}
+	for s, want := range map[string]string{"agent:9125": "udp", "tcp://agent:9125": "tcp"} {
+		if tg, err := ParseTarget(s); err != nil || tg.Protocol != want || tg.Addr != "agent:9125" {
+			t.Errorf("%s: %+v %v, want protocol %s", s, tg, err, want)
+		}
+	}
+}
+
+// TestStatsdTCP: over TCP, upstream's default statsd protocol (gostats's
+// STATSD_PROTOCOL), a listener gets the same stats.
+func TestStatsdTCP(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	target, err := ParseTarget("tcp://" + lis.Addr().String() + "?flush_interval=100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := New(Options{Sinks: []gostats.Sink{NewStatsdSink(target, nil)}, Flush: target.Flush})
+	svc := newService(t, st)
+	run(t, svc, st)
+	st.Flush()
+	_ = lis.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	conn, err := lis.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	counters := map[string]uint64{}
+	sc := bufio.NewScanner(conn)
+	for counters["ratelimit.service.rate_limit.rl.key4_value4.total_hits"] < 16 && sc.Scan() {
+		name, rest, _ := strings.Cut(sc.Text(), ":")
+		if v, ok := strings.CutSuffix(rest, "|c"); ok {
+			n, _ := strconv.ParseUint(v, 10, 64)
+			counters[name] += n
+		}
+	}
+	if got := counters["ratelimit.service.rate_limit.rl.key4_value4.total_hits"]; got != 16 {
+		t.Errorf("total_hits over TCP %d, want 16", got)
+	}
+}
+
+// TestStatNamesKeepSlashes: a configured value with '/' (a URL path) keeps
+// it in the stats key, as upstream's does ("files_files/*", not
+// "files_files.*"), in the rule's key and in a detailed_metric name, whose
+// request values keep '/' and '=' too.
+func TestStatNamesKeepSlashes(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"s.yaml": []byte(`
+domain: d
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: route
+    value: /v1/a
+    descriptors:
+      - key: path
+        detailed_metric: true
+        rate_limit: {unit: hour, requests_per_unit: 10}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]string{}
+	for _, r := range cfg.Rules() {
+		names[r.Path] = RuleKey(r)
+	}
+	if got := names["files=files/*"]; got != "d.files_files/*" {
+		t.Errorf("RuleKey of files/* = %q, want d.files_files/*", got)
+	}
+	if got := names["route=/v1/a/path"]; got != "d.route_/v1/a.path" {
+		t.Errorf("RuleKey of /v1/a/path = %q, want d.route_/v1/a.path", got)
+	}
+	entries := []*rlcommon.RateLimitDescriptor_Entry{{Key: "route", Value: "/v1/a"}, {Key: "path", Value: "/x/y=z"}}
+	r := cfg.Match("d", entries)
+	if got := r.StatsName(entries); got != "route_/v1/a.path_/x/y=z" {
+		t.Errorf("detailed name %q, want route_/v1/a.path_/x/y=z", got)
+	}
+}
+
+// TestRunShutdownBounded: with a TCP statsd that nothing answers, the last
+// flush at shutdown gives up after Options.LastFlush instead of holding the
+// shutdown (gostats's TCP sink retries its connection).
+func TestRunShutdownBounded(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // refused from now on
+	target, err := ParseTarget("tcp://" + addr + "?flush_interval=100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := New(Options{Sinks: []gostats.Sink{NewStatsdSink(target, nil)}, Flush: target.Flush, LastFlush: 200 * time.Millisecond})
+	st.ConfigLoaded(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := st.Start(ctx)
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run still flushing long after its bound")
 	}
 }

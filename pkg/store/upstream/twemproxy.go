@@ -1,0 +1,102 @@
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Detect reports whether the server at o.URL (a single Redis's address,
+// redis:// or unix://) is a twemproxy (nutcracker) rather than a Redis: on
+// one RESP2 connection it sends AUTH (when o has a password) and PING, then
+// TIME. A Redis answers TIME (or refuses it with an error reply, as it
+// refuses anything before AUTH); twemproxy, which proxies no TIME, closes
+// the connection without a word, as it does on HELLO. A server that cannot
+// be reached, or that closes the connection before TIME, tells nothing:
+// the error says why. rediss:// and the other modes are never twemproxy
+// (it has no TLS and stands for one Redis). Detect is bounded by ctx.
+func Detect(ctx context.Context, o ClientOptions) (bool, error) {
+	if o.Twemproxy {
+		return true, nil
+	}
+	u, err := url.Parse(o.URL)
+	if err != nil || (o.Mode != "" && o.Mode != ModeSingle) || (u.Scheme != "redis" && u.Scheme != "unix") || o.TLSConfig != nil {
+		return false, nil
+	}
+	network, addr := "tcp", u.Host
+	if u.Scheme == "unix" {
+		network, addr = "unix", u.Path
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	} else {
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+	}
+	r := bufio.NewReader(conn)
+	user, pass := o.Username, o.Password
+	if u.User != nil {
+		if user == "" {
+			user = u.User.Username()
+		}
+		if p, ok := u.User.Password(); ok && pass == "" {
+			pass = p
+		}
+	}
+	var cmds [][]string
+	if pass != "" {
+		if user != "" && user != "default" {
+			cmds = append(cmds, []string{"AUTH", user, pass})
+		} else {
+			cmds = append(cmds, []string{"AUTH", pass})
+		}
+	}
+	cmds = append(cmds, []string{"PING"})
+	for _, c := range cmds {
+		if _, err := conn.Write(resp(c...)); err != nil {
+			return false, err
+		}
+		if _, err := r.ReadString('\n'); err != nil {
+			return false, fmt.Errorf("no answer to %s: %w", c[0], err)
+		}
+	}
+	if _, err := conn.Write(resp("TIME")); err != nil {
+		return false, err
+	}
+	line, err := r.ReadString('\n')
+	if err != nil {
+		if closed(err) {
+			return true, nil
+		}
+		return false, fmt.Errorf("no answer to TIME: %w", err)
+	}
+	_ = line // an array (Redis) or an error reply: not twemproxy
+	return false, nil
+}
+
+// closed reports whether err is the peer closing the connection.
+func closed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// resp encodes a command as a RESP array of bulk strings.
+func resp(args ...string) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	return []byte(b.String())
+}
