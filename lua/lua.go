@@ -5,7 +5,6 @@ package lua
 import (
 	_ "embed"
 	"encoding/binary"
-	"fmt"
 	"math"
 	"strconv"
 	"time"
@@ -124,55 +123,6 @@ var DemandSource string
 // Demand shares one replica's RLQS demand for a counter with the fleet and
 // returns the fleet's (see demand.lua).
 var Demand = redis.NewScript(DemandSource)
-
-// The tag bytes of decide.lua's stored state (TAG_* in decide.lua).
-const (
-	TagTokenBucket = 't'
-	TagPrecise     = 'p'
-)
-
-// State is a token bucket's or a precision window's state as decide.lua
-// stores it: a tag byte and little-endian IEEE-754 doubles (see decide.lua's
-// header). Tests and tools read and write it with ParseState and Encode.
-type State struct {
-	Algorithm store.Algorithm
-	// Token bucket: Tokens, and LastRefill in Unix microseconds.
-	Tokens, LastRefill float64
-	// Sliding window of precision len(Old) >= 2: Window is the sub-window
-	// index, Count its count, Old the counts of the sub-windows before it,
-	// newest first.
-	Window, Count float64
-	Old           []float64
-}
-
-// ParseState decodes a state decide.lua stored.
-func ParseState(v string) (State, error) {
-	f := func(i int) float64 { return double(v[1+8*i:]) }
-	switch {
-	case len(v) == 17 && v[0] == TagTokenBucket:
-		return State{Algorithm: store.TokenBucket, Tokens: f(0), LastRefill: f(1)}, nil
-	case len(v) >= 25 && (len(v)-25)%8 == 0 && v[0] == TagPrecise && f(0) == float64((len(v)-25)/8):
-		st := State{Algorithm: store.SlidingWindow, Window: f(1), Count: f(2)}
-		for i := range (len(v) - 25) / 8 {
-			st.Old = append(st.Old, f(3+i))
-		}
-		return st, nil
-	}
-	return State{}, fmt.Errorf("not a decide.lua state: %q", v)
-}
-
-// Encode returns s as decide.lua stores it.
-func (s State) Encode() string {
-	b := []byte{TagTokenBucket}
-	fs := []float64{s.Tokens, s.LastRefill}
-	if s.Algorithm != store.TokenBucket {
-		b[0], fs = TagPrecise, append([]float64{float64(len(s.Old)), s.Window, s.Count}, s.Old...)
-	}
-	for _, x := range fs {
-		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
-	}
-	return string(b)
-}
 
 // AppendCheck appends c, as decide.lua reads one check, to b: its
 // algorithm's code (an unknown algorithm acts as the default, sliding

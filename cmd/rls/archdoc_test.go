@@ -1,6 +1,7 @@
 package main
 
 import (
+	"go/build"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -58,5 +59,43 @@ func TestArchitectureRoutes(t *testing.T) {
 	}
 	if routes != 9 {
 		t.Errorf("%d routes in docs/ARCHITECTURE.md's table, want the 9 of limiter.Decide", routes)
+	}
+}
+
+// TestPathLines holds the decision path to its size (docs/ARCHITECTURE.md):
+// the non-test Go and Lua of pkg/limiter, pkg/store/redis and the
+// packages of this module they build on add up to at most pathLines.
+func TestPathLines(t *testing.T) {
+	const module, pathLines = "github.com/rls-project/rls/", 5800
+	seen := map[string]bool{}
+	lines := 0
+	var visit func(pkg string)
+	visit = func(pkg string) {
+		if seen[pkg] {
+			return
+		}
+		seen[pkg] = true
+		p, err := build.Default.ImportDir(filepath.Join("../..", strings.TrimPrefix(pkg, module)), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range append(p.GoFiles, p.EmbedPatterns...) {
+			b, err := os.ReadFile(filepath.Join(p.Dir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines += strings.Count(string(b), "\n")
+		}
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, module) {
+				visit(imp)
+			}
+		}
+	}
+	visit(module + "pkg/limiter")
+	visit(module + "pkg/store/redis")
+	t.Logf("%d lines in %d packages", lines, len(seen))
+	if lines > pathLines {
+		t.Errorf("the decision path is %d lines of Go and Lua, over its %d (docs/ARCHITECTURE.md)", lines, pathLines)
 	}
 }

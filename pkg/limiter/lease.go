@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,16 +80,11 @@ func newLeases(maxBytes int64) *leases {
 	return r
 }
 
-func (r *leases) shard(key string) *leaseShard { return &r.shards[fnv32(key)%leaseShards] }
+var leaseSeed = maphash.MakeSeed()
 
-func fnv32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= 16777619
-	}
-	return h
-}
+func leaseShardOf(key string) uint64 { return maphash.String(leaseSeed, key) % leaseShards }
+
+func (r *leases) shard(key string) *leaseShard { return &r.shards[leaseShardOf(key)] }
 
 // get returns key's lease under c's rule; a lease of another rule ends
 // (its unused hits are returned with ret). sh.mu is held.
@@ -266,7 +262,7 @@ func (r *leases) waiting(c *store.Check, now int64) (time.Duration, bool) {
 // lock locks the shards of items' keys in index order and returns which.
 func (r *leases) lock(items []Item) (locked [leaseShards]bool) {
 	for i := range items {
-		locked[fnv32(items[i].Check.Key)%leaseShards] = true
+		locked[leaseShardOf(items[i].Check.Key)] = true
 	}
 	for i := range locked {
 		if locked[i] {

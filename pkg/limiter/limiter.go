@@ -40,7 +40,7 @@ const (
 	FromCache                    // the local over-limit cache denied it
 	FromFailOpen                 // store unavailable: the local fail-open bucket decided
 	FromFailClosed               // store unavailable: denied by the rule's fail_closed
-	FromReserve                  // admitted from a slice of hits reserved in the store (see reserve.go)
+	FromReserve                  // admitted from a lease of hits counted in the store (lease.go)
 	numSources
 )
 
@@ -49,17 +49,8 @@ var Sources = [numSources]Source{FromStore, FromCache, FromFailOpen, FromFailClo
 
 // String names the source as metrics and logs show it.
 func (s Source) String() string {
-	switch s {
-	case FromStore:
-		return "store"
-	case FromCache:
-		return "local_cache"
-	case FromFailOpen:
-		return "fail_open"
-	case FromFailClosed:
-		return "fail_closed"
-	case FromReserve:
-		return "reserved"
+	if s < numSources {
+		return [...]string{"store", "local_cache", "fail_open", "fail_closed", "reserved"}[s]
 	}
 	return "unknown"
 }
@@ -80,13 +71,8 @@ var Causes = [numCauses]Cause{CauseDeadline, CauseUnavailable, CauseCircuitOpen}
 
 // String names the cause as metrics show it.
 func (c Cause) String() string {
-	switch c {
-	case CauseDeadline:
-		return "deadline"
-	case CauseUnavailable:
-		return "unavailable"
-	case CauseCircuitOpen:
-		return "circuit_open"
+	if c < numCauses {
+		return [...]string{"deadline", "unavailable", "circuit_open"}[c]
 	}
 	return "unknown"
 }
@@ -278,7 +264,7 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	sc.clearResults()
 
 	err := l.callStore(ctx, now, sc)
-	if err == nil || (errors.Is(err, store.ErrUnavailable) && anyDecided(sc.results)) {
+	if err == nil || (errors.Is(err, store.ErrUnavailable) && undecided(sc.results) < len(sc.results)) {
 		l.answered.Store(true)
 	}
 	if len(sc.wb) > 0 {
@@ -309,16 +295,6 @@ func (l *Limiter) StoreAnswered() bool { return l.answered.Load() }
 // MarkStoreAnswered records that the store answered outside a decision
 // (a readiness probe).
 func (l *Limiter) MarkStoreAnswered() { l.answered.Store(true) }
-
-// anyDecided reports whether the store decided some of results.
-func anyDecided(results []store.Result) bool {
-	for i := range results {
-		if !results[i].Undecided {
-			return true
-		}
-	}
-	return false
-}
 
 // fill makes sc the sub-batch of items no local answer took (only
 // checking, when a local denial vetoed the request), and reports whether
@@ -580,7 +556,7 @@ func (l *Limiter) Forget(keys ...string) {
 	for _, k := range keys {
 		lruWith(l.overLimitCache, k, func(v overLimitEntry, _ bool) (overLimitEntry, bool, struct{}) { return v, false, struct{}{} })
 		lruWith(l.local, k, func(b *bucket, _ bool) (*bucket, bool, struct{}) { return b, false, struct{}{} })
-		l.wb.drop(k)
+		l.wb.takeKey(k) // its counter was reset
 	}
 	if l.res != nil {
 		for _, k := range keys {

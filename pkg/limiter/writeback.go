@@ -108,13 +108,6 @@ func (w *writeBacks) requeue(e writeBack) {
 	}
 }
 
-// drop forgets key's pending write-back (its counter was reset).
-func (w *writeBacks) drop(key string) {
-	w.mu.Lock()
-	w.del(key)
-	w.mu.Unlock()
-}
-
 // takeKey removes and returns key's pending write-back, if any.
 func (w *writeBacks) takeKey(key string) (writeBack, bool) {
 	w.mu.Lock()
@@ -185,7 +178,7 @@ func (l *Limiter) WriteBack(ctx context.Context) error {
 		results := make([]store.Result, len(checks))
 		err := l.st.Decide(ctx, checks, results)
 		for i := range checks {
-			l.settle(flights[i], &checks[i], &results[i], err, anyUndecided(results), now)
+			l.settle(flights[i], &checks[i], &results[i], err, undecided(results) > 0, now)
 		}
 		if err != nil && !errors.Is(err, store.ErrUnavailable) {
 			if held, ok := l.writeBackLog.Allow(); ok {
@@ -242,13 +235,14 @@ func (l *Limiter) settle(f flight, c *store.Check, r *store.Result, err error, p
 	l.wb.requeue(f.e)
 }
 
-func anyUndecided(results []store.Result) bool {
+// undecided counts the results the store could not decide.
+func undecided(results []store.Result) (n int) {
 	for i := range results {
 		if results[i].Undecided {
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 // attachWriteBacks adds a pending write-back (a Force check, applied
@@ -278,7 +272,7 @@ func (l *Limiter) attachWriteBacks(sc *scratch, now int64) {
 // settleWriteBacks accounts for the write-backs that rode along with a
 // store call that returned err.
 func (l *Limiter) settleWriteBacks(sc *scratch, err error, now int64) {
-	partial := anyUndecided(sc.results)
+	partial := undecided(sc.results) > 0
 	k := 0
 	for j, i := range sc.idx {
 		if i != rideWriteBack {

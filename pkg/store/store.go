@@ -33,13 +33,8 @@ const (
 // String returns the algorithm's configuration name ("sliding_window",
 // "token_bucket", "fixed_window"), or "unknown" for any other value.
 func (a Algorithm) String() string {
-	switch a {
-	case SlidingWindow:
-		return "sliding_window"
-	case TokenBucket:
-		return "token_bucket"
-	case FixedWindow:
-		return "fixed_window"
+	if a <= FixedWindow {
+		return [...]string{"sliding_window", "token_bucket", "fixed_window"}[a]
 	}
 	return "unknown"
 }

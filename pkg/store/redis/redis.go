@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"math"
 	"strconv"
 	"sync"
@@ -77,7 +76,6 @@ func New(opts Options) (*Store, error) {
 		onChange: o.OnBreakerChange, onScriptMode: o.OnScriptMode, maxInFlight: o.MaxInFlight, maxBatch: o.MaxBatch,
 		fleetKey: o.KeyPrefix + FleetKey, demandPrefix: o.KeyPrefix + DemandKeyPart, replica: replicaID()}
 	_, s.cluster = s.client.(*redis.ClusterClient)
-	s.prevs.seed = maphash.MakeSeed()
 	return s, nil
 }
 

@@ -308,7 +308,7 @@ func TestACLRules(t *testing.T) {
 			t.Errorf("%s: Delete: %v", tc.user, err)
 		}
 		// A key without a TTL denied: PEXPIRE gives it one.
-		empty := lua.State{Algorithm: store.TokenBucket, Tokens: 0, LastRefill: 1e18}.Encode()
+		empty := state{Algorithm: store.TokenBucket, Tokens: 0, LastRefill: 1e18}.encode()
 		if err := admin.Set(ctx, key, empty, 0).Err(); err != nil {
 			t.Fatal(err)
 		}

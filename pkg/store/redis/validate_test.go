@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/testkit"
@@ -33,16 +32,16 @@ func TestBadStateIsFresh(t *testing.T) {
 		{"sliding negative count", ":" + minute, "-80", store.Check{Limit: 3, Window: time.Minute, Hits: 1}},
 		{"sliding not a number", ":" + minute, "-inf", store.Check{Limit: 3, Window: time.Minute, Hits: 1}},
 		{"sliding text", ":" + minute, "abc", store.Check{Limit: 3, Window: time.Minute, Hits: 1}},
-		{"precision 10 negative sub-window", "", lua.State{Algorithm: store.SlidingWindow, Window: sub, Count: 0, Old: []float64{0, -50, 0, 0, 0, 0, 0, 0, 0, 0}}.Encode(),
+		{"precision 10 negative sub-window", "", state{Algorithm: store.SlidingWindow, Window: sub, Count: 0, Old: []float64{0, -50, 0, 0, 0, 0, 0, 0, 0, 0}}.encode(),
 			store.Check{Limit: 3, Window: time.Minute, Hits: 1, Precision: 10}},
-		{"precision 10 infinite window", "", lua.State{Algorithm: store.SlidingWindow, Window: math.Inf(1), Count: 0, Old: make([]float64, 10)}.Encode(),
+		{"precision 10 infinite window", "", state{Algorithm: store.SlidingWindow, Window: math.Inf(1), Count: 0, Old: make([]float64, 10)}.encode(),
 			store.Check{Limit: 3, Window: time.Minute, Hits: 1, Precision: 10}},
 		{"fixed negative count", ":" + minute, "-4", store.Check{Algorithm: store.FixedWindow, Limit: 3, Window: time.Minute, Hits: 1}},
 		{"fixed infinite count", ":" + minute, "inf", store.Check{Algorithm: store.FixedWindow, Limit: 3, Window: time.Minute, Hits: 1}},
-		{"bucket -inf tokens", "", lua.State{Algorithm: store.TokenBucket, Tokens: math.Inf(-1), LastRefill: float64(now)}.Encode(), store.Check{Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: 1}},
-		{"bucket NaN tokens", "", lua.State{Algorithm: store.TokenBucket, Tokens: math.NaN(), LastRefill: float64(now)}.Encode(), store.Check{Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: 1}},
-		{"bucket negative tokens", "", lua.State{Algorithm: store.TokenBucket, Tokens: -1e12, LastRefill: float64(now)}.Encode(), store.Check{Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: 1}},
-		{"bucket NaN refill time", "", lua.State{Algorithm: store.TokenBucket, Tokens: 0, LastRefill: math.NaN()}.Encode(), store.Check{Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: 1}},
+		{"bucket -inf tokens", "", state{Algorithm: store.TokenBucket, Tokens: math.Inf(-1), LastRefill: float64(now)}.encode(), store.Check{Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: 1}},
+		{"bucket NaN tokens", "", state{Algorithm: store.TokenBucket, Tokens: math.NaN(), LastRefill: float64(now)}.encode(), store.Check{Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: 1}},
+		{"bucket negative tokens", "", state{Algorithm: store.TokenBucket, Tokens: -1e12, LastRefill: float64(now)}.encode(), store.Check{Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: 1}},
+		{"bucket NaN refill time", "", state{Algorithm: store.TokenBucket, Tokens: 0, LastRefill: math.NaN()}.encode(), store.Check{Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: 1}},
 	}
 	for _, srv := range []struct {
 		mode string
@@ -102,7 +101,7 @@ func TestDenialRestoresTTL(t *testing.T) {
 		ctx := context.Background()
 		// A bucket last refilled far in the future: empty until then, a
 		// value this script never writes but one that parses.
-		huge := lua.State{Algorithm: store.TokenBucket, Tokens: 0, LastRefill: 1e18}.Encode()
+		huge := state{Algorithm: store.TokenBucket, Tokens: 0, LastRefill: 1e18}.encode()
 		bucket := func(key string, hits uint64) store.Check {
 			return store.Check{Key: key, Algorithm: store.TokenBucket, Limit: 3, Window: time.Minute, Hits: hits}
 		}
