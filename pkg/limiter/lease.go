@@ -322,6 +322,7 @@ func (r *leases) ask(c *store.Check, k overLimitEntry, known bool, fleet int, no
 		span = min(span, time.Duration(k.end-now))
 	}
 	want := uint64(float64(seen) * float64(span) / float64(iv))
+	want -= min(want, c.Hits) // the request's own hits are not the lease's
 	fleetN := uint64(max(fleet, 1))
 	if far := left / (leaseShare * fleetN); far >= minFar {
 		want = min(want, far)
