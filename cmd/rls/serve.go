@@ -305,7 +305,8 @@ func (a *app) buildGRPC() error {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: port, Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
+	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: port, Max: a.maxConns, MaxStreams: streamsPerConnCap * a.maxConns,
+		FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
 	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
 		Port: port, Metrics: a.conns, Log: a.log})
 	// Each server's own listener learns which of its connections have a
@@ -693,6 +694,13 @@ const (
 	grpcMaxStreams   = 256
 	grpcMaxRecvBytes = 1 << 20
 )
+
+// streamsPerConnCap bounds the streaming calls (RLQS streams, health
+// Watch, reflection) open at once over the whole gRPC port: this many per
+// --max-conns (none when --max-conns is 0). A stream does not hold its
+// connection busy (connguard.Listener): at the connection cap, connections
+// whose only calls are streams are evicted like idle ones.
+const streamsPerConnCap = 4
 
 // traceFlushTimeout bounds the export of the spans still queued at
 // shutdown.
