@@ -123,6 +123,8 @@ type app struct {
 	health    *telemetry.Health // the services' health, from the config and the store
 	httpSrvs  []*http.Server    // the HTTP and debug servers started
 
+	watches *telemetry.BoundedWatch // healthSrv as served: Watch streams bounded
+
 	// probe follows the store's readiness; shuttingDown is set once
 	// shutdown begins. /healthcheck reports both.
 	probe        *telemetry.StoreProbe
@@ -427,6 +429,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
+			a.rlqs.Reconfigure() // open RLQS buckets follow the new rules at once
 			a.cfgMetrics.Set(c)
 		},
 		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.Report(r); a.upstream.Loaded(string(r)) },
@@ -444,7 +447,8 @@ func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.rlqs.Register(a.grpcSrv)
 	a.healthSrv = health.NewServer()
-	healthpb.RegisterHealthServer(a.grpcSrv, a.healthSrv)
+	a.watches = telemetry.NewBoundedWatch(a.healthSrv, watchMaxAge)
+	healthpb.RegisterHealthServer(a.grpcSrv, a.watches)
 	reflection.Register(a.grpcSrv)
 	// The store's health follows it; rls's, the config and the store's credentials.
 	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, append([]string{"", rlsServiceName, upstreamHealthName}, a.rlqs.HealthNames()...)...)
@@ -608,6 +612,7 @@ func (a *app) shutdown(runErr error) {
 		time.Sleep(a.cfg.ShutdownDrain)
 	}
 	a.rlqs.ShutdownWithin(a.cfg.ShutdownTimeout) // TTL 0 to every Envoy, then its streams end
+	a.watches.Stop()                             // NOT_SERVING to every Watch, then it ends: GracefulStop need not wait for them
 	a.stopGRPC()
 	a.stopHTTP()
 	a.servers.Wait()
@@ -634,14 +639,23 @@ func (a *app) writeBack() {
 }
 
 // stopGRPC lets in-flight calls finish, closing the connections if they
-// take longer than ShutdownTimeout.
+// take longer than ShutdownTimeout; connections without a unary call in
+// flight are closed after stopIdleGrace.
 func (a *app) stopGRPC() {
 	t := time.AfterFunc(a.cfg.ShutdownTimeout, func() {
 		a.log.Warn("graceful stop timed out; closing connections", "timeout", a.cfg.ShutdownTimeout)
 		a.grpcSrv.Stop()
 	})
+	// The streams have ended (RLQS, Watch): connections without a unary
+	// call in flight by then are closed, not waited for (connguard.CloseIdle).
+	idle := time.AfterFunc(stopIdleGrace, func() {
+		if n := a.grpcLis.CloseIdle(); n > 0 {
+			a.log.Info("graceful stop: closed connections without a call in flight", "conns", n)
+		}
+	})
 	a.grpcSrv.GracefulStop()
 	t.Stop()
+	idle.Stop()
 	a.admin.Stop(a.cfg.ShutdownTimeout)
 	a.log.Info("grpc stopped")
 }
@@ -673,6 +687,15 @@ const (
 	httpWriteTimeout  = 30 * time.Second
 	debugWriteTimeout = 5 * time.Minute
 )
+
+// stopIdleGrace is how long a graceful stop lets connections without a
+// unary call in flight close by themselves (GOAWAY, the peer's PING
+// answer) before it closes them.
+const stopIdleGrace = time.Second
+
+// watchMaxAge bounds the age of a health Watch stream: its client watches
+// again on a new one (telemetry.BoundedWatch).
+const watchMaxAge = 10 * time.Minute
 
 // grpcMaxConnAgeGrace is how long calls in flight on a connection past
 // GRPCMaxConnAge may take before it is closed.

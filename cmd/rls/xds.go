@@ -88,6 +88,7 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 		return nil
 	}
 	a.svc.SetConfig(cfg)
+	a.rlqs.Reconfigure() // open RLQS buckets follow the new rules at once
 	a.cfgMetrics.Set(cfg)
 	a.cfgMetrics.Report(reload.Success)
 	a.log.Info("xds: config applied", "version", version, "domains", cfg.Domains(), "hash", cfg.Hash())

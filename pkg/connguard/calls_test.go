@@ -124,6 +124,11 @@ func TestLimitGRPCCallsInFlight(t *testing.T) {
 		t.Errorf("refused = %v, want 0: an idle connection, then one holding only a stream, could make room", got)
 	}
 
+	// A graceful stop closes the connections without a unary call in
+	// flight (here the one that never called), not the two in calls.
+	if n := l.CloseIdle(); n != 1 {
+		t.Errorf("CloseIdle closed %d connections, want 1: the two with a unary call in flight stay", n)
+	}
 	close(release)
 	for _, d := range []chan error{done, done2} {
 		if err := <-d; err != nil {

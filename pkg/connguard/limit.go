@@ -267,6 +267,28 @@ func (l *Listener) ServerOptions() []grpc.ServerOption {
 	}
 }
 
+// CloseIdle closes every connection without a unary call in flight (one
+// whose calls are only streams counts as idle) and returns how many it
+// closed. A graceful stop uses it once the streams have been ended: a
+// stream whose client does not read leaves its status queued behind data
+// the client never takes, and a peer that does not answer the server's
+// PING holds its connection through the GOAWAY; either would hold the
+// stop until its timeout.
+func (l *Listener) CloseIdle() int {
+	l.mu.Lock()
+	var idle []*trackedConn
+	for c := range l.conns {
+		if c.claim() {
+			idle = append(idle, c)
+		}
+	}
+	l.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
+	}
+	return len(idle)
+}
+
 // Streams returns the streaming calls open over the port.
 func (l *Listener) Streams() int { return int(l.streams.Load()) }
 
