@@ -475,6 +475,7 @@ func (a *app) start(ctx context.Context) error {
 	if a.admin != nil { // a port of its own: whoever reaches the admin API can reset counters
 		a.servers.Go(func() { a.errc <- a.admin.Serve() }) // nil only after Stop, once wait has returned
 		a.log.Info("admin API listening: rls.admin.v1.AdminService reads and resets counters", "addr", a.admin.Addr().String())
+		warnPublic(a.log, a.admin.Addr(), "--admin-addr", "the admin API (no authentication) lets whoever reaches it read and reset every counter")
 	}
 	if err := a.startHTTP("http-addr", a.cfg.HTTPAddr, a.httpHandler()); err != nil {
 		a.stopServers()
@@ -535,7 +536,22 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 		}
 	})
 	a.log.Info("http listening", "flag", name, "addr", capped.Addr().String())
+	if name == "debug-addr" {
+		warnPublic(a.log, capped.Addr(), "--"+name, "the debug port serves /debug/pprof (heap dumps, CPU profiles) and /rlconfig to whoever reaches it")
+	}
 	return nil
+}
+
+// warnPublic logs at WARN that flag listens on addr, not a loopback
+// address, and what that exposes: rls's defaults keep such ports on
+// loopback, so one elsewhere was asked for and should be behind a network
+// policy.
+func warnPublic(log *slog.Logger, addr net.Addr, flag, what string) {
+	if a, ok := addr.(*net.TCPAddr); ok && a.IP.IsLoopback() {
+		return
+	}
+	log.Warn(flag+" listens beyond loopback: "+what+"; keep it on 127.0.0.1, or restrict who reaches it (a NetworkPolicy, a firewall)",
+		"addr", addr.String())
 }
 
 // stopServers closes every server at once, when start fails.

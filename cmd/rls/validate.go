@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/rls-project/rls/pkg/gctune"
@@ -163,7 +165,23 @@ func (c *Config) validateRedis() error {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 0 // reported by validateBounds; not twice
 	}
-	return errors.Join(userError(opts.Validate()), c.validateRedisTLS())
+	return errors.Join(userError(opts.Validate()), c.validatePoolSize(), c.validateRedisTLS())
+}
+
+// validatePoolSize refuses a negative pool_size in --redis-url, which
+// go-redis takes as it is and which stopped rls at start with a panic
+// after --dry-run had said ok.
+func (c *Config) validatePoolSize() error {
+	u, err := url.Parse(c.RedisURL)
+	if err != nil {
+		return nil // the store's own check names it
+	}
+	if v := u.Query().Get("pool_size"); v != "" {
+		if n, err := strconv.Atoi(v); err != nil || n < 0 {
+			return fmt.Errorf("%s: pool_size=%s is invalid; it must be 0 (the default) or more", flagRef("redis-url"), v)
+		}
+	}
+	return nil
 }
 
 func oneOf(flagName, v string, choices ...string) error {
@@ -177,8 +195,12 @@ func validAddr(flagName, v string, allowEmpty bool) error {
 	if v == "" && allowEmpty {
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(v); err != nil {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
 		return fmt.Errorf("%s %q is invalid: want host:port", flagRef(flagName), v)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("%s %q is invalid: %q is not a port number (0-65535) or a service name", flagRef(flagName), v, port)
 	}
 	return nil
 }
