@@ -221,3 +221,40 @@ func busy(l *Listener) int {
 	}
 	return n
 }
+
+// TestLimitUnixIdleEvicted: on a Unix socket, whose peers share one
+// address, a connection whose call ended is idle like a TCP one: a new
+// connection at the cap evicts it (they were counted busy for good, and
+// the port refused every new client once full).
+func TestLimitUnixIdleEvicted(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	sock := t.TempDir() + "/grpc.sock"
+	raw, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := Limit(raw, LimitOptions{Port: "grpc-uds", Max: 1, Metrics: m, FirstCall: time.Hour})
+	srv := grpc.NewServer(l.ServerOptions()...)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+	call := func() error {
+		c, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	for i := range 2 {
+		if err := call(); err != nil {
+			t.Fatalf("client %d on a Unix socket of one connection: %v", i+1, err)
+		}
+	}
+	if got := testutil.ToFloat64(m.closed.WithLabelValues("grpc-uds", ReasonIdleEvicted)); got != 1 {
+		t.Errorf("idle_evicted = %v, want 1", got)
+	}
+}
