@@ -24,7 +24,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/rlqs"
+	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/testkit"
 )
 
@@ -242,4 +244,30 @@ func TestRLQSReloadLowersLimit(t *testing.T) {
 			t.Errorf("window %d, after the limit fell to 40 in window %d: admitted %d", i, reloadAt, got)
 		}
 	}
+}
+
+// TestRedisEvictionsLoud: on a Redis with a maxmemory and allkeys-lru, rls
+// warns at start that Redis may evict its counters, and keys evicted while
+// it serves (Redis filled past its maxmemory under rls's traffic) show in
+// /metrics.
+func TestRedisEvictionsLoud(t *testing.T) {
+	srv := redistest.StartServer(t, "--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru")
+	p := startRLSFast(t, "../config", "--store", "redis", "--redis-url", srv.URL())
+	testkit.WaitFor(t, "the WARN of the eviction policy", 5*time.Second, func() bool {
+		return strings.Contains(p.Log.String(), `level=WARN msg="Redis may evict rls's counters`) &&
+			strings.Contains(p.Log.String(), "maxmemory_policy=allkeys-lru")
+	})
+	rdb := srv.Client()
+	defer rdb.Close()
+	value := strings.Repeat("x", 64<<10)
+	for i := range 200 { // 12.5 MB into 4 MB, beside rls's counters
+		if err := rdb.Set(context.Background(), fmt.Sprint("filler", i), value, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		should(t, p.client(), "example", desc("api_key", fmt.Sprint("evict", i)))
+	}
+	testkit.WaitFor(t, "evictions in /metrics", 3*telemetry.EvictionEvery, func() bool {
+		m := series(scrape(t, p))
+		return m["rls_store_evicted_keys_total"] > 0 && m["rls_store_eviction_policy_evicts"] == 1
+	})
 }

@@ -98,6 +98,8 @@ type app struct {
 	rawStore store.Store             // as opened (the fleet's heartbeats need Redis itself)
 	st       *telemetry.MeteredStore // rawStore with metrics; closed last
 
+	evictions *telemetry.EvictionWatch // Redis's evictions of counters; nil on the memory store
+
 	tracing  *telemetry.Tracing   // nil when tracing is off
 	upstream *upstreamstats.Stats // envoyproxy/ratelimit's stats; nil when off
 
@@ -231,6 +233,8 @@ func (a *app) buildStore() error {
 	if rs, ok := raw.(*redisstore.Store); ok {
 		telemetry.RegisterBreakers(a.reg, rs)
 		telemetry.RegisterScriptMode(a.reg, rs)
+		// Evictions of counters are a silent fail-open: made loud.
+		a.evictions = telemetry.NewEvictionWatch(a.reg, telemetry.EvictionOptions{Client: rs.Client(), Timeout: a.cfg.RedisTimeout, Log: a.log})
 		// A wrong password is a mistake to fix, not an outage to serve through.
 		if err := telemetry.RefusedCredentials(ready, a.cfg.RedisTimeout); err != nil {
 			return fmt.Errorf("redis refused rls's credentials; set the right password in %s (or the %s's), "+
@@ -492,6 +496,9 @@ func (a *app) start(ctx context.Context) error {
 	bgCtx, stopBg := context.WithCancel(ctx)
 	a.stopBg = stopBg
 	a.background.Go(func() { a.probe.Run(bgCtx) })
+	if a.evictions != nil {
+		a.background.Go(func() { a.evictions.Run(bgCtx) })
+	}
 	a.background.Go(func() { a.fleet.Run(bgCtx) })
 	a.background.Go(func() { <-a.upstream.Start(bgCtx) })
 	if a.xds != nil {
