@@ -209,9 +209,11 @@ func TestStreamsDoNotLockThePort(t *testing.T) {
 	}
 }
 
-// TestRLQSReloadLowersLimit: a limit lowered from 400 to 40 a second in
-// the config files under open RLQS streams (two fake Envoys, each asking
-// for the whole old limit) holds from the RLQS fleet's next window on.
+// TestRLQSReloadLowersLimit: beside a stream that reported 10^12 denials
+// once and then fell silent, two fake Envoys (each asking for the whole
+// limit of 400 a second) still admit at least half the limit per window;
+// and the limit lowered to 40 a second in the config files under the open
+// streams holds from the RLQS fleet's next window on.
 func TestRLQSReloadLowersLimit(t *testing.T) {
 	dir := writeConfig(t, rlqsConfig("fixed_window"))
 	p := startRLSFast(t, dir)
@@ -223,10 +225,25 @@ func TestRLQSReloadLowersLimit(t *testing.T) {
 		t.Cleanup(e.close)
 	}
 	id := map[string]string{"api_key": "reload"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	liar, err := p.conn.NewStream(ctx, &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],
+		rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpcRawCodec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, denied := range []uint64{0, 1_000_000_000_000} {
+		if err := liar.SendMsg(rawBytes(rlqs.MarshalReports(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d",
+			BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: &rlqsv3.BucketId{Bucket: id},
+				TimeElapsed: durationpb.New(time.Second), NumRequestsDenied: denied}}}))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recvRLQS(t, liar)
 	first := waitSecond()
 	load := startLoad(es, id, rlqsLimit, rlqsLimit)
 	defer load.end()
-	const reloadAt, windows = 2, 5
+	const reloadAt, windows = 3, 6
 	lowered := strings.Replace(rlqsConfig("fixed_window")["d.yaml"], fmt.Sprintf("requests_per_unit: %d", rlqsLimit), "requests_per_unit: 40", 1)
 	time.Sleep(time.Until(time.Unix(first+reloadAt, 0).Add(50 * time.Millisecond)))
 	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(lowered), 0o644); err != nil {
@@ -240,6 +257,8 @@ func TestRLQSReloadLowersLimit(t *testing.T) {
 		switch {
 		case got > rlqsLimit:
 			t.Errorf("window %d: admitted %d, over the limit %d", i, got, rlqsLimit)
+		case i < reloadAt && got < rlqsLimit/2:
+			t.Errorf("window %d: the honest Envoys admitted %d beside a stream that claimed 10^12 denials, under half the limit %d", i, got, rlqsLimit)
 		case i > reloadAt && got > 40:
 			t.Errorf("window %d, after the limit fell to 40 in window %d: admitted %d", i, reloadAt, got)
 		}

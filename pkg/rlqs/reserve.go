@@ -392,7 +392,7 @@ func (s *Server) share(ctx context.Context, b *bucket, ttl int64, windowEnd, now
 	if !windowEnd.IsZero() {
 		rate, span = float64(b.check.Limit), 1
 	}
-	mine, total := b.demandRate(now), s.localDemand(b.check.Key, now)
+	mine, total := s.demandOf(b, now, s.groupSize(b.check.Key)), s.localDemand(b.check.Key, now)
 	frac := 1.0
 	if total > 0 {
 		frac = mine / total
@@ -561,9 +561,9 @@ func (s *Server) shareShifted(ctx context.Context, keys map[string]*bucket, now 
 func (s *Server) localDemand(key string, now time.Time) float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d := 0.0
-	for o := range s.groups[key] {
-		d += o.demandRate(now)
+	d, g := 0.0, s.groups[key]
+	for o := range g {
+		d += s.demandOf(o, now, len(g))
 	}
 	return d
 }
@@ -686,7 +686,7 @@ func (st *stream) scheduleTopUp(b *bucket, windowEnd, now time.Time) {
 
 // topUpWant returns the hits b's demand asks beyond its grant this window.
 func (st *stream) topUpWant(b *bucket, now time.Time) uint64 {
-	want := uint64(b.demandRate(now) * b.check.Window.Seconds())
+	want := uint64(st.srv.demandOf(b, now, st.srv.groupSize(b.check.Key)) * b.check.Window.Seconds())
 	if b.g.deny || b.g.allow || want <= b.g.reserved {
 		return 0
 	}

@@ -76,9 +76,11 @@ type bucket struct {
 	matched  bool  // a rule (limited, unlimited or shadow) decides it
 	g        grant // the active grant
 	hasGrant bool
-	// demand is (allowed+denied) per second at the last report (float64
-	// bits), bounded by demandCap; it counts until demandUntil (unix ns).
+	// demand is (allowed+denied) per second at the last report and claim
+	// the bound it counts with (float64 bits: see demandOf); they count
+	// until demandUntil (unix ns).
 	demand      atomic.Uint64
+	claim       atomic.Uint64
 	demandUntil atomic.Int64
 	last        time.Time     // last report, rls's clock
 	interval    time.Duration // the longest between two of its reports; 0 before its second
@@ -850,7 +852,7 @@ func (st *stream) shrink(b *bucket, now time.Time, reported bool) (*rlqsv3.RateL
 	if left < 4*o.Overlap || now.Before(start) {
 		return nil, store.Check{}, false
 	}
-	ng := st.distinct(b, shape(uint64(math.Ceil(b.demandRate(now)*left.Seconds()))+o.MinShare, wholeSeconds(left)))
+	ng := st.distinct(b, shape(uint64(math.Ceil(st.srv.demandOf(b, now, st.srv.groupSize(b.check.Key))*left.Seconds()))+o.MinShare, wholeSeconds(left)))
 	admits := g.max + uint64(math.Ceil(g.rate()*(now.Sub(start)+o.Overlap).Seconds()))
 	if reported {
 		admits = min(admits, b.used+g.max+uint64(math.Ceil(g.rate()*(2*o.Overlap).Seconds())))
@@ -900,47 +902,49 @@ func (st *stream) refund(b *bucket, now time.Time) (store.Check, bool) {
 	return c, true
 }
 
-// demandGrowth bounds how much one report may raise a stream's demand: to
-// at most this many times what it claimed before (and at least to its fair
-// part of the limit: see demandCap).
+// demandGrowth bounds how much one report may raise a stream's demand
+// beyond its fair part: to this many times what it counted for before
+// (see demandOf).
 const demandGrowth = 4
 
 // setDemand records b's demand from a report covering since: its requests
-// (allowed and denied) per second, bounded by demandCap, counting until
-// the next report is two of b's reporting intervals overdue (and a second).
+// (allowed and denied) per second, never beyond the limit's pace, and the
+// bound it counts with (see demandOf): demandGrowth times what it counted
+// for until now, or the rate it reports allowed, whichever is more. The
+// demand counts until the next report is two of b's reporting intervals
+// overdue (and a second).
 func (st *stream) setDemand(b *bucket, u *usage, since time.Duration, now time.Time) {
 	since = max(since, time.Second) // whole seconds: a first report says 0 s
 	rate := (float64(u.allowed) + float64(u.denied)) / since.Seconds()
-	b.demand.Store(math.Float64bits(min(rate, st.demandCap(b, float64(u.allowed)/since.Seconds()))))
+	prev := st.srv.demandOf(b, now, st.srv.groupSize(b.check.Key))
+	b.claim.Store(math.Float64bits(max(demandGrowth*prev, float64(u.allowed)/since.Seconds())))
+	b.demand.Store(math.Float64bits(min(rate, limitPace(b))))
 	b.demandUntil.Store(now.Add(2*max(b.reportInterval(), time.Second) + time.Second).UnixNano())
 }
 
-// demandCap is the most demand, in hits per second, a report may claim for
-// b, allowed being the rate of what it reports allowed. A client reports
-// what it likes (one stream reporting 10^12 denials once took nearly the
-// whole limit from every other Envoy for as long as it stayed open), so a
-// claim is held to demandGrowth times the stream's previous claim, or its
-// fair part of the limit (the limit over this replica's streams of the
-// key), or what it reports allowed (counted in the store in any case),
-// whichever is most; and never to more than the limit's pace (the limit
-// over its window: a grant is a steady rate, and a stream asking for more
-// gets the window's rest in top-ups). A stream whose demand truly grows
-// past its fair part gets there within a report or two.
-func (st *stream) demandCap(b *bucket, allowed float64) float64 {
+// limitPace is b's limit over its window, in hits per second.
+func limitPace(b *bucket) float64 {
 	w := b.check.Window.Seconds()
 	if w <= 0 {
 		w = 1
 	}
-	limit := float64(b.check.Limit) / w
-	fair := limit / float64(max(1, st.srv.groupSize(b.check.Key)))
-	prev := math.Float64frombits(b.demand.Load())
-	return min(limit, max(fair, demandGrowth*prev, allowed))
+	return float64(b.check.Limit) / w
 }
 
-// demandRate is b's demand as of now: 0 once its report is overdue.
-func (b *bucket) demandRate(now time.Time) float64 {
+// demandOf is what b's demand counts for now, among the n buckets of its
+// key on this replica: 0 once its report is overdue; else what it reported,
+// at most the larger of its fair part (the limit's pace over n) and its
+// bound (setDemand). A client reports what it likes: one stream reporting
+// 10^12 denials once took nearly the whole limit from every other Envoy
+// for as long as it stayed open. Held to its fair part (as the streams of
+// the key are now, not when it reported), such a claim takes no more than
+// an honest stream's; a stream whose demand truly grows past its fair part
+// (as its grants and reported admissions show) gets there within a report
+// or two. Safe for concurrent use (demand, claim and demandUntil are atomic).
+func (s *Server) demandOf(b *bucket, now time.Time, n int) float64 {
 	if now.UnixNano() >= b.demandUntil.Load() {
 		return 0
 	}
-	return math.Float64frombits(b.demand.Load())
+	fair := limitPace(b) / float64(max(1, n))
+	return min(math.Float64frombits(b.demand.Load()), max(fair, math.Float64frombits(b.claim.Load())))
 }
