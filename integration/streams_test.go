@@ -20,8 +20,10 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/rls-project/rls/integration/redistest"
@@ -289,4 +291,102 @@ func TestRedisEvictionsLoud(t *testing.T) {
 		m := series(scrape(t, p))
 		return m["rls_store_evicted_keys_total"] > 0 && m["rls_store_eviction_policy_evicts"] == 1
 	})
+}
+
+// TestRLQSStreamMemoryBounded: 4 RLQS streams on one connection each
+// subscribing 1,000 buckets of 100 KB BucketIds (two per report), and 4
+// more whose client never reads, keep rls's peak RSS under 300 MB: what
+// does not fit the streams' memory budget is refused ResourceExhausted
+// naming it, a stream whose client reads is never cut as a slow reader,
+// and the gauges return to 0 once the streams are gone.
+func TestRLQSStreamMemoryBounded(t *testing.T) {
+	p := startRLSFast(t, "../config")
+	const idBytes = 100 << 10
+	report := func(i, j int) []byte {
+		var us []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage
+		for k := range 2 {
+			id := map[string]string{"api_key": fmt.Sprintf("s%d-b%d-%d-", i, j, k) + strings.Repeat("x", idBytes)}
+			us = append(us, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: id},
+				TimeElapsed: durationpb.New(0), NumRequestsAllowed: 1})
+		}
+		return rlqs.MarshalReports(&rlqsv3.RateLimitQuotaUsageReports{Domain: "example", BucketQuotaUsages: us})
+	}
+	open := func(conn *grpc.ClientConn) grpc.ClientStream {
+		cs, err := conn.NewStream(context.Background(), &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],
+			rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpcRawCodec())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	dial := func(opts ...grpc.DialOption) *grpc.ClientConn {
+		conn, err := grpc.NewClient(p.GRPCAddr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	readers := dial()
+	ends := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range 4 { // read everything
+		cs := open(readers)
+		wg.Go(func() {
+			go func() {
+				for j := 0; j < 500; j++ {
+					if cs.SendMsg(rawBytes(report(i, j))) != nil {
+						return
+					}
+				}
+			}()
+			for {
+				if err := cs.RecvMsg(rawBytes(nil)); err != nil {
+					ends[i] = err
+					return
+				}
+			}
+		})
+	}
+	// Never read (a 64 KiB window, never opened further): such a client
+	// cannot see its stream's status without reading, and its sends block
+	// once rls stops reading it; it gives up when rls has ended every
+	// stream.
+	quiet, giveUp := context.WithCancel(context.Background())
+	defer giveUp()
+	for i := 4; i < 8; i++ {
+		cs, err := dial(grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10)).NewStream(quiet,
+			&rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0], rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpcRawCodec())
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			for j := 0; j < 500; j++ {
+				if err := cs.SendMsg(rawBytes(report(i, j))); err != nil {
+					break
+				}
+			}
+		})
+	}
+	testkit.WaitFor(t, "every stream ended by rls", 30*time.Second, func() bool {
+		m := series(scrape(t, p))
+		return m["rls_rlqs_streams"] == 0 && m[`rls_rlqs_refused_total{reason="budget"}`]+m[`rls_rlqs_refused_total{reason="slow_reader"}`] >= 8
+	})
+	giveUp()
+	wg.Wait()
+	rss := peakRSS(t, p.cmd.Process.Pid)
+	m := series(scrape(t, p))
+	t.Logf("peak RSS %.1f MB; streams refused: budget %v, slow_reader %v; ends %v", float64(rss)/1e6,
+		m[`rls_rlqs_refused_total{reason="budget"}`], m[`rls_rlqs_refused_total{reason="slow_reader"}`], ends)
+	if rss > 300<<20 {
+		t.Errorf("peak RSS %d MB, over 300 MB", rss>>20)
+	}
+	for i, err := range ends[:4] {
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(fmt.Sprint(err), "memory budget") {
+			t.Errorf("reading stream %d ended %v, want ResourceExhausted naming the memory budget (never cut as a slow reader)", i, err)
+		}
+	}
+	if m["rls_rlqs_buckets"] != 0 {
+		t.Errorf("rls_rlqs_buckets %v with no stream open, want 0", m["rls_rlqs_buckets"])
+	}
 }
