@@ -245,7 +245,7 @@ func TestRLQSReloadLowersLimit(t *testing.T) {
 	first := waitSecond()
 	load := startLoad(es, id, rlqsLimit, rlqsLimit)
 	defer load.end()
-	const reloadAt, windows = 3, 6
+	const reloadAt, windows = 3, 5
 	lowered := strings.Replace(rlqsConfig("fixed_window")["d.yaml"], fmt.Sprintf("requests_per_unit: %d", rlqsLimit), "requests_per_unit: 40", 1)
 	time.Sleep(time.Until(time.Unix(first+reloadAt, 0).Add(50 * time.Millisecond)))
 	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(lowered), 0o644); err != nil {

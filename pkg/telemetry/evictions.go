@@ -16,7 +16,7 @@ import (
 
 // EvictionEvery is how often EvictionWatch reads each master's eviction
 // policy and evicted-keys count.
-const EvictionEvery = 5 * time.Second
+const EvictionEvery = 2 * time.Second
 
 // EvictionOptions configure NewEvictionWatch.
 type EvictionOptions struct {
