@@ -81,6 +81,7 @@ type bucket struct {
 	// until demandUntil (unix ns).
 	demand      atomic.Uint64
 	claim       atomic.Uint64
+	pace        atomic.Uint64 // limitPace of check (float64 bits), for other streams' demandOf
 	demandUntil atomic.Int64
 	last        time.Time     // last report, rls's clock
 	interval    time.Duration // the longest between two of its reports; 0 before its second
@@ -648,6 +649,7 @@ func (st *stream) resolve(b *bucket, id map[string]string) bool {
 		}
 	}
 	b.matched = rule != nil || unlimited
+	b.pace.Store(math.Float64bits(limitPace(b)))
 	switch {
 	case unlimited:
 		b.static = &grant{allow: true}
@@ -940,11 +942,11 @@ func limitPace(b *bucket) float64 {
 // the key are now, not when it reported), such a claim takes no more than
 // an honest stream's; a stream whose demand truly grows past its fair part
 // (as its grants and reported admissions show) gets there within a report
-// or two. Safe for concurrent use (demand, claim and demandUntil are atomic).
+// or two. Safe for concurrent use (it reads only b's atomics).
 func (s *Server) demandOf(b *bucket, now time.Time, n int) float64 {
 	if now.UnixNano() >= b.demandUntil.Load() {
 		return 0
 	}
-	fair := limitPace(b) / float64(max(1, n))
+	fair := math.Float64frombits(b.pace.Load()) / float64(max(1, n))
 	return min(math.Float64frombits(b.demand.Load()), max(fair, math.Float64frombits(b.claim.Load())))
 }
