@@ -130,11 +130,11 @@ func TestShutdownBoundedWhileStoreStalls(t *testing.T) {
 }
 
 // TestSilentStreamEnded: a stream that sends nothing for two reporting
-// intervals (a minute each before a bucket's second report) is ended
+// intervals (15 s each before a bucket's second report) is ended
 // Unavailable.
 func TestSilentStreamEnded(t *testing.T) {
 	clk := testkit.NewClock(time.Unix(1_800_000_000, 0))
-	h := newHarness(t, Options{Now: clk.Now})
+	h := newHarness(t, Options{Now: clk.Now, SilentMin: time.Second})
 	cs := h.rawStream(t)
 	if err := cs.SendMsg(&raw{encodeReport("d", 0, 1, 0, map[string]string{"open": "x"})}); err != nil {
 		t.Fatal(err)

@@ -116,8 +116,8 @@ type Options struct {
 	MemoryBudget int64
 	// SilentMin is the least time a stream may send no report before it is
 	// ended Unavailable; it is ended after two of its reporting intervals
-	// otherwise (the longest between two reports of a bucket; a minute
-	// before a bucket's second report) [10s].
+	// otherwise (the longest between two reports of a bucket; 15 s before
+	// a bucket's second report) [10s].
 	SilentMin time.Duration
 	// StoreTimeout bounds one store call [1s].
 	StoreTimeout time.Duration

@@ -71,6 +71,12 @@ func newHarnessYAML(t *testing.T, yaml string, o Options) *harness {
 	h.svc = service.New(cfg, limiter.New(h.st, limiter.Options{}), service.Options{})
 	h.m = NewMetrics(prometheus.NewRegistry())
 	o.Store, o.Resolver, o.Metrics = h.st, h.svc, h.m
+	if o.SilentMin == 0 {
+		// Tests that advance a fake clock by tens of seconds between
+		// reports must not find their stream silent (TestSilentStreamEnded
+		// sets it).
+		o.SilentMin = time.Hour
+	}
 	h.srv = New(o)
 	lis := bufconn.Listen(1 << 20)
 	h.serve(t, lis)

@@ -98,9 +98,10 @@ type bucket struct {
 }
 
 // defaultInterval is the reporting interval assumed of a bucket before its
-// second report (gRPC's clients report at their buckets' configured
-// intervals, which may be long; Envoy's is 5 s).
-const defaultInterval = time.Minute
+// second report: three of Envoy's (5 s), as gRPC's clients report at their
+// buckets' configured intervals. A stream that subscribes buckets and falls
+// silent costs their boundary pushes until it is ended, twice this.
+const defaultInterval = 15 * time.Second
 
 // drainWait bounds how long a stream ending at Shutdown waits for its
 // client to read the expiry (TTL 0) queued for it.
