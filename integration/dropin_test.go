@@ -277,8 +277,8 @@ func statsReached(got, want map[string]uint64) bool {
 // TestDropinUnixSockets: rls reaches Redis through redis-server's Unix
 // socket (unix:// in --redis-url, and REDIS_SOCKET_TYPE=unix as
 // ratelimit) and serves gRPC on a Unix socket (--grpc-uds, GRPC_UDS) with
-// the connection cap of TCP: one connection beyond --max-conns is closed
-// at once.
+// the connection cap of TCP: at --max-conns, an idle connection makes room
+// for a new one.
 func TestDropinUnixSockets(t *testing.T) {
 	dir, err := os.MkdirTemp("", "rls-uds-") // short: a socket path has at most 107 bytes
 	if err != nil {
@@ -310,8 +310,11 @@ func TestDropinUnixSockets(t *testing.T) {
 		if n, err := srv.Client().DBSize(t.Context()).Result(); err != nil || n == 0 {
 			t.Fatalf("Redis holds %d keys (%v): rls did not count through the socket", n, err)
 		}
-		// The gRPC client holds one of the two connections; a second is
-		// kept, a third closed at once.
+		// The gRPC client holds one of the two connections; a second, which
+		// never calls, is kept until a third comes, and then makes room for
+		// it: Unix-socket connections are told apart, and idle ones evicted,
+		// as on TCP (they used to count busy for good, and a full socket
+		// refused every new client). The client still gets its answers.
 		second, err := net.Dial("unix", grpcSock)
 		if err != nil {
 			t.Fatal(err)
@@ -322,9 +325,12 @@ func TestDropinUnixSockets(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer third.Close()
-		_ = third.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, err := third.Read(make([]byte, 1)); err != io.EOF {
-			t.Errorf("a connection beyond --max-conns: read %v, want EOF (closed at once)", err)
+		_ = second.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, second); err != nil {
+			t.Errorf("the connection that never called, at --max-conns: %v, want it closed (EOF) to make room", err)
+		}
+		if got := should(t, c, "rl", desc("k", "other")).OverallCode; got != rlsv3.RateLimitResponse_OK {
+			t.Errorf("the client after the eviction: %v, want OK", got)
 		}
 		if _, err := net.Dial("tcp", p.GRPCAddr); err == nil {
 			t.Error("--grpc-addr is served too; --grpc-uds replaces it")

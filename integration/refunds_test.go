@@ -19,11 +19,11 @@ descriptors:
     rate_limit: {name: per-key, unit: hour, requests_per_unit: 2}
 `
 
-// TestAllowNegativeHits: by default (Envoy's charge-after-response
-// setups) a refund gives a spent key its hits back and is counted in
-// rls_refunded_hits_total; with --allow-negative-hits=false the same
-// request is InvalidArgument naming the descriptor, and the key stays
-// spent.
+// TestAllowNegativeHits: with --allow-negative-hits=true (Envoy's
+// charge-after-response setups, reached only by the user's gateways) a
+// refund gives a spent key its hits back and is counted in
+// rls_refunded_hits_total; by default the same request is InvalidArgument
+// naming the descriptor, and the key stays spent.
 func TestAllowNegativeHits(t *testing.T) {
 	t.Parallel()
 	dir := writeConfig(t, map[string]string{"refunds.yaml": refundConfig})
@@ -47,14 +47,14 @@ func TestAllowNegativeHits(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		flags []string
-	}{{"default", nil}, {"off", []string{"--allow-negative-hits=false"}}} {
+	}{{"on", []string{"--allow-negative-hits=true"}}, {"default", nil}} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := startRLS(t, dir, append(tc.flags, "--over-limit-cache=false")...)
 			spend(p)
 			err := refund(p)
 			after := should(t, p.client(), "refunds", desc("api_key", "k")).OverallCode
 			refunded := regexpValue(t, scrapeAddr(t, p.HTTPAddr), `rls_refunded_hits_total{domain="refunds",rule="per-key"}`)
-			if tc.flags == nil {
+			if tc.flags != nil {
 				if err != nil || after != rlsv3.RateLimitResponse_OK || refunded != "2" {
 					t.Errorf("refund: %v; then %v; refunded %q; want OK, OK, 2", err, after, refunded)
 				}

@@ -51,7 +51,7 @@ func TestShutdownRefundWrittenOrCountedLost(t *testing.T) {
 func shutdownRefund(t *testing.T, extra []string) {
 	r := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"sr.yaml": shutdownRefundConfig})
-	args := []string{"--store", "redis", "--redis-url", r.URL(), "--redis-timeout", "100ms", "--fleet-size", "1"}
+	args := []string{"--store", "redis", "--redis-url", r.URL(), "--redis-timeout", "100ms", "--fleet-size", "1", "--allow-negative-hits=true"}
 	p := startRLS(t, dir, append(args, extra...)...)
 	c := p.client()
 	spend := desc("k", "v")

@@ -154,7 +154,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.Int64Var(&c.LocalMaxBytes, "local-max-bytes", limiter.DefaultOverLimitCacheBytes+2*limiter.DefaultBucketsBytes, "most bytes of the local tables (over-limit cache, fail-open buckets)")
 	fs.Int64Var(&c.MemoryMaxBytes, "memory-max-bytes", memory.DefaultMaxBytes, "memory store: most bytes of counters; the oldest are evicted beyond it")
 	fs.BoolVar(&c.ResponseHeaders, "response-headers", false, "add RateLimit-* headers, and Retry-After to OVER_LIMIT answers")
-	fs.BoolVar(&c.AllowNegativeHits, "allow-negative-hits", true, "decide refunds (is_negative_hits); false answers them InvalidArgument")
+	fs.BoolVar(&c.AllowNegativeHits, "allow-negative-hits", false, "decide refunds (is_negative_hits); off: they are InvalidArgument")
 	fs.BoolVar(&c.RLQS, "rlqs", true, "serve Envoy's RLQS (StreamRateLimitQuotas) on the gRPC port")
 	fs.StringVar(&c.RLQSUnmatched, "rlqs-unmatched", "allow", "RLQS: a BucketId that matches no rule gets allow, deny or abandon")
 

@@ -45,6 +45,14 @@ func TestDryRun(t *testing.T) {
 		{"a broken config file", []string{"--dry-run", "--config-dir", broken}, nil, "", "fortnight"},
 		{"an empty config dir", []string{"--dry-run", "--config-dir", t.TempDir()}, nil, "", "has no domain"},
 		{"a config dir that is a file", []string{"--dry-run", "--config-dir", "dryrun.go"}, nil, "", "is not a directory"},
+		// What serve would refuse (or panic on) at start: --dry-run refuses it too.
+		{"a negative pool size", []string{"--dry-run", "--config-dir", missing, "--store", "redis", "--redis-url", "redis://r:6379?pool_size=-1"},
+			nil, "", "pool_size=-1 is invalid"},
+		{"a port that is not a number", []string{"--dry-run", "--config-dir", missing, "--http-addr", ":abc"}, nil, "", `"abc" is not a port number`},
+		{"upstream's PORT that is not a number", []string{"--dry-run", "--env-compat", "upstream"},
+			map[string]string{"PORT": "abc", "RUNTIME_ROOT": missing}, "", `PORT="abc": want a port number`},
+		{"upstream's negative REDIS_POOL_SIZE", []string{"--dry-run", "--env-compat", "upstream"},
+			map[string]string{"REDIS_POOL_SIZE": "-1", "RUNTIME_ROOT": missing}, "", `REDIS_POOL_SIZE="-1"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer

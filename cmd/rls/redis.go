@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/fleet"
 	"github.com/rls-project/rls/pkg/redisclient"
@@ -47,13 +48,15 @@ func redisTLS(c *Config, log *slog.Logger) (*tls.Config, error) {
 	return tc, nil
 }
 
-func openRedis(c *Config, tc *tls.Config, log *slog.Logger) (*redisstore.Store, error) {
+// openRedis returns the Redis store and the client it runs on (which the
+// store closes).
+func openRedis(c *Config, tc *tls.Config, log *slog.Logger) (*redisstore.Store, redis.UniversalClient, error) {
 	redisstore.SetLogger(log)
 	opts := c.redisOptions()
 	opts.TLSConfig = tc
 	client, err := redisclient.New(opts)
 	if err != nil {
-		return nil, fmt.Errorf("redis store: %w", userError(err))
+		return nil, nil, fmt.Errorf("redis store: %w", userError(err))
 	}
 	s, err := redisstore.New(redisstore.Options{Client: client, CloseClient: true, Timeout: c.RedisTimeout, KeyPrefix: c.KeyPrefix,
 		OnBreakerChange: func(node string, from, to breaker.State) {
@@ -64,9 +67,9 @@ func openRedis(c *Config, tc *tls.Config, log *slog.Logger) (*redisstore.Store, 
 		}})
 	if err != nil {
 		client.Close()
-		return nil, fmt.Errorf("redis store: %w", err)
+		return nil, nil, fmt.Errorf("redis store: %w", err)
 	}
-	return s, nil
+	return s, client, nil
 }
 
 // newFleet returns the fleet-size source: --fleet-size when set, 1 on the

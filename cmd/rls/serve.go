@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/connguard"
@@ -111,6 +112,9 @@ type app struct {
 	st        *telemetry.MeteredStore // rawStore with metrics; closed last
 	twemproxy bool                    // --redis-url is a twemproxy (twemproxy.go)
 
+	evictions   *telemetry.EvictionWatch // Redis's evictions of counters; nil on the memory store
+	redisClient redis.UniversalClient    // the Redis store's client (the store closes it); nil otherwise
+
 	tracing  *telemetry.Tracing   // nil when tracing is off
 	upstream *upstreamstats.Stats // envoyproxy/ratelimit's stats; nil when off
 
@@ -135,6 +139,8 @@ type app struct {
 	healthSrv *health.Server
 	health    *telemetry.Health // the services' health, from the config and the store
 	httpSrvs  []*http.Server    // the HTTP and debug servers started
+
+	watches *telemetry.BoundedWatch // healthSrv as served: Watch streams bounded
 
 	// probe follows the store's readiness; shuttingDown is set once
 	// shutdown begins. /healthcheck reports both.
@@ -262,7 +268,7 @@ func (a *app) buildStore() error {
 		}
 	} else {
 		var err error
-		if raw, ready, err = openStore(a.cfg, tc, a.log); err != nil {
+		if raw, ready, a.redisClient, err = openStore(a.cfg, tc, a.log); err != nil {
 			return err
 		}
 		ready = a.lateTwemproxy(ready, tc)
@@ -281,6 +287,8 @@ func (a *app) buildStore() error {
 		telemetry.RegisterBreakers(a.reg, rs, a.cfg.redisNode())
 		telemetry.RegisterScriptMode(a.reg, rs)
 		telemetry.RegisterRoutes(a.reg, rs)
+		// Evictions of counters are a silent fail-open: made loud.
+		a.evictions = telemetry.NewEvictionWatch(a.reg, telemetry.EvictionOptions{Client: a.redisClient, Timeout: a.cfg.RedisTimeout, Log: a.log})
 	}
 	if a.cfg.storeKind() == "redis" {
 		// A wrong password is a mistake to fix, not an outage to serve through.
@@ -364,7 +372,8 @@ func (a *app) buildGRPC() error {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: port, Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
+	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: port, Max: a.maxConns, MaxStreams: streamsPerConnCap * a.maxConns,
+		FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
 	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
 		Port: port, Metrics: a.conns, Log: a.log})
 	// Each server's own listener learns which of its connections have a
@@ -489,6 +498,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		Check:            a.checkTwemproxy,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)
+			a.rlqs.Reconfigure() // open RLQS buckets follow the new rules at once
 			a.cfgMetrics.Set(c)
 		},
 		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.Report(r); a.upstream.Loaded(string(r)) },
@@ -507,7 +517,8 @@ func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.rlqs.Register(a.grpcSrv)
 	a.healthSrv = health.NewServer()
-	healthpb.RegisterHealthServer(a.grpcSrv, a.healthSrv)
+	a.watches = telemetry.NewBoundedWatch(a.healthSrv, watchMaxAge)
+	healthpb.RegisterHealthServer(a.grpcSrv, a.watches)
 	reflection.Register(a.grpcSrv)
 	// The store's health follows it; rls's, the config and the store's credentials.
 	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, append([]string{"", rlsServiceName, upstreamHealthName}, a.rlqs.HealthNames()...)...)
@@ -535,6 +546,7 @@ func (a *app) start(ctx context.Context) error {
 	if a.admin != nil { // a port of its own: whoever reaches the admin API can reset counters
 		a.servers.Go(func() { a.errc <- a.admin.Serve() }) // nil only after Stop, once wait has returned
 		a.log.Info("admin API listening: rls.admin.v1.AdminService reads and resets counters", "addr", a.admin.Addr().String())
+		warnPublic(a.log, a.admin.Addr(), "--admin-addr", "the admin API (no authentication) lets whoever reaches it read and reset every counter")
 	}
 	if err := a.startHTTP("http-addr", a.cfg.HTTPAddr, a.httpHandler()); err != nil {
 		a.stopServers()
@@ -551,6 +563,9 @@ func (a *app) start(ctx context.Context) error {
 	bgCtx, stopBg := context.WithCancel(ctx)
 	a.stopBg = stopBg
 	a.background.Go(func() { a.probe.Run(bgCtx) })
+	if a.evictions != nil {
+		a.background.Go(func() { a.evictions.Run(bgCtx) })
+	}
 	a.background.Go(func() { a.fleet.Run(bgCtx) })
 	a.background.Go(func() { <-a.upstream.Start(bgCtx) })
 	if a.xds != nil {
@@ -595,7 +610,22 @@ func (a *app) startHTTP(name, addr string, h http.Handler) error {
 		}
 	})
 	a.log.Info("http listening", "flag", name, "addr", capped.Addr().String())
+	if name == "debug-addr" {
+		warnPublic(a.log, capped.Addr(), "--"+name, "the debug port serves /debug/pprof (heap dumps, CPU profiles) and /rlconfig to whoever reaches it")
+	}
 	return nil
+}
+
+// warnPublic logs at WARN that flag listens on addr, not a loopback
+// address, and what that exposes: rls's defaults keep such ports on
+// loopback, so one elsewhere was asked for and should be behind a network
+// policy.
+func warnPublic(log *slog.Logger, addr net.Addr, flag, what string) {
+	if a, ok := addr.(*net.TCPAddr); ok && a.IP.IsLoopback() {
+		return
+	}
+	log.Warn(flag+" listens beyond loopback: "+what+"; keep it on 127.0.0.1, or restrict who reaches it (a NetworkPolicy, a firewall)",
+		"addr", addr.String())
 }
 
 // stopServers closes every server at once, when start fails.
@@ -704,6 +734,7 @@ func (a *app) shutdown(runErr error) {
 		time.Sleep(a.cfg.ShutdownDrain)
 	}
 	a.rlqs.ShutdownWithin(a.cfg.ShutdownTimeout) // TTL 0 to every Envoy, then its streams end
+	a.watches.Stop()                             // NOT_SERVING to every Watch, then it ends: GracefulStop need not wait for them
 	a.stopGRPC()
 	a.stopHTTP()
 	a.servers.Wait()
@@ -730,14 +761,23 @@ func (a *app) writeBack() {
 }
 
 // stopGRPC lets in-flight calls finish, closing the connections if they
-// take longer than ShutdownTimeout.
+// take longer than ShutdownTimeout; connections without a unary call in
+// flight are closed after stopIdleGrace.
 func (a *app) stopGRPC() {
 	t := time.AfterFunc(a.cfg.ShutdownTimeout, func() {
 		a.log.Warn("graceful stop timed out; closing connections", "timeout", a.cfg.ShutdownTimeout)
 		a.grpcSrv.Stop()
 	})
+	// The streams have ended (RLQS, Watch): connections without a unary
+	// call in flight by then are closed, not waited for (connguard.CloseIdle).
+	idle := time.AfterFunc(stopIdleGrace, func() {
+		if n := a.grpcLis.CloseIdle(); n > 0 {
+			a.log.Info("graceful stop: closed connections without a call in flight", "conns", n)
+		}
+	})
 	a.grpcSrv.GracefulStop()
 	t.Stop()
+	idle.Stop()
 	a.admin.Stop(a.cfg.ShutdownTimeout)
 	a.log.Info("grpc stopped")
 }
@@ -770,6 +810,15 @@ const (
 	debugWriteTimeout = 5 * time.Minute
 )
 
+// stopIdleGrace is how long a graceful stop lets connections without a
+// unary call in flight close by themselves (GOAWAY, the peer's PING
+// answer) before it closes them.
+const stopIdleGrace = time.Second
+
+// watchMaxAge bounds the age of a health Watch stream: its client watches
+// again on a new one (telemetry.BoundedWatch).
+const watchMaxAge = 10 * time.Minute
+
 // grpcMaxConnAgeGrace is how long calls in flight on a connection past
 // GRPCMaxConnAge may take before it is closed.
 const grpcMaxConnAgeGrace = 10 * time.Second
@@ -790,6 +839,13 @@ const (
 	grpcMaxStreams   = 256
 	grpcMaxRecvBytes = 1 << 20
 )
+
+// streamsPerConnCap bounds the streaming calls (RLQS streams, health
+// Watch, reflection) open at once over the whole gRPC port: this many per
+// --max-conns (none when --max-conns is 0). A stream does not hold its
+// connection busy (connguard.Listener): at the connection cap, connections
+// whose only calls are streams are evicted like idle ones.
+const streamsPerConnCap = 4
 
 // traceFlushTimeout bounds the export of the spans still queued at
 // shutdown.
@@ -824,18 +880,18 @@ func grpcCreds(cfg *Config, log *slog.Logger) (credentials.TransportCredentials,
 }
 
 // openStore builds the configured store and its readiness probe.
-func openStore(cfg *Config, tc *tls.Config, log *slog.Logger) (store.Store, func(context.Context) error, error) {
+func openStore(cfg *Config, tc *tls.Config, log *slog.Logger) (store.Store, func(context.Context) error, redis.UniversalClient, error) {
 	switch cfg.storeKind() {
 	case "redis":
-		rs, err := openRedis(cfg, tc, log)
+		rs, client, err := openRedis(cfg, tc, log)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return rs, rs.Ping, nil
+		return rs, rs.Ping, client, nil
 	default:
 		// One byte cap, as for the local tables.
 		m := memory.New(memory.Options{MaxKeys: int(cfg.MemoryMaxBytes), MaxBytes: cfg.MemoryMaxBytes})
-		return m, func(context.Context) error { return nil }, nil
+		return m, func(context.Context) error { return nil }, nil, nil
 	}
 }
 

@@ -124,3 +124,30 @@ func TestServeStartFailureStopsEverything(t *testing.T) {
 	}
 	l.Close()
 }
+
+// TestServeWarnsOfPublicPorts: the admin API and the debug port (pprof)
+// on an address beyond loopback are each a WARN at start; on loopback
+// (testConfig's) neither is.
+func TestServeWarnsOfPublicPorts(t *testing.T) {
+	for _, public := range []bool{false, true} {
+		log := &testkit.Buffer{}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		var args []string
+		if public {
+			args = []string{"--admin-addr", "0.0.0.0:0", "--debug-addr", "0.0.0.0:0"}
+		}
+		go func() { done <- serve(ctx, testConfig(t, args...), log) }()
+		testkit.WaitFor(t, "the debug port listening", 5*time.Second, func() bool { return listening(log.String(), "debug-addr") != "" })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		for _, flag := range []string{"--admin-addr", "--debug-addr"} {
+			warned := strings.Contains(log.String(), "level=WARN msg=\""+flag+" listens beyond loopback")
+			if warned != public {
+				t.Errorf("public %v: %s warned %v, want %v:\n%s", public, flag, warned, public, log.String())
+			}
+		}
+	}
+}

@@ -181,8 +181,12 @@ func validAddr(flagName, v string, allowEmpty bool) error {
 	if v == "" && allowEmpty {
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(v); err != nil {
+	_, port, err := net.SplitHostPort(v)
+	if err != nil {
 		return fmt.Errorf("%s %q is invalid: want host:port", flagRef(flagName), v)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("%s %q is invalid: %q is not a port number (0-65535) or a service name", flagRef(flagName), v, port)
 	}
 	return nil
 }

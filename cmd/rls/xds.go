@@ -92,6 +92,7 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 		return nil
 	}
 	a.svc.SetConfig(cfg)
+	a.rlqs.Reconfigure() // open RLQS buckets follow the new rules at once
 	a.cfgMetrics.Set(cfg)
 	a.cfgMetrics.Report(reload.Success)
 	a.upstream.Loaded("success") // upstream's config_load_success, as a file reload counts it

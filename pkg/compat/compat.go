@@ -8,6 +8,7 @@
 package compat
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -179,10 +180,21 @@ func FromEnv(getenv func(string) string) (Settings, error) {
 	return r.set, nil
 }
 
+// port is the port number the variable holds (upstream reads an int).
+func (r *reader) port(name string) string {
+	v := r.str(name)
+	if n, err := strconv.Atoi(v); err != nil || n < 0 || n > 65535 {
+		r.fail(name, "want a port number (0-65535)")
+	}
+	return v
+}
+
 func (r *reader) server() {
-	r.env("RLS_HTTP_ADDR", net.JoinHostPort(r.str("HOST"), r.str("PORT")))
-	r.env("RLS_DEBUG_ADDR", net.JoinHostPort(r.str("DEBUG_HOST"), r.str("DEBUG_PORT")))
-	r.env("RLS_GRPC_ADDR", net.JoinHostPort(r.str("GRPC_HOST"), r.str("GRPC_PORT")))
+	r.env("RLS_HTTP_ADDR", net.JoinHostPort(r.str("HOST"), r.port("PORT")))
+	// The debug port serves pprof (heap dumps, CPU profiles): on loopback
+	// unless DEBUG_HOST says otherwise, where upstream listens on 0.0.0.0.
+	r.env("RLS_DEBUG_ADDR", net.JoinHostPort(cmp.Or(r.raw("DEBUG_HOST"), "127.0.0.1"), r.port("DEBUG_PORT")))
+	r.env("RLS_GRPC_ADDR", net.JoinHostPort(r.str("GRPC_HOST"), r.port("GRPC_PORT")))
 	if v := r.raw("GRPC_UDS"); v != "" {
 		r.env("RLS_GRPC_UDS", v)
 	}
@@ -354,7 +366,11 @@ func (r *reader) redis() {
 	r.env("RLS_STORE", store)
 	q := u.Query()
 	if r.raw("REDIS_POOL_SIZE") != "" {
-		q.Set("pool_size", strconv.Itoa(r.int("REDIS_POOL_SIZE")))
+		n := r.int("REDIS_POOL_SIZE")
+		if n < 0 {
+			r.fail("REDIS_POOL_SIZE", "want 0 (the default) or more connections")
+		}
+		q.Set("pool_size", strconv.Itoa(n))
 	}
 	if r.bool("REDIS_TLS") {
 		if u.Scheme == "unix" {

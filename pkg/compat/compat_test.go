@@ -20,7 +20,7 @@ func TestDefaults(t *testing.T) {
 	}
 	want := map[string]string{
 		"RLS_HTTP_ADDR":         "0.0.0.0:8080",
-		"RLS_DEBUG_ADDR":        "0.0.0.0:6070",
+		"RLS_DEBUG_ADDR":        "127.0.0.1:6070", // pprof: loopback unless DEBUG_HOST says otherwise
 		"RLS_GRPC_ADDR":         "0.0.0.0:8081",
 		"RLS_LOG_LEVEL":         "warn",
 		"RLS_LOG_FORMAT":        "text",

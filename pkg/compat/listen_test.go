@@ -1,6 +1,7 @@
 package compat
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,7 +9,7 @@ import (
 )
 
 // TestListenGRPCReplacesStaleSocket: a socket a dead process left is
-// replaced; a regular file is not.
+// replaced; one a process still serves is not, nor is a regular file.
 func TestListenGRPCReplacesStaleSocket(t *testing.T) {
 	dir, err := os.MkdirTemp("", "rls-l-")
 	if err != nil {
@@ -28,6 +29,15 @@ func TestListenGRPCReplacesStaleSocket(t *testing.T) {
 	second, port, err := ListenGRPC(sock, "")
 	if err != nil || port != "grpc-uds" {
 		t.Fatalf("over a stale socket: %v (%s)", err, port)
+	}
+	// A socket that a process still serves is not taken over.
+	if _, _, err := ListenGRPC(sock, ""); err == nil || !strings.Contains(err.Error(), "served by another process") {
+		t.Errorf("over a live socket: %v, want an error saying another process serves it", err)
+	}
+	if c, err := net.Dial("unix", sock); err != nil {
+		t.Errorf("the first listener's socket after the refused take-over: %v, want it still served", err)
+	} else {
+		c.Close()
 	}
 	second.Close()
 	file := filepath.Join(dir, "f")

@@ -5,13 +5,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/pkg/logthrottle"
 )
@@ -28,6 +31,10 @@ type LimitOptions struct {
 	// Max is the most connections open at once; 0 is no cap (connections
 	// are still counted).
 	Max int
+	// MaxStreams is the most streaming calls (RLQS streams, health Watch,
+	// reflection) open at once over all the port's connections; one more
+	// is refused ResourceExhausted. 0 is no cap.
+	MaxStreams int
 	// FirstCall is how long a connection may stay open without making a
 	// call (or an HTTP request) before it is closed; <= 0 is
 	// DefaultFirstCall.
@@ -46,21 +53,30 @@ type LimitOptions struct {
 //
 // When a new connection finds the cap reached, the listener makes room:
 // it closes the connection idle the longest (no call in flight; one that
-// never made a call before any other), counted as
+// never made a call before any other, then those without a stream open
+// before those whose only calls are streams), counted as
 // rls_connections_closed_total{reason="idle_evicted"}, as nginx closes
-// idle keep-alive connections. Only when every connection has a call in
-// flight is the new one refused: accepted and closed at once, not left in
-// the kernel's backlog, so its client (an Envoy) sees the failure at once
-// and can use another replica or its failure_mode_deny policy. Peers
-// that connect and never call cannot shut new clients out, and each is
-// closed FirstCall after it connected anyway (reason="no_call").
+// idle keep-alive connections. A streaming call (an RLQS stream, a health
+// Watch) is a tenant of its connection, not a call in flight: it lasts as
+// long as its peer likes, so a connection holding only streams is evicted
+// like an idle one, and its streams end Unavailable, which Envoy and gRPC
+// clients retry on another connection. Only when every connection has a
+// unary call in flight is the new one refused: accepted and closed at
+// once, not left in the kernel's backlog, so its client (an Envoy) sees
+// the failure at once and can use another replica or its
+// failure_mode_deny policy. Peers that connect and never call cannot shut
+// new clients out, and each is closed FirstCall after it connected anyway
+// (reason="no_call"). Streams have a cap of their own over the port
+// (MaxStreams).
 //
 // The listener learns which connections are busy from the servers: an
 // http.Server's ConnState hook (ConnState) and a gRPC server's
-// interceptors (ServerOptions; on TCP, where each connection's peer
-// address is its own). A connection neither reports is always idle.
-// Closing a connection Accept returned frees its slot, once however often
-// it is closed. The listener is safe for concurrent use, as l is.
+// interceptors (ServerOptions). Each connection gets a peer address of
+// its own: a Unix socket's peers, which share one address, are named
+// apart (RemoteAddr), so their calls are told apart as TCP ones are. A
+// connection neither reports is always idle. Closing a connection Accept
+// returned frees its slot, once however often it is closed. The listener
+// is safe for concurrent use, as l is.
 type Listener struct {
 	net.Listener
 	port      string
@@ -76,12 +92,16 @@ type Listener struct {
 	warned    *logthrottle.Throttle
 	warnedEv  *logthrottle.Throttle
 
+	maxStreams int64
+	streams    atomic.Int64  // streaming calls open over the port
+	ids        atomic.Uint64 // names of Unix-socket connections
+
 	mu       sync.Mutex
 	conns    map[*trackedConn]struct{}
 	byRemote map[string]*trackedConn // for the gRPC interceptors, when byAddr misses
-	// byAddr finds a TCP connection by the address its RemoteAddr returned
+	// byAddr finds a connection by the address its RemoteAddr returned
 	// (the very pointer gRPC puts in the call's peer), without the lock.
-	byAddr sync.Map // *net.TCPAddr → *trackedConn
+	byAddr sync.Map // net.Addr (a pointer) → *trackedConn
 }
 
 // Limit returns l with at most o.Max connections open at once (see
@@ -96,7 +116,7 @@ func Limit(l net.Listener, o LimitOptions) *Listener {
 	if o.FirstCall <= 0 {
 		o.FirstCall = DefaultFirstCall
 	}
-	return &Listener{Listener: l, port: o.Port, max: int64(o.Max), firstCall: o.FirstCall, now: o.Now, log: o.Log,
+	return &Listener{Listener: l, port: o.Port, max: int64(o.Max), maxStreams: int64(o.MaxStreams), firstCall: o.FirstCall, now: o.Now, log: o.Log,
 		open: o.Metrics.open.WithLabelValues(o.Port), refused: o.Metrics.refused.WithLabelValues(o.Port),
 		evicted: o.Metrics.closed.WithLabelValues(o.Port, ReasonIdleEvicted),
 		noCall:  o.Metrics.closed.WithLabelValues(o.Port, ReasonNoCall),
@@ -138,19 +158,16 @@ func (l *Listener) Accept() (net.Conn, error) {
 func (l *Listener) track(c net.Conn) *trackedConn {
 	t := &trackedConn{Conn: c, l: l, opened: l.now().UnixNano()}
 	t.last.Store(t.opened)
+	t.addr = c.RemoteAddr()
+	if _, ok := t.addr.(*net.TCPAddr); !ok {
+		// A Unix socket's peers share one address (often none): a name of
+		// its own tells this connection's calls from another's.
+		t.addr = &net.UnixAddr{Name: "@rls-conn-" + strconv.FormatUint(l.ids.Add(1), 10), Net: "unix"}
+	}
 	l.mu.Lock()
 	l.conns[t] = struct{}{}
-	if ra := c.RemoteAddr(); ra != nil && ra.Network() == "tcp" { // unique per connection (a unix socket's peers are not)
-		l.byRemote[ra.String()] = t
-		if a, ok := ra.(*net.TCPAddr); ok {
-			l.byAddr.Store(a, t)
-		}
-	} else {
-		// Its calls cannot be told apart from another's: count it busy for
-		// good, never evicted nor closed for making no call.
-		t.called.Store(true)
-		t.active.Store(1)
-	}
+	l.byRemote[t.addr.String()] = t
+	l.byAddr.Store(t.addr, t)
 	l.mu.Unlock()
 	t.timer.Store(time.AfterFunc(l.firstCall, func() {
 		if !t.called.Load() && t.claim() {
@@ -218,12 +235,14 @@ func (l *Listener) ConnState(c net.Conn, s http.ConnState) {
 }
 
 // ServerOptions are the gRPC server options (interceptors, outermost)
-// telling the listener which connections have a call in flight: a call is
-// in flight from when its handler starts until it returns. Interceptors,
-// not a stats handler: with any stats handler grpc-go builds an event per
-// step of every call (a copy of its metadata, its peer, each payload's
-// sizes), 15 allocations and 1.1 KB per call; and a peer that sends a
-// unary call's headers and never its message holds no call in flight.
+// telling the listener which connections have a call in flight: a unary
+// call is in flight from when its handler starts until it returns. A
+// streaming call is not (see Listener): it is counted against MaxStreams,
+// and refused ResourceExhausted beyond it. Interceptors, not a stats
+// handler: with any stats handler grpc-go builds an event per step of
+// every call (a copy of its metadata, its peer, each payload's sizes), 15
+// allocations and 1.1 KB per call; and a peer that sends a unary call's
+// headers and never its message holds no call in flight.
 func (l *Listener) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -234,29 +253,54 @@ func (l *Listener) ServerOptions() []grpc.ServerOption {
 			return h(ctx, req)
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if n := l.streams.Add(1); l.maxStreams > 0 && n > l.maxStreams {
+				l.streams.Add(-1)
+				return status.Errorf(codes.ResourceExhausted, "this port has %d streams open (RLQS, health Watch, reflection), the most rls allows: retry later, or on another replica", l.maxStreams)
+			}
+			defer l.streams.Add(-1)
 			if t := l.connOf(ss.Context()); t != nil {
-				t.begin()
-				defer t.end()
+				t.beginStream()
+				defer t.endStream()
 			}
 			return h(srv, ss)
 		}),
 	}
 }
 
+// CloseIdle closes every connection without a unary call in flight (one
+// whose calls are only streams counts as idle) and returns how many it
+// closed. A graceful stop uses it once the streams have been ended: a
+// stream whose client does not read leaves its status queued behind data
+// the client never takes, and a peer that does not answer the server's
+// PING holds its connection through the GOAWAY; either would hold the
+// stop until its timeout.
+func (l *Listener) CloseIdle() int {
+	l.mu.Lock()
+	var idle []*trackedConn
+	for c := range l.conns {
+		if c.claim() {
+			idle = append(idle, c)
+		}
+	}
+	l.mu.Unlock()
+	for _, c := range idle {
+		c.Close()
+	}
+	return len(idle)
+}
+
+// Streams returns the streaming calls open over the port.
+func (l *Listener) Streams() int { return int(l.streams.Load()) }
+
 // connOf is the connection of a call (by its peer's address), or nil when
-// it is not one of l's TCP connections.
+// it is not one of l's connections.
 func (l *Listener) connOf(ctx context.Context) *trackedConn {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return nil
 	}
-	if a, ok := p.Addr.(*net.TCPAddr); ok {
-		if t, ok := l.byAddr.Load(a); ok {
-			return t.(*trackedConn)
-		}
-	}
-	if p.Addr.Network() != "tcp" {
-		return nil
+	if t, ok := l.byAddr.Load(p.Addr); ok {
+		return t.(*trackedConn)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -266,12 +310,10 @@ func (l *Listener) connOf(ctx context.Context) *trackedConn {
 func (l *Listener) release(t *trackedConn) {
 	l.mu.Lock()
 	delete(l.conns, t)
-	if ra := t.RemoteAddr(); ra != nil && l.byRemote[ra.String()] == t {
-		delete(l.byRemote, ra.String())
+	if l.byRemote[t.addr.String()] == t {
+		delete(l.byRemote, t.addr.String())
 	}
-	if a, ok := t.RemoteAddr().(*net.TCPAddr); ok {
-		l.byAddr.CompareAndDelete(a, t)
-	}
+	l.byAddr.CompareAndDelete(t.addr, t)
 	l.mu.Unlock()
 	l.n.Add(-1)
 	l.open.Dec()
@@ -281,18 +323,20 @@ func (l *Listener) release(t *trackedConn) {
 // below zero, so calls that begin on it meanwhile leave it negative.
 const closing = -1 << 30
 
-// trackedConn is a connection of a Listener: its calls in flight, when
-// the last one ended, whether it ever made one. It frees its slot when
-// closed, once.
+// trackedConn is a connection of a Listener: its calls in flight, its
+// streams, when the last call ended, whether it ever made one. It frees
+// its slot when closed, once.
 type trackedConn struct {
 	net.Conn
-	l      *Listener
-	opened int64        // Unix ns
-	last   atomic.Int64 // Unix ns the last call ended (opened before any)
-	active atomic.Int32 // calls in flight; closing once claimed
-	called atomic.Bool
-	timer  atomic.Pointer[time.Timer] // the first-call timer
-	once   sync.Once
+	l       *Listener
+	addr    net.Addr     // RemoteAddr: the connection's own
+	opened  int64        // Unix ns
+	last    atomic.Int64 // Unix ns the last call ended (opened before any)
+	active  atomic.Int32 // unary calls in flight; closing once claimed
+	streams atomic.Int32 // streaming calls open
+	called  atomic.Bool
+	timer   atomic.Pointer[time.Timer] // the first-call timer
+	once    sync.Once
 }
 
 func (c *trackedConn) begin() {
@@ -305,14 +349,34 @@ func (c *trackedConn) end() {
 	c.active.Add(-1)
 }
 
+func (c *trackedConn) beginStream() {
+	c.called.Store(true)
+	c.streams.Add(1)
+}
+
+func (c *trackedConn) endStream() {
+	c.last.Store(c.l.now().UnixNano())
+	c.streams.Add(-1)
+}
+
+// RemoteAddr is the peer's address, one of its own for each connection
+// (a Unix socket's peers are named apart: see track).
+func (c *trackedConn) RemoteAddr() net.Addr { return c.addr }
+
 // claim marks an idle connection for closing, unless a call is in flight.
 func (c *trackedConn) claim() bool { return c.active.CompareAndSwap(0, closing) }
 
-// idleBefore reports whether eviction takes c before o.
+// idleBefore reports whether eviction takes c before o: one that never
+// called first, then one without a stream open, then the one whose last
+// call ended the longest ago.
 func (c *trackedConn) idleBefore(o *trackedConn) bool {
 	cc, oc := c.called.Load(), o.called.Load()
 	if cc != oc {
-		return !cc // one that never called goes first
+		return !cc
+	}
+	cs, os := c.streams.Load() > 0, o.streams.Load() > 0
+	if cs != os {
+		return !cs
 	}
 	return c.last.Load() < o.last.Load()
 }

@@ -2,14 +2,20 @@
 // RateLimitRequest as JSON (protojson) in an HTTP POST, its
 // RateLimitResponse as JSON back, 429 when over the limit. It calls the same
 // service as gRPC, so the same request bounds apply, and it bounds the body
-// as gRPC bounds a message.
+// as gRPC bounds a message. What a body may cost is bounded before it is
+// decoded: at most MaxInFlight bodies at once (more are 503 at once), each
+// read within ReadTimeout, and walked for its number of JSON objects and
+// arrays and their depth before protojson builds anything (1 MiB of "{}"
+// made 43 MB of descriptors; 16 such bodies at once took 1.08 GB).
 package jsonapi
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -28,8 +34,23 @@ type Options struct {
 	MaxBytes int64
 	// Timeout bounds one decision, as a gRPC caller's deadline would [1s].
 	Timeout time.Duration
-	Log     *slog.Logger
+	// MaxInFlight bounds the requests handled at once; one more is
+	// answered 503 at once, and its connection closed [16].
+	MaxInFlight int
+	// ReadTimeout bounds the reading of a body: one sent slower is 408
+	// [5s].
+	ReadTimeout time.Duration
+	Log         *slog.Logger
 }
+
+// Bounds of a body's JSON walked before it is decoded: a request within
+// the service's bounds (64 descriptors of 32 entries, each descriptor with
+// its entries array and a limit) has about 2,300 objects and arrays,
+// nested 5 deep.
+const (
+	maxContainers = 4096
+	maxDepth      = 16
+)
 
 // Handler returns the /json handler deciding through svc.
 func Handler(svc rlsv3.RateLimitServiceServer, o Options) http.Handler {
@@ -42,16 +63,44 @@ func Handler(svc rlsv3.RateLimitServiceServer, o Options) http.Handler {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 16
+	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = 5 * time.Second
+	}
 	th := logthrottle.New(logthrottle.Every, nil)
+	slots := make(chan struct{}, o.MaxInFlight)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+		default:
+			// Not a byte more of this body: the connection is closed.
+			_ = rc.SetReadDeadline(time.Now())
+			w.Header().Set("Connection", "close")
+			http.Error(w, "too many /json requests in flight (the most is "+strconv.Itoa(o.MaxInFlight)+"): retry later", http.StatusServiceUnavailable)
+			return
+		}
+		_ = rc.SetReadDeadline(time.Now().Add(o.ReadTimeout))
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, o.MaxBytes))
 		var tooBig *http.MaxBytesError
+		var ne net.Error
 		switch {
 		case errors.As(err, &tooBig):
 			http.Error(w, "request body over the limit of "+strconv.FormatInt(o.MaxBytes, 10)+" bytes", http.StatusRequestEntityTooLarge)
 			return
+		case errors.As(err, &ne) && ne.Timeout():
+			w.Header().Set("Connection", "close")
+			http.Error(w, "request body not read within "+o.ReadTimeout.String(), http.StatusRequestTimeout)
+			return
 		case err != nil:
 			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := walk(body); err != nil {
+			http.Error(w, "not a RateLimitRequest within rls's bounds: "+err.Error(), http.StatusBadRequest)
 			return
 		}
 		var req rlsv3.RateLimitRequest
@@ -96,4 +145,39 @@ func httpCode(c codes.Code) int {
 		return http.StatusGatewayTimeout
 	}
 	return http.StatusInternalServerError
+}
+
+// walk counts b's JSON objects and arrays and their depth, outside
+// strings, without decoding anything, and reports the first bound passed.
+// It does not check the syntax: protojson does, within the bounds.
+func walk(b []byte) error {
+	containers, depth := 0, 0
+	inString, escaped := false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			containers++
+			depth++
+			if containers > maxContainers {
+				return fmt.Errorf("more than %d JSON objects and arrays", maxContainers)
+			}
+			if depth > maxDepth {
+				return fmt.Errorf("JSON nested more than %d deep", maxDepth)
+			}
+		case c == '}' || c == ']':
+			depth--
+		}
+	}
+	return nil
 }

@@ -1,11 +1,14 @@
 package jsonapi
 
 import (
+	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
@@ -47,5 +50,71 @@ func TestJSON(t *testing.T) {
 	}
 	if code, _ := post(`{"domain":"` + strings.Repeat("x", 5000) + `"}`); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("a body over MaxBytes: %d, want 413", code)
+	}
+}
+
+// TestJSONBounds: a body of more JSON objects than any request within the
+// service's bounds has, or nested deeper, is refused before it is decoded;
+// a body sent slower than ReadTimeout is 408; requests beyond MaxInFlight
+// are 503 at once, and a slot frees when a request ends.
+func TestJSONBounds(t *testing.T) {
+	svc := service.New(&descriptors.Config{}, limiter.New(memory.New(memory.Options{}), limiter.Options{}), service.Options{})
+	srv := httptest.NewServer(Handler(svc, Options{MaxInFlight: 2, ReadTimeout: 300 * time.Millisecond}))
+	defer srv.Close()
+	post := func(body string) (int, string) {
+		resp, err := http.Post(srv.URL, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	empties := `{"domain":"d","descriptors":[` + strings.Repeat(`{},`, 5000) + `{}]}`
+	if code, body := post(empties); code != 400 || !strings.Contains(body, "more than 4096 JSON objects") {
+		t.Errorf("5,001 empty descriptors: %d %s, want 400 naming the bound", code, body)
+	}
+	if code, body := post(strings.Repeat("[", 20) + strings.Repeat("]", 20)); code != 400 || !strings.Contains(body, "nested more than 16") {
+		t.Errorf("20 nested arrays: %d %s, want 400 naming the bound", code, body)
+	}
+	if code, body := post(`{"domain":"d","descriptors":[{"entries":[{"key":"{[{[","value":"]]}}\"{"}]}]}`); code != 200 {
+		t.Errorf("brackets in strings: %d %s, want 200 (they are not counted)", code, body)
+	}
+
+	// Slow bodies: two hold the slots, the third is 503 at once; the two
+	// are 408 after ReadTimeout, and their slots are free again.
+	slow := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"); err != nil {
+			t.Fatal(err)
+		}
+		return c, bufio.NewReader(c)
+	}
+	status := func(r *bufio.Reader) int {
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	_, r1 := slow()
+	_, r2 := slow()
+	time.Sleep(50 * time.Millisecond) // both handlers hold their slots
+	_, r3 := slow()
+	if code := status(r3); code != http.StatusServiceUnavailable {
+		t.Errorf("a third body beside two in flight: %d, want 503", code)
+	}
+	for _, r := range []*bufio.Reader{r1, r2} {
+		if code := status(r); code != http.StatusRequestTimeout {
+			t.Errorf("a body not sent within ReadTimeout: %d, want 408", code)
+		}
+	}
+	if code, _ := post(`{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}`); code != 200 {
+		t.Errorf("a request after the slow ones: %d, want 200", code)
 	}
 }

@@ -185,6 +185,11 @@ func (o Options) checkURL() (*url.URL, error) {
 		}
 		return nil, optionErr("URL", "%s is invalid: %s", redactedURL(o.URL), why)
 	}
+	if v := u.Query().Get("pool_size"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n < 0 { // go-redis would panic on it
+			return nil, optionErr("URL", "%s is invalid: pool_size=%s is invalid; it must be 0 (the default) or more", redactedURL(o.URL), v)
+		}
+	}
 	if u.Scheme == "unix" { // a local Redis or proxy's socket, as upstream's REDIS_SOCKET_TYPE=unix
 		if o.Mode != ModeSingle || u.Path == "" {
 			return nil, optionErr("URL", "%s is invalid: unix:///path/to/socket is for a single Redis (--store redis)", redactedURL(o.URL))

@@ -3,6 +3,7 @@ package rlqs
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -29,21 +30,42 @@ type usage struct {
 // decoding error naming where it broke.
 type report struct {
 	maxBytes int
+	budget   *budget       // nil: none
+	held     *atomic.Int64 // the stream's bytes of the budget
+	cost     int64         // bytes of the budget this report holds until handled
 	domain   string
 	usages   []usage
 	err      error
 	size     int
 }
 
+// release returns the budget r holds.
+func (r *report) release() {
+	if r.budget != nil {
+		r.budget.give(r.held, r.cost)
+		r.cost = 0
+	}
+}
+
 // errTooBig marks a report over the size bounds (ResourceExhausted).
 var errTooBig = errors.New("report over the bound")
 
-// UnmarshalRaw decodes b (service.RawMessage).
+// UnmarshalRaw decodes b (service.RawMessage), once the budget has taken
+// what decoding and handling it costs (reportCost); r.err is a status
+// error when it does not fit.
 func (r *report) UnmarshalRaw(b []byte) {
 	r.size = len(b)
 	if r.maxBytes > 0 && len(b) > r.maxBytes {
 		r.err = fmt.Errorf("%w: %d bytes, over the limit of %d bytes per report", errTooBig, len(b), r.maxBytes)
 		return
+	}
+	if r.budget != nil {
+		cost := reportCost(b)
+		if err := r.budget.take(r.held, cost); err != nil {
+			r.err = err
+			return
+		}
+		r.cost = cost
 	}
 	if err := r.decode(b); err != nil {
 		r.err = fmt.Errorf("invalid RateLimitQuotaUsageReports: %w", err)

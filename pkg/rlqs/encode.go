@@ -11,21 +11,21 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// rawResponse encodes a response with its BucketIds byte for byte
+// rawResponse is a response encoded with its BucketIds byte for byte
 // (service.RawMarshaler): Go's protobuf refuses to marshal a string that is
 // not UTF-8, and a BucketId must be echoed exactly as Envoy sent it.
 type rawResponse struct {
-	m *rlqsv3.RateLimitQuotaResponse
+	b []byte
 }
 
-// MarshalRaw encodes r as protobuf.
-func (r rawResponse) MarshalRaw() []byte {
-	var b []byte
-	for _, a := range r.m.BucketAction {
-		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendBytes(b, appendAction(nil, a))
-	}
-	return b
+// MarshalRaw returns r's bytes.
+func (r rawResponse) MarshalRaw() []byte { return r.b }
+
+// appendResponseAction appends a as one bucket_action of a
+// RateLimitQuotaResponse: a response is the concatenation of its actions.
+func appendResponseAction(b []byte, a *rlqsv3.RateLimitQuotaResponse_BucketAction) []byte {
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	return protowire.AppendBytes(b, appendAction(nil, a))
 }
 
 func appendAction(b []byte, a *rlqsv3.RateLimitQuotaResponse_BucketAction) []byte {

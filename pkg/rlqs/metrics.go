@@ -25,11 +25,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		writtenBack: prometheus.NewCounter(prometheus.CounterOpts{Name: "rls_rlqs_written_back_hits_total",
 			Help: "Hits Envoy reported allowed beyond its grants (its own fallbacks, or shadow rules), added to the counters."}),
 		callsPerReport: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "rls_rlqs_store_calls_per_report",
-			Help: "Store calls (script calls on Redis) made to process one usage report, whatever its request counts.", Buckets: []float64{0, 1, 2, 4, 8, 16, 64, 256}}),
+			Help: "Store round trips made to process one usage report, whatever its buckets and request counts (the buckets of a report share each round trip; demand sharing calls count one each).", Buckets: []float64{0, 1, 2, 4, 8, 16, 64, 256}}),
 		reportInterval: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "rls_rlqs_report_interval_seconds",
 			Help: "Time between two reports of one bucket on one stream, on rls's clock (the lag of the demand shares follow).", Buckets: []float64{0.5, 1, 2, 5, 6, 10, 30}}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rls_rlqs_refused_total",
-			Help: "Streams ended by rls, by reason: too_big, invalid, domain, slow_reader, per_connection (refused at open)."}, []string{"reason"}),
+			Help: "Streams ended by rls, by reason: too_big, invalid, domain, slow_reader, budget (the streams' memory budget), silent (no report for two intervals), per_connection (refused at open)."}, []string{"reason"}),
 	}
 	reg.MustRegister(m.streams, m.buckets, m.actions, m.reserved, m.refunded, m.writtenBack, m.callsPerReport, m.reportInterval, m.refused)
 	return m

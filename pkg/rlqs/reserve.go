@@ -3,6 +3,7 @@ package rlqs
 import (
 	"context"
 	"math"
+	"sync"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -15,52 +16,128 @@ import (
 // push runs, so that the store has rolled to the next window.
 const boundarySlack = 5 * time.Millisecond
 
-// regrant reserves and returns b's next grant, with extra checks (write-
-// backs) decided in the same store call, and schedules the push after it.
-// At a push (boundary true) the next window is also charged what the
-// previous grant can admit after the boundary beyond the next grant's own
-// worst case (chargeOverlap), out of the stream's share (keepShape). It
-// returns the action (nil when the store could not answer: Envoy's grant
-// then runs out into its expired_assignment_behavior) and the store calls
-// made.
-func (st *stream) regrant(b *bucket, now time.Time, extra []store.Check, boundary bool) (*rlqsv3.RateLimitQuotaResponse_BucketAction, int) {
-	o := &st.srv.o
+// reservation is one grant to reserve: its worst case consumed with the
+// checks before it (write-backs, a boundary's charge), all or nothing; when
+// it does not fit, shrunk to what is left (see reserveAll). A top-up
+// (least > 0) reserves only its extra hits.
+type reservation struct {
+	b        *bucket
+	g        grant
+	ttl      int64
+	end      time.Time // the window's end; zero for a token-bucket rule
+	checks   []store.Check
+	boundary bool
+	least    uint64
+	// The outcome.
+	got      grant
+	res      []store.Result // the last call's results
+	consumed uint64         // hits the store consumed for it
+	err      error
+}
+
+// ask is a bucket's next grant to reserve: with extra checks (write-backs)
+// in the same request, and at a push (boundary) the boundary's charge.
+type ask struct {
+	b        *bucket
+	extra    []store.Check
+	boundary bool
+	slot     int // its action's place in the stream's pending actions
+}
+
+// prepare sizes a's grant: a share of x hits (see share), and, at a push,
+// the charge of what the previous grant can admit after the boundary
+// beyond the next grant's own worst case (chargeOverlap), out of the
+// stream's share (keepShape).
+func (st *stream) prepare(a ask, now time.Time) *reservation {
+	b := a.b
 	ttl, windowEnd := st.srv.period(b, now)
-	x := st.srv.share(b, ttl, windowEnd, now)
-	g := st.keepShape(b, x, ttl, boundary)
-	checks := extra
-	if boundary {
+	x := st.srv.share(st.ctx, b, ttl, windowEnd, now)
+	g := st.keepShape(b, x, ttl, a.boundary)
+	checks := a.extra
+	if a.boundary {
 		checks = st.chargeOverlap(b, checks, g)
 	}
-	g, res, calls, err := st.reserve(b, g, ttl, checks, boundary, 0)
-	if err != nil {
-		st.schedule(b, time.Second)
-		return nil, calls
+	return &reservation{b: b, g: g, ttl: ttl, end: windowEnd, checks: checks, boundary: a.boundary}
+}
+
+// grant reserves the grants asks ask for (and the requests of pre, decided
+// first in the same round trip), puts the action of each grant reserved in
+// its slot of the pending actions (see slot) and schedules its push. The fleet's demand for their keys is read first,
+// a few calls at a time (fetchDemands). A bucket whose grant the store
+// could not reserve gets no action (Envoy's grant runs out into its
+// expired_assignment_behavior) and a push a second later. It returns the
+// store calls made. When the stream ended meanwhile (its client went
+// away, or Shutdown), what was reserved is given back and nothing is sent.
+func (st *stream) grant(asks []ask, pre []store.Request, now time.Time) (int, error) {
+	bs := make([]*bucket, len(asks))
+	for i, a := range asks {
+		bs[i] = a.b
 	}
+	calls := st.srv.fetchDemands(st.ctx, bs, now)
+	rs := make([]*reservation, len(asks))
+	for i, a := range asks {
+		rs[i] = st.prepare(a, now)
+	}
+	calls += st.reserveAll(rs, pre)
+	if st.ctx.Err() != nil {
+		st.undo(rs)
+		return calls, nil
+	}
+	for i, rv := range rs {
+		st.pending[asks[i].slot] = st.granted(rv, now)
+	}
+	return calls, nil
+}
+
+// granted records rv's grant as b's active one, schedules its push and
+// returns its action (nil when the store did not answer).
+func (st *stream) granted(rv *reservation, now time.Time) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	o := &st.srv.o
+	b := rv.b
+	if rv.err != nil || b.gone {
+		b.next = now.Add(time.Second)
+		return nil
+	}
+	g := rv.got
 	want := g.worst()
-	g.reservedAt, g.windowEnd, g.reserved = now, windowEnd, want
+	g.reservedAt, g.windowEnd, g.reserved = now, rv.end, want
 	o.Metrics.addReserved(want)
 	b.g, b.hasGrant, b.used = g, true, 0
 	b.covered += want
-	next := time.Duration(ttl) * time.Second
-	if !windowEnd.IsZero() {
-		next = windowEnd.Sub(now) + boundarySlack
+	res := rv.res
+	next := time.Duration(rv.ttl) * time.Second
+	if !rv.end.IsZero() {
+		next = rv.end.Sub(now) + boundarySlack
 		if len(res) > 0 && res[len(res)-1].Reset > 0 {
 			next = res[len(res)-1].Reset + boundarySlack
 		}
 	} else {
 		next -= o.Overlap // renewed just before it expires
 	}
-	st.schedule(b, next)
-	if !windowEnd.IsZero() && len(res) > 0 && res[len(res)-1].Remaining > 0 {
-		st.scheduleTopUp(b, windowEnd, now)
+	b.next = now.Add(next)
+	if !rv.end.IsZero() && len(res) > 0 && res[len(res)-1].Remaining > 0 {
+		st.scheduleTopUp(b, rv.end, now)
 	}
 	if g.deny {
 		o.Metrics.action("deny_all", 1)
 	} else {
 		o.Metrics.action("token_bucket", 1)
 	}
-	return assignment(b.id, &g), calls
+	return assignment(b.id, &g)
+}
+
+// undo gives back what the store consumed for rs, whose grants will never
+// be sent (the stream ended while they were reserved).
+func (st *stream) undo(rs []*reservation) {
+	var back []store.Check
+	for _, rv := range rs {
+		if rv.consumed > 0 {
+			back = append(back, st.giveBack(rv.b, rv.consumed))
+		}
+	}
+	if len(back) > 0 {
+		_ = st.srv.decideAfter(back) // a failure is logged
+	}
 }
 
 // At a boundary the previous grant keeps admitting until the next one
@@ -168,60 +245,105 @@ func (st *stream) distinct(b *bucket, g grant) grant {
 	return g
 }
 
-// reserve consumes g's worst case, with checks decided in the same call,
-// all or nothing; when it does not fit, it shrinks g to what is left and
-// consumes that in a second call, or makes it DENY_ALL. It returns the
-// grant reserved, the results of the last call and the calls made.
+// reserveAll consumes each reservation's worst case, with its checks
+// decided in the same request, all or nothing; one that does not fit is
+// shrunk to what is left and consumed in a second round trip, or made
+// DENY_ALL. The requests of pre go first in the first round trip. Each
+// round trip is one store.DecideBatch: one call per Redis node for every
+// bucket of a report or a tick. It returns the calls made.
 //
 // At a boundary the checks hold the boundary's charge for g (see
 // chargeOverlap), which is forced, so it stands when g does not fit; a
 // shrunk grant that refills slower than g is owed more, which goes with
 // the second call (or alone when the shrunk grant is DENY_ALL).
-func (st *stream) reserve(b *bucket, g grant, ttl int64, checks []store.Check, boundary bool, least uint64) (grant, []store.Result, int, error) {
-	want := g.worst()
-	consume := b.check
-	consume.Hits, consume.Shadow = want, false
-	// Paced (store.Check.Paced): a grant whose TTL is at least the window
-	// spends its reservation over a whole window at least (a token bucket:
-	// its burst, then its rate), so a sliding window's grants, together
-	// within the limit, refill no faster than the limit's pace, and are
-	// counted against the current window alone, as a fixed window's.
-	// Reserved against the weighted count instead, a window after a full
-	// one has almost nothing to grant at its start: the fleet would admit
-	// half the limit, a full window and an empty one in turn. A shorter
-	// grant (a top-up late in a long window) could spend faster, and is
-	// reserved against the weighted count.
-	consume.Paced = time.Duration(ttl)*time.Second >= b.check.Window
-	checks = append(checks, consume)
-	res, err := st.srv.decideResults(checks)
-	if err != nil || res[len(res)-1].Allowed {
-		return g, res, 1, err
+func (st *stream) reserveAll(rs []*reservation, pre []store.Request) int {
+	if len(rs) == 0 && len(pre) == 0 {
+		return 0
 	}
-	if res[len(res)-1].Remaining < least {
-		return shape(0, ttl), res, 1, nil // not worth a replacement (see topUpLocked)
+	reqs := append([]store.Request(nil), pre...)
+	for _, rv := range rs {
+		checks := append(rv.checks, st.consume(rv.b, rv.g.worst(), rv.ttl))
+		reqs = append(reqs, store.Request{Checks: checks, Results: make([]store.Result, len(checks))})
 	}
-	shrunk := st.distinct(b, shape(min(res[len(res)-1].Remaining, want), ttl))
-	var owed []store.Check
-	if boundary {
-		if was, now := st.overlapOf(b, g), st.overlapOf(b, shrunk); now > was {
-			more := now - was
-			st.srv.o.Metrics.addReserved(more)
-			owed = append(owed, st.force(b, more))
+	st.srv.decideBatch(st.ctx, reqs)
+	copy(pre, reqs)
+	var again []store.Request
+	var retried []*reservation
+	for i, rv := range rs {
+		r := &reqs[len(pre)+i]
+		last := r.Results[len(r.Results)-1]
+		rv.res, rv.err = r.Results, r.Err
+		switch {
+		case r.Err != nil:
+			continue
+		case last.Allowed:
+			rv.got = rv.g
+			if last.Consumed {
+				rv.consumed = rv.g.worst()
+			}
+			continue
+		case last.Remaining < rv.least:
+			rv.got = shape(0, rv.ttl) // not worth a replacement (see topUpLocked)
+			continue
+		}
+		shrunk := st.distinct(rv.b, shape(min(last.Remaining, rv.g.worst()), rv.ttl))
+		var owed []store.Check
+		if rv.boundary {
+			if was, now := st.overlapOf(rv.b, rv.g), st.overlapOf(rv.b, shrunk); now > was {
+				more := now - was
+				st.srv.o.Metrics.addReserved(more)
+				owed = append(owed, st.force(rv.b, more))
+			}
+		}
+		rv.got = shrunk
+		if shrunk.worst() > 0 {
+			owed = append(owed, st.consume(rv.b, shrunk.worst(), rv.ttl))
+		} else if len(owed) == 0 {
+			continue
+		}
+		again = append(again, store.Request{Checks: owed, Results: make([]store.Result, len(owed))})
+		retried = append(retried, rv)
+	}
+	if len(again) == 0 {
+		return 1
+	}
+	st.srv.decideBatch(st.ctx, again)
+	for i, rv := range retried {
+		r := &again[i]
+		last := r.Results[len(r.Results)-1]
+		if rv.got.worst() == 0 {
+			continue // the owed charge alone: a failure is logged; the grant is DENY_ALL
+		}
+		if r.Err != nil || !last.Allowed {
+			rv.got = shape(0, rv.ttl)
+			continue
+		}
+		rv.res = r.Results[len(r.Results)-1:]
+		if last.Consumed {
+			rv.consumed = rv.got.worst()
 		}
 	}
-	g = shrunk
-	if consume.Hits = g.worst(); consume.Hits == 0 {
-		if len(owed) > 0 {
-			_ = st.srv.decide(owed) // a failure is logged; the grant is DENY_ALL
-			return g, res, 2, nil
-		}
-		return g, res, 1, nil
-	}
-	r2, err := st.srv.decideResults(append(owed, consume))
-	if err != nil || !r2[len(r2)-1].Allowed {
-		return shape(0, ttl), res, 2, nil
-	}
-	return g, r2[len(r2)-1:], 2, nil
+	return 2
+}
+
+// consume returns the consuming check of n hits for a grant of ttl
+// seconds on b's counter.
+//
+// Paced (store.Check.Paced): a grant whose TTL is at least the window
+// spends its reservation over a whole window at least (a token bucket:
+// its burst, then its rate), so a sliding window's grants, together
+// within the limit, refill no faster than the limit's pace, and are
+// counted against the current window alone, as a fixed window's.
+// Reserved against the weighted count instead, a window after a full
+// one has almost nothing to grant at its start: the fleet would admit
+// half the limit, a full window and an empty one in turn. A shorter
+// grant (a top-up late in a long window) could spend faster, and is
+// reserved against the weighted count.
+func (st *stream) consume(b *bucket, n uint64, ttl int64) store.Check {
+	c := b.check
+	c.Hits, c.Shadow = n, false
+	c.Paced = time.Duration(ttl)*time.Second >= b.check.Window
+	return c
 }
 
 // period returns the TTL of b's next grant in whole seconds and, for a
@@ -259,7 +381,7 @@ func (s *Server) period(b *bucket, now time.Time) (int64, time.Time) {
 // below MinShare, and never above demandHeadroom times its own demand
 // over the grant's TTL plus MinShare (the rest stays in the store for
 // others' top-ups).
-func (s *Server) share(b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
+func (s *Server) share(ctx context.Context, b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
 	w := b.check.Window.Seconds()
 	if w <= 0 {
 		w = 1
@@ -270,12 +392,12 @@ func (s *Server) share(b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
 	if !windowEnd.IsZero() {
 		rate, span = float64(b.check.Limit), 1
 	}
-	mine, total := b.demandRate(), s.localDemand(b.check.Key)
+	mine, total := s.demandOf(b, now, s.groupSize(b.check.Key)), s.localDemand(b.check.Key, now)
 	frac := 1.0
 	if total > 0 {
 		frac = mine / total
 	}
-	x := uint64(rate * span * frac * s.part(b, total, now))
+	x := uint64(rate * span * frac * s.part(ctx, b, total, now))
 	if mine > 0 {
 		x = min(x, uint64(demandHeadroom*mine*max(1, min(float64(ttl), span*w)))+s.o.MinShare)
 	}
@@ -286,12 +408,12 @@ func (s *Server) share(b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
 // b's key over all its streams: its share of the fleet's demand, shared
 // through Options.Demand; or, without Demand, when it fails or while no
 // demand is known here, one over the fleet's size.
-func (s *Server) part(b *bucket, here float64, now time.Time) float64 {
+func (s *Server) part(ctx context.Context, b *bucket, here float64, now time.Time) float64 {
 	even := 1 / float64(max(1, s.o.Fleet()))
 	if s.o.Demand == nil || here <= 0 {
 		return even
 	}
-	fleet, ok := s.fleetDemand(b, here, now)
+	fleet, ok := s.fleetDemand(ctx, b, here, now)
 	if !ok || fleet <= 0 {
 		return even
 	}
@@ -321,9 +443,14 @@ const demandReuse = 250 * time.Millisecond
 // hash commands, costs one call per backoff, not one per grant).
 const demandBackoff = 5 * time.Second
 
+// demandParallel bounds the Demand calls in flight for one report or tick
+// (Options.Demand decides one key per call).
+const demandParallel = 8
+
 // fleetDemand shares here (this replica's demand for b's key) and returns
-// the fleet's; false when the store could not answer.
-func (s *Server) fleetDemand(b *bucket, here float64, now time.Time) (float64, bool) {
+// the fleet's; false when the store could not answer. A reading younger
+// than demandReuse is reused.
+func (s *Server) fleetDemand(ctx context.Context, b *bucket, here float64, now time.Time) (float64, bool) {
 	key := b.check.Key
 	s.mu.Lock()
 	seen, ok := s.demands[key]
@@ -331,13 +458,16 @@ func (s *Server) fleetDemand(b *bucket, here float64, now time.Time) (float64, b
 	if age := now.Sub(seen.at); ok && age >= 0 && age < demandReuse {
 		return seen.others + here, true
 	}
-	if now.UnixNano() < s.demandDown.Load() {
+	if now.UnixNano() < s.demandDown.Load() || ctx.Err() != nil {
 		return 0, false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.o.StoreTimeout)
+	c, cancel := context.WithTimeout(ctx, s.o.StoreTimeout)
 	defer cancel()
-	fleet, err := s.o.Demand(ctx, key, here, s.demandTTL(b))
+	fleet, err := s.o.Demand(c, key, here, s.demandTTL(b))
 	if err != nil {
+		if ctx.Err() != nil {
+			return 0, false // the stream ended: no news of the store
+		}
 		s.demandDown.Store(now.Add(demandBackoff).UnixNano())
 		if held, ok := s.storeLog.Allow(); ok {
 			s.o.Log.Warn("rlqs: sharing demand failed; this replica takes the limit over the fleet's size", "err", err, "held", held,
@@ -351,6 +481,51 @@ func (s *Server) fleetDemand(b *bucket, here float64, now time.Time) (float64, b
 	return fleet, true
 }
 
+// fetchDemands shares this replica's demand for the keys of bs that have
+// no reading younger than demandReuse, demandParallel calls at a time, so
+// that the grants of a report or a tick size their parts without a store
+// round trip each. It returns the calls made.
+func (s *Server) fetchDemands(ctx context.Context, bs []*bucket, now time.Time) int {
+	if s.o.Demand == nil || now.UnixNano() < s.demandDown.Load() {
+		return 0
+	}
+	todo := map[string]*bucket{}
+	s.mu.Lock()
+	for _, b := range bs {
+		if b.static != nil {
+			continue
+		}
+		if seen, ok := s.demands[b.check.Key]; ok && now.Sub(seen.at) >= 0 && now.Sub(seen.at) < demandReuse {
+			continue
+		}
+		todo[b.check.Key] = b
+	}
+	s.mu.Unlock()
+	return s.shareAll(ctx, todo, now)
+}
+
+// shareAll calls fleetDemand for each key of keys with this replica's
+// demand, demandParallel at a time; it returns the calls made.
+func (s *Server) shareAll(ctx context.Context, keys map[string]*bucket, now time.Time) int {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, demandParallel)
+	calls := 0
+	for key, b := range keys {
+		here := s.localDemand(key, now)
+		if here <= 0 {
+			continue
+		}
+		calls++
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			s.fleetDemand(ctx, b, here, now)
+		})
+	}
+	wg.Wait()
+	return calls
+}
+
 // shareShifted shares this replica's demand for each of keys whose reports
 // moved it by more than demandShift from what it last shared, and returns
 // the store calls made. The other replicas size their parts at their
@@ -361,13 +536,13 @@ func (s *Server) fleetDemand(b *bucket, here float64, now time.Time) (float64, b
 // demand, and the others' streams find the window spent (measured in the
 // fleet test at start-up: one replica's two Envoys admitted 2 and 0 of
 // 200 while the other's admitted 190 and 183).
-func (s *Server) shareShifted(keys map[string]*bucket, now time.Time) int {
+func (s *Server) shareShifted(ctx context.Context, keys map[string]*bucket, now time.Time) int {
 	if s.o.Demand == nil || now.UnixNano() < s.demandDown.Load() {
 		return 0
 	}
-	calls := 0
+	todo := map[string]*bucket{}
 	for key, b := range keys {
-		here := s.localDemand(key)
+		here := s.localDemand(key, now)
 		s.mu.Lock()
 		seen, ok := s.demands[key]
 		shifted := ok && here > 0 && (here > seen.here*(1+demandShift) || here < seen.here*(1-demandShift))
@@ -375,26 +550,29 @@ func (s *Server) shareShifted(keys map[string]*bucket, now time.Time) int {
 			delete(s.demands, key) // not a reading to reuse: ask again
 		}
 		s.mu.Unlock()
-		if !shifted {
-			continue // never shared (its first grant shares it), or about as shared
-		}
-		calls++
-		if _, ok := s.fleetDemand(b, here, now); !ok {
-			return calls
+		if shifted { // else never shared (its first grant shares it), or about as shared
+			todo[key] = b
 		}
 	}
-	return calls
+	return s.shareAll(ctx, todo, now)
 }
 
 // localDemand is this replica's demand for key: the sum of its streams'.
-func (s *Server) localDemand(key string) float64 {
+func (s *Server) localDemand(key string, now time.Time) float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d := 0.0
-	for o := range s.groups[key] {
-		d += o.demandRate()
+	d, g := 0.0, s.groups[key]
+	for o := range g {
+		d += s.demandOf(o, now, len(g))
 	}
 	return d
+}
+
+// groupSize is the number of this replica's buckets counting on key.
+func (s *Server) groupSize(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.groups[key])
 }
 
 // demandTTL is how long a replica's demand for b's key holds: two of its
@@ -436,34 +614,46 @@ func (s *Server) join(b *bucket) {
 	g[b] = struct{}{}
 }
 
-func (s *Server) leave(b *bucket) {
+func (s *Server) leave(b *bucket) { s.leaveKey(b, b.check.Key) }
+
+// leaveKey takes b out of the share group of key.
+func (s *Server) leaveKey(b *bucket, key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if g := s.groups[b.check.Key]; g != nil {
+	if g := s.groups[key]; g != nil {
 		delete(g, b)
 		if len(g) == 0 {
-			delete(s.groups, b.check.Key)
-			delete(s.demands, b.check.Key) // its record in the store expires
+			delete(s.groups, key)
+			delete(s.demands, key) // its record in the store expires
 		}
 	}
 }
 
-func (s *Server) decide(checks []store.Check) error {
-	_, err := s.decideResults(checks)
-	return err
-}
-
-func (s *Server) decideResults(checks []store.Check) ([]store.Result, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.o.StoreTimeout)
+// decideBatch decides reqs in one store.DecideBatch within StoreTimeout of
+// ctx; a failure is logged (throttled).
+func (s *Server) decideBatch(ctx context.Context, reqs []store.Request) {
+	if len(reqs) == 0 {
+		return
+	}
+	c, cancel := context.WithTimeout(ctx, s.o.StoreTimeout)
 	defer cancel()
-	res := make([]store.Result, len(checks))
-	err := s.o.Store.Decide(ctx, checks, res)
-	if err != nil {
-		if held, ok := s.storeLog.Allow(); ok {
-			s.o.Log.Warn("rlqs: store call failed; no grant was sent", "err", err, "held", held)
+	store.DecideBatch(c, s.o.Store, reqs)
+	for _, r := range reqs {
+		if r.Err != nil && ctx.Err() == nil {
+			if held, ok := s.storeLog.Allow(); ok {
+				s.o.Log.Warn("rlqs: store call failed; no grant was sent", "err", r.Err, "held", held)
+			}
+			return
 		}
 	}
-	return res, err
+}
+
+// decideAfter decides checks that stand whether the stream lives or not
+// (a stream's last charges and refunds), within StoreTimeout.
+func (s *Server) decideAfter(checks []store.Check) error {
+	reqs := []store.Request{{Checks: checks, Results: make([]store.Result, len(checks))}}
+	s.decideBatch(context.Background(), reqs)
+	return reqs[0].Err
 }
 
 // assignment returns g as a QuotaAssignmentAction for id, echoed as it came.
@@ -488,18 +678,15 @@ const topUpDelay = 100 * time.Millisecond
 // scheduleTopUp arranges b's top-up when its demand over the window exceeds
 // its grant and the window has time left for one.
 func (st *stream) scheduleTopUp(b *bucket, windowEnd, now time.Time) {
-	if st.topUpWant(b) == 0 || windowEnd.Sub(now) < topUpDelay+4*st.srv.o.Overlap {
+	if st.topUpWant(b, now) == 0 || windowEnd.Sub(now) < topUpDelay+4*st.srv.o.Overlap {
 		return
 	}
-	if b.topUp != nil {
-		b.topUp.Stop()
-	}
-	b.topUp = time.AfterFunc(topUpDelay, func() { st.topUpNow(b) })
+	b.topUpAt = now.Add(topUpDelay)
 }
 
 // topUpWant returns the hits b's demand asks beyond its grant this window.
-func (st *stream) topUpWant(b *bucket) uint64 {
-	want := uint64(b.demandRate() * b.check.Window.Seconds())
+func (st *stream) topUpWant(b *bucket, now time.Time) uint64 {
+	want := uint64(st.srv.demandOf(b, now, st.srv.groupSize(b.check.Key)) * b.check.Window.Seconds())
 	if b.g.deny || b.g.allow || want <= b.g.reserved {
 		return 0
 	}
@@ -537,44 +724,50 @@ func topUpLeast(g grant, carry uint64, ttl int64) uint64 {
 	}
 }
 
-// topUpNow reserves what b's demand asks beyond its grant, from what the
-// window has left (all or nothing, then shrunk to what is left), and sends
+// topUps reserves, for each of bs, what its demand asks beyond its grant,
+// from what the window has left (all or nothing, then shrunk to what is
+// left; one round trip for them all, and one for those shrunk), and queues
 // a grant that replaces the active one: the old grant's rate for the rest
 // of the window (already reserved, less Overlap for the replacement to
-// arrive) plus the hits reserved now.
-func (st *stream) topUpNow(b *bucket) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if a := st.topUpLocked(b, st.srv.o.Now()); a != nil {
-		st.send(&rlqsv3.RateLimitQuotaResponse{BucketAction: []*rlqsv3.RateLimitQuotaResponse_BucketAction{a}})
+// arrive) plus the hits reserved now. It returns the store calls made.
+func (st *stream) topUps(bs []*bucket, now time.Time) (int, error) {
+	var rs []*reservation
+	for _, b := range bs {
+		g := b.g
+		left := g.windowEnd.Sub(now) - st.srv.o.Overlap
+		extra := st.topUpWant(b, now)
+		if b.gone || g.windowEnd.IsZero() || left <= 0 || extra == 0 {
+			continue
+		}
+		carry := uint64(float64(g.per) / float64(g.fill) * left.Seconds())
+		ttl := wholeSeconds(g.windowEnd.Sub(now))
+		least := topUpLeast(g, carry, ttl)
+		if extra < least {
+			continue
+		}
+		rs = append(rs, &reservation{b: b, g: shape(extra, 1), ttl: 1, least: least, end: g.windowEnd})
 	}
-}
-
-// topUpLocked is topUpNow with st.mu held: it returns the action to send,
-// nil when there is nothing to top up.
-func (st *stream) topUpLocked(b *bucket, now time.Time) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	g := b.g
-	left := g.windowEnd.Sub(now) - st.srv.o.Overlap
-	extra := st.topUpWant(b)
-	if b.gone || st.ended || g.windowEnd.IsZero() || left <= 0 || extra == 0 {
-		return nil
+	calls := st.reserveAll(rs, nil)
+	if st.ctx.Err() != nil {
+		st.undo(rs)
+		return calls, nil
 	}
-	carry := uint64(float64(g.per) / float64(g.fill) * left.Seconds())
-	ttl := wholeSeconds(g.windowEnd.Sub(now))
-	least := topUpLeast(g, carry, ttl)
-	if extra < least {
-		return nil
+	for _, rv := range rs {
+		b := rv.b
+		if rv.err != nil || rv.got.worst() == 0 || b.gone {
+			continue
+		}
+		g := b.g
+		extra := rv.got.worst()
+		left := g.windowEnd.Sub(now) - st.srv.o.Overlap
+		carry := uint64(float64(g.per) / float64(g.fill) * left.Seconds())
+		ng := st.distinct(b, shape(carry+extra, wholeSeconds(g.windowEnd.Sub(now))))
+		ng.reservedAt, ng.windowEnd, ng.reserved = now, g.windowEnd, g.reserved+extra
+		b.g = ng
+		b.covered += extra
+		st.srv.o.Metrics.addReserved(extra)
+		st.srv.o.Metrics.action("token_bucket", 1)
+		st.act(assignment(b.id, &ng))
 	}
-	got, _, _, err := st.reserve(b, shape(extra, 1), 1, nil, false, least)
-	if err != nil || got.worst() == 0 {
-		return nil
-	}
-	extra = got.worst()
-	ng := st.distinct(b, shape(carry+extra, ttl))
-	ng.reservedAt, ng.windowEnd, ng.reserved = now, g.windowEnd, g.reserved+extra
-	b.g = ng
-	b.covered += extra
-	st.srv.o.Metrics.addReserved(extra)
-	st.srv.o.Metrics.action("token_bucket", 1)
-	return assignment(b.id, &ng)
+	return calls, nil
 }

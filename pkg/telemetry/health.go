@@ -1,12 +1,17 @@
 package telemetry
 
 import (
+	"context"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"sync"
+	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 )
 
 // Health sets rls's gRPC health services from what it knows: the rate
@@ -104,3 +109,71 @@ func HealthcheckAnswer(s HealthState) (int, string) {
 	}
 	return http.StatusOK, "OK"
 }
+
+// BoundedWatch is grpc-go's health server with its Watch streams bounded:
+// each ends Unavailable after its age passes MaxAge (within a tenth more,
+// so that streams opened together do not all come back at once), and
+// every one ends when Stop is called, after sending the status in force
+// (NOT_SERVING once shutdown began). A Watch otherwise lasts as long as its
+// client likes: its client watches again on a new stream, as gRPC's
+// client-side health checking does. Check and List are the server's.
+type BoundedWatch struct {
+	*health.Server
+	maxAge time.Duration
+	stop   chan struct{}
+	once   sync.Once
+}
+
+// NewBoundedWatch returns srv with its Watch streams bounded by maxAge.
+func NewBoundedWatch(srv *health.Server, maxAge time.Duration) *BoundedWatch {
+	return &BoundedWatch{Server: srv, maxAge: maxAge, stop: make(chan struct{})}
+}
+
+// Watch serves one Watch stream (healthpb.HealthServer).
+func (w *BoundedWatch) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	age := w.maxAge + time.Duration(rand.Int64N(int64(w.maxAge/10)+1))
+	aged := time.AfterFunc(age, cancel)
+	defer aged.Stop()
+	go func() {
+		select {
+		case <-w.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := w.Server.Watch(req, &watchStream{Health_WatchServer: stream, ctx: ctx})
+	switch {
+	case stream.Context().Err() != nil:
+		return err
+	case isClosed(w.stop):
+		if r, cerr := w.Server.Check(stream.Context(), req); cerr == nil {
+			_ = stream.Send(r) // the status in force last: NOT_SERVING at shutdown
+		}
+		return status.Error(codes.Unavailable, "rls is shutting down: watch another replica")
+	case ctx.Err() != nil:
+		return status.Errorf(codes.Unavailable, "this Watch stream is older than %v, the most rls keeps one: watch again", w.maxAge)
+	}
+	return err
+}
+
+// Stop ends every Watch stream, now and later.
+func (w *BoundedWatch) Stop() { w.once.Do(func() { close(w.stop) }) }
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// watchStream is a Watch stream with its context replaced.
+type watchStream struct {
+	healthpb.Health_WatchServer
+	ctx context.Context
+}
+
+func (s *watchStream) Context() context.Context { return s.ctx }

@@ -4,11 +4,18 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/rls-project/rls/pkg/store"
 )
@@ -74,5 +81,57 @@ func TestHealthcheckAnswer(t *testing.T) {
 		if code != tc.code || !strings.HasPrefix(body, tc.prefix) {
 			t.Errorf("%+v: %d %q, want %d %q...", tc.s, code, body, tc.code, tc.prefix)
 		}
+	}
+}
+
+// TestBoundedWatch: a Watch stream ends Unavailable once older than its
+// bound; at Stop every Watch gets the status in force (NOT_SERVING after
+// Shutdown) and then ends Unavailable.
+func TestBoundedWatch(t *testing.T) {
+	srv := health.NewServer()
+	w := NewBoundedWatch(srv, 300*time.Millisecond)
+	lis := bufconn.Listen(1 << 16)
+	gs := grpc.NewServer()
+	healthpb.RegisterHealthServer(gs, w)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///buf", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	watch := func() healthpb.Health_WatchClient {
+		s, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := s.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("first status %v, %v; want SERVING", r, err)
+		}
+		return s
+	}
+	s := watch()
+	if _, err := s.Recv(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "older than") {
+		t.Fatalf("an old Watch: %v, want Unavailable saying it is too old", err)
+	}
+	s = watch()
+	srv.Shutdown()
+	w.Stop()
+	var last healthpb.HealthCheckResponse_ServingStatus
+	for {
+		r, err := s.Recv()
+		if err != nil {
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("a Watch at Stop: %v, want Unavailable", err)
+			}
+			break
+		}
+		last = r.Status
+	}
+	if last != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("last status before the end %v, want NOT_SERVING", last)
 	}
 }

@@ -253,7 +253,7 @@ var ACLRules = []string{"~*", "resetchannels", "-@all",
 	"+incrby",                                       // plain commands (with +get, +pexpire and +time)
 	"+zremrangebyscore", "+zadd", "+zcard", "+zrem", // the fleet's heartbeats
 	"+hset", "+hdel", "+hgetall", // RLQS demand shared by the replicas
-	"+del", "+ping", "+hello", "+cluster|slots", "+cluster|shards"}
+	"+del", "+ping", "+hello", "+info", "+cluster|slots", "+cluster|shards"} // +info: telemetry's eviction watch
 
 // TestACLRules: a user with just ACLRules decides, peeks, deletes and
 // beats on the Function path; without +function|load it falls back to
