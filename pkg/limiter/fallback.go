@@ -15,7 +15,11 @@ import (
 // its other checks, or by its quotas: see vetoes), none takes. Hits
 // admitted locally are queued to be written back to the store.
 func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
-	markAllIfNone(sc.results)
+	if undecided(sc.results) == 0 { // the store failed as a whole
+		for j := range sc.results {
+			sc.results[j] = store.Result{Undecided: true}
+		}
+	}
 	fleet := max(l.opts.FleetSize(), 1)
 	l.fallbackEvaluate(now, items, sc, fleet)
 	for j, i := range sc.idx {
@@ -65,18 +69,6 @@ func (l *Limiter) takeLocally(c *store.Check, r *store.Result, fleet int, now in
 	}
 }
 
-// markAllIfNone marks every result undecided when the store marked none:
-// it failed as a whole.
-func markAllIfNone(results []store.Result) {
-	for j := range results {
-		if results[j].Undecided {
-			return
-		}
-	}
-	for j := range results {
-		results[j] = store.Result{Undecided: true}
-	}
-}
 
 // fallbackEvaluate decides each undecided check without consuming.
 func (l *Limiter) fallbackEvaluate(now int64, items []Item, sc *scratch, fleet int) {

@@ -15,11 +15,15 @@ import (
 // kept until the window after it ends; a refund that reads the previous
 // key (and may lower it) drops it.
 type prevCounts struct {
-	mu sync.Mutex
-	m  map[string]prevCount
+	mu    sync.Mutex
+	m     map[string]prevCount
+	bytes int // len(key) + prevOverhead per count kept
 }
 
-const maxPrevs = 1 << 16 // a few MB
+const (
+	maxPrevBytes = 4 << 20 // the table's bound, keys included
+	prevOverhead = 64      // a count's map slot and string header
+)
 
 type prevCount struct{ n, until int64 } // the count; unix µs when its next window ends
 
@@ -32,29 +36,36 @@ func (p *prevCounts) get(key string, now int64) (int64, bool) {
 }
 
 // put keeps n as key's count until until (unix µs). A full table drops
-// what has expired, and everything when that is not a quarter of it.
+// what has expired, and everything when that leaves it 3/4 full.
 func (p *prevCounts) put(key string, n, until, now int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.m == nil {
-		p.m = make(map[string]prevCount)
-	}
-	if len(p.m) >= maxPrevs {
+	if p.m == nil || p.bytes+len(key)+prevOverhead > maxPrevBytes {
 		for k, c := range p.m {
 			if now >= c.until {
-				delete(p.m, k)
+				p.del(k)
 			}
 		}
-		if len(p.m) > maxPrevs*3/4 {
-			clear(p.m)
+		if p.m == nil || p.bytes > maxPrevBytes*3/4 {
+			p.m, p.bytes = make(map[string]prevCount), 0
 		}
 	}
+	p.del(key)
 	p.m[key] = prevCount{n: n, until: until}
+	p.bytes += len(key) + prevOverhead
+}
+
+// del forgets key's count. p.mu is held.
+func (p *prevCounts) del(key string) {
+	if _, ok := p.m[key]; ok {
+		delete(p.m, key)
+		p.bytes -= len(key) + prevOverhead
+	}
 }
 
 func (p *prevCounts) drop(key string) {
 	p.mu.Lock()
-	delete(p.m, key)
+	p.del(key)
 	p.mu.Unlock()
 }
 
