@@ -69,7 +69,6 @@ func (l *Limiter) takeLocally(c *store.Check, r *store.Result, fleet int, now in
 	}
 }
 
-
 // fallbackEvaluate decides each undecided check without consuming.
 func (l *Limiter) fallbackEvaluate(now int64, items []Item, sc *scratch, fleet int) {
 	for j := range sc.checks {
