@@ -299,8 +299,8 @@ func (argCutter) cut(cmd redis.Cmder) {
 		return
 	}
 	args := cmd.Args()
-	three := lua.AppendCheck(nil, &store.Check{Hits: 3}, 0, -1)[26:34] // the hits field
-	if b, ok := args[len(args)-1].([]byte); ok && len(b) == lua.CheckBytes && string(b[26:34]) == string(three) {
+	three := lua.AppendCheck(nil, &store.Check{Hits: 3}, 0, -1)[27:35] // the hits field
+	if b, ok := args[len(args)-1].([]byte); ok && len(b) == lua.CheckBytes && string(b[27:35]) == string(three) {
 		args[len(args)-1] = b[:len(b)-1]
 	}
 }

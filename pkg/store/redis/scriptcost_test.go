@@ -23,7 +23,8 @@ import (
 // decision (INCRBY and EXPIRE). Calls go 50 to a pipeline; the figure is INFO commandstats'
 // usec of the outer commands (a script's includes the commands it runs)
 // per call: redis-us/call. RLS_OLD_DECIDE_LUA, when set, names another
-// decide.lua to time by EVALSHA too (a version before a change).
+// decide.lua to time by EVALSHA too (a version before a change, of the
+// same check layout: CheckBytes).
 //
 //	go test -run '^$' -bench ScriptCost -count 5 ./pkg/store/redis/
 func BenchmarkScriptCost(b *testing.B) {
