@@ -28,9 +28,19 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 		}
 	}
 	vetoed := vetoes(items, func(i int) bool { return !items[i].Result.Allowed })
-	retry := !maybeSent(cause)
-	var refunds []store.Check
-	n := 0
+	n, refunds := l.fallbackTake(now, items, sc, fleet, vetoed, !maybeSent(cause))
+	if len(refunds) > 0 {
+		l.retryUndo(refunds)
+	}
+	l.causes[causeOf(cause)].Add(1)
+	l.lastFallbk.Store(now)
+	l.logFallback(n, cause)
+}
+
+// fallbackTake takes each undecided fail-open check's hits locally unless
+// the request is vetoed, and returns how many checks fell back and the
+// refunds the store never saw (retry: the call cannot have reached it).
+func (l *Limiter) fallbackTake(now int64, items []Item, sc *scratch, fleet int, vetoed, retry bool) (n int, refunds []store.Check) {
 	for j := range sc.checks {
 		r, c := &sc.results[j], &sc.checks[j]
 		if !r.Undecided || sc.idx[j] < 0 {
@@ -50,12 +60,7 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 			l.takeLocally(c, r, fleet, now)
 		}
 	}
-	if len(refunds) > 0 {
-		l.retryUndo(refunds)
-	}
-	l.causes[causeOf(cause)].Add(1)
-	l.lastFallbk.Store(now)
-	l.logFallback(n, cause)
+	return n, refunds
 }
 
 // takeLocally takes (or refunds) c's hits from its fail-open bucket,

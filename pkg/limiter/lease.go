@@ -306,10 +306,20 @@ func (r *leases) ask(c *store.Check, k overLimitEntry, known bool, fleet int, no
 	if s.pending || s.live(now) || !known || k.deniedHits > 0 && k.until > now {
 		return ret
 	}
+	if want := s.want(c, k, fleet, now); want >= minLease {
+		c.Want = want
+		s.pending = true
+	}
+	return ret
+}
+
+// want sizes the lease c asks for, from the key's demand and its last
+// answer k; near the limit it asks for a paced lease (c.Horizon set).
+func (s *lease) want(c *store.Check, k overLimitEntry, fleet int, now int64) uint64 {
 	seen := max(s.dHits, s.dLast)
 	iv := min(c.Window, time.Second)
 	if seen < minSeen {
-		return ret
+		return 0
 	}
 	left := k.remaining
 	if s.storeLeft < left && k.at <= s.base {
@@ -325,21 +335,14 @@ func (r *leases) ask(c *store.Check, k overLimitEntry, known bool, fleet int, no
 	want -= min(want, c.Hits) // the request's own hits are not the lease's
 	fleetN := uint64(max(fleet, 1))
 	if far := left / (leaseShare * fleetN); far >= minFar {
-		want = min(want, far)
+		return min(want, far)
 	} else if c.Algorithm == store.SlidingWindow && c.Precision < 2 {
 		// Near the limit: a paced lease of what frees up within paceSpan.
 		share := uint64(float64(c.Limit) * float64(paceSpan) / float64(c.Window) / float64(fleetN))
-		want = min(uint64(float64(seen)*float64(paceSpan)/float64(iv)), share)
 		c.Horizon = paceSpan
-	} else {
-		want = 0
+		return min(uint64(float64(seen)*float64(paceSpan)/float64(iv)), share)
 	}
-	if want < minLease {
-		return ret
-	}
-	c.Want = want
-	s.pending = true
-	return ret
+	return 0
 }
 
 // grant records the answer to c's lease request, sent at sent and answered
