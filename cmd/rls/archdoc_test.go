@@ -2,12 +2,13 @@ package main
 
 import (
 	"go/build"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 // TestArchitectureRoutes holds docs/ARCHITECTURE.md's route table to the
@@ -17,17 +18,7 @@ func TestArchitectureRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defined := map[string]bool{}
-	err = filepath.WalkDir("../..", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(p, "_test.go") {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		for _, m := range regexp.MustCompile(`(?m)^func ((?:Test|Fuzz)\w+)\(`).FindAllSubmatch(b, -1) {
-			defined[string(m[1])] = true
-		}
-		return err
-	})
+	defined, err := testkit.DefinedTests("../..")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,14 +13,8 @@ import (
 
 // Leases: a key this replica asks about several times a window is decided
 // from hits counted in the store ahead of its requests (store.Check.Want,
-// store.Lease), asked for by a request that goes to the store anyway. The
-// invariants are docs/redis.md's "Leases", each held by the test it names:
-// every leased hit was counted first, in its window, and no lease outlives
-// it (TestLeaseNeverOutlivesItsWindow); far from the limit a lease is the
-// demand until the window ends, at most what is left / (leaseShare × fleet)
-// (TestLeaseSizing); near it only a sliding window leases, paced, and a
-// waiting replica queues for its turn (TestPacedLease); unused hits go back
-// while their window runs (TestLeaseReturned).
+// store.Lease), asked for by a request that goes to the store anyway
+// (docs/redis.md, invariants 14 to 17).
 
 const (
 	leaseLife    = time.Second            // the longest a lease decides
@@ -243,7 +237,7 @@ func (l *Limiter) fromLeases(items []Item, now int64) bool {
 
 // waiting returns, for a check whose key holds a live paced lease none of
 // whose next hits is due, how long until one is: the store would deny the
-// check until then (invariant 3).
+// check until then (invariant 12).
 func (r *leases) waiting(c *store.Check, now int64) (time.Duration, bool) {
 	sh := r.shard(c.Key)
 	sh.mu.Lock()

@@ -10,14 +10,10 @@ import (
 	"github.com/rls-project/rls/pkg/store/redis/lua"
 )
 
-// Plain commands (docs/redis.md): per check, INCRBY of the window's key
-// (lua.WindowKey, named on the node's clock) by Hits + Want, PEXPIRE of it,
-// and for a sliding window GET of the previous window's key unless its
-// count is kept (prev.go), in one pipeline. The request stands when every check fits its budget reckoned
-// at the earliest time its INCRBY can have run, and the reply came before
-// the window can have ended; what a lease did not get is taken back.
-// Anything else takes every INCRBY back and asks the script in one more
-// round trip, so plain commands never admit what the script would deny.
+// Plain commands: per check, INCRBY of the window's key by Hits + Want,
+// PEXPIRE of it, and for a sliding window GET of the previous window's key
+// unless its count is kept (prev.go), in one pipeline. They never admit
+// what the script would deny (docs/redis.md, invariant 3).
 
 // plainable reports whether every check of a request may go by plain
 // commands.

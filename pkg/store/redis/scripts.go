@@ -15,12 +15,8 @@ import (
 )
 
 // How a node runs decide.lua: as a Function library (Redis 7 and later),
-// loaded once per node and called by FCALL (FCALL_RO for a peek), or by
-// EVALSHA (EVAL on NOSCRIPT) where FUNCTION is refused. The mode is found
-// on a node's first call or readiness Ping by loading the library; an
-// outage leaves it unknown for a second (loadRetry). A node that answers
-// "Function not found" gets the library again; one that refuses FCALL
-// goes over to EVALSHA for good (docs/redis.md).
+// called by FCALL (FCALL_RO for a peek), or by EVALSHA (EVAL on NOSCRIPT)
+// where FUNCTION is refused (docs/redis.md, invariant 8).
 
 // The script modes, as Store.ScriptModes and OnScriptMode name them.
 const (

@@ -34,7 +34,7 @@
 -- decimal count; a token bucket 't' and doubles tokens, last refill; a
 -- precision-N window 'p' and doubles N, sub-window, its count, the N counts
 -- before it; anything else (a negative, NaN or infinite number too) reads
--- as fresh. Every write sets its key's TTL (invariant 6).
+-- as fresh. Every write sets its key's TTL (invariants 1 and 7).
 --
 -- As a Function library (lua/library.go) its top level runs once and may
 -- touch no global: bind() takes the libraries on the first call. A call's
