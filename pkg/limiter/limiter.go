@@ -211,9 +211,9 @@ func New(st store.Store, opts Options) *Limiter {
 }
 
 // scratch is the sub-batch sent to the store: the checks neither the
-// cache nor a lease answered, with their positions in the caller's batch
-// (rideWriteBack for a write-back riding along, whose entries are in wb,
-// in order; rideReturn for a lease's unused hits going back).
+// cache nor a lease answered, and their positions in the caller's batch.
+// A write-back riding along has position rideWriteBack (its entry in wb,
+// in order), a lease's unused hits going back rideReturn.
 type scratch struct {
 	idx     []int
 	checks  []store.Check
@@ -228,13 +228,11 @@ const (
 )
 
 // Decide decides items: it sets each item's Result and Source. Its routes,
-// in order (docs/ARCHITECTURE.md): a local denial (the over-limit cache, or
-// a paced lease whose next hit is not due); the keys' live leases; the
-// store, whose call also asks for leases and carries what rides along;
-// the fallback when the store fails; and the refund of what the store
-// consumed for a request denied after all. It returns an error only when
-// the caller's context ends or the store fails in a way no fallback covers
-// (store.ErrProtocol, or another error that is not store.ErrUnavailable).
+// in order, are docs/ARCHITECTURE.md's: a local denial, live leases, the
+// store (which also grants leases), the fallback, and the refund of a
+// request denied after all. It returns an error only when the caller's
+// context ends or the store fails in a way no fallback covers (an error
+// that is not store.ErrUnavailable).
 func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	now := l.opts.Now()
 	nowNs := now.UnixNano()
@@ -412,9 +410,8 @@ func (l *Limiter) collect(items []Item, sc *scratch, err error, now int64) (unkn
 }
 
 // keyHits returns the hits the sub-batch asks of key in all, a check-only
-// check counting one: the store decides a key's checks of one batch
-// against what the earlier ones took, so a denial of any of them is a
-// denial of this total, not of that check's hits alone.
+// check counting one. The store decides a key's checks of a batch in turn,
+// so a denial of any of them is a denial of this total.
 func (sc *scratch) keyHits(key string) uint64 {
 	var n uint64
 	for j := range sc.checks {

@@ -16,11 +16,9 @@ type clock struct {
 	fake   func() time.Time
 }
 
-// The clock's bounds: a measurement older than clockAge/2 is renewed by a
-// TIME riding on the node's next round trip, and is used, widened by its
-// slew, for 10 × clockAge, while its bounds are at most clockWidth apart;
-// plain commands are not sent within boundaryMargin (plus the bounds) of a
-// window's end.
+// A measurement is renewed after clockAge/2, by a TIME on the node's next
+// round trip, and used for 10 × clockAge while its bounds are at most
+// clockWidth apart. Plain commands stay boundaryMargin from a window's end.
 const (
 	clockAge       = time.Second
 	clockWidth     = 20 * time.Millisecond

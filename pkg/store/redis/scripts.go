@@ -68,11 +68,10 @@ func (sc *scripts) functions(ctx context.Context, node redis.Cmdable) bool {
 	return sc.load(ctx, node, "")
 }
 
-// load loads the library on node and reports whether it did: the node
-// runs Functions now. It reports false, and the caller goes by EVALSHA,
-// when the node refused (it runs scripts from now on), had an outage (the
-// next call tries again) or another call is loading the library. why says
-// what prompted a reload ("" the first time).
+// load loads the library on node and reports whether the node runs
+// Functions now. On false the caller goes by EVALSHA: the node refused (for
+// good), had an outage (for loadRetry), or another call is loading. why
+// says what prompted a reload ("" the first time).
 func (sc *scripts) load(ctx context.Context, node redis.Cmdable, why string) bool {
 	if node == nil || !sc.loading.CompareAndSwap(false, true) {
 		return false // another call is loading it: this one goes by EVALSHA
@@ -149,10 +148,10 @@ func fcall(ctx context.Context, c redis.Cmdable, keys []string, args []any) *red
 	return c.FCall(ctx, lua.DecideFunction, keys, args...)
 }
 
-// run runs one script call on c (the node's client, or the cluster client
-// that routes by key) alone, in the node's mode, loading the library again
-// (unless it was loaded since sent, unix ns) or falling back to EVALSHA as
-// the node's answers require.
+// run runs one script call on c (the node's client, or the cluster
+// client) alone, in the node's mode. A missing function is loaded again,
+// unless it was loaded since sent (unix ns); a refused FCALL falls back to
+// EVALSHA.
 func (n *node) run(ctx context.Context, c redis.Cmdable, keys []string, args []any, sent int64) (string, error) {
 	sc := &n.scripts
 	if sc.functions(ctx, n.cmdable()) {
