@@ -13,8 +13,8 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/store"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
-	"github.com/rls-project/rls/pkg/store/redis/lua"
+	"github.com/rls-project/rls/pkg/store/redisstore"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // layouts are the candidates whose Redis state differs in layout: the

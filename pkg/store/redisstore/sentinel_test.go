@@ -11,7 +11,7 @@ import (
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
-	"github.com/rls-project/rls/pkg/store/redis/lua"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 	"github.com/rls-project/rls/pkg/testkit"
 )
 

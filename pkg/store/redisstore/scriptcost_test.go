@@ -13,7 +13,7 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/store"
-	"github.com/rls-project/rls/pkg/store/redis/lua"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // BenchmarkScriptCost measures what Redis spends on one decision of one
@@ -26,7 +26,7 @@ import (
 // decide.lua to time by EVALSHA too (a version before a change, of the
 // same check layout: CheckBytes).
 //
-//	go test -run '^$' -bench ScriptCost -count 5 ./pkg/store/redis/
+//	go test -run '^$' -bench ScriptCost -count 5 ./pkg/store/redisstore/
 func BenchmarkScriptCost(b *testing.B) {
 	srv := redistest.StartServer(b)
 	c := srv.Client()

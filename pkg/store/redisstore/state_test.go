@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/rls-project/rls/pkg/store"
-	"github.com/rls-project/rls/pkg/store/redis/lua"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // The tag bytes of decide.lua's stored state (TAG_* in decide.lua).

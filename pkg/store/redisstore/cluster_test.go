@@ -12,7 +12,7 @@ import (
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
-	"github.com/rls-project/rls/pkg/store/redis/lua"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // TestCluster runs the store against a real 3-master Redis Cluster: one

@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/pkg/store"
-	"github.com/rls-project/rls/pkg/store/redis/lua"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // How a node runs decide.lua: as a Function library (Redis 7 and later),

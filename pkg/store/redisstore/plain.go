@@ -7,7 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/pkg/store"
-	"github.com/rls-project/rls/pkg/store/redis/lua"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // Plain commands: per check, INCRBY of the window's key by Hits + Want,

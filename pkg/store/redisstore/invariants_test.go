@@ -56,7 +56,7 @@ func TestRedisDocInvariants(t *testing.T) {
 			}
 		}
 	}
-	for _, dir := range []string{"pkg/limiter", "pkg/store/redis", "pkg/store/redis/lua"} {
+	for _, dir := range []string{"pkg/limiter", "pkg/store/redisstore", "pkg/store/redisstore/lua"} {
 		files, _ := filepath.Glob(filepath.Join(root, dir, "*"))
 		for _, f := range files {
 			if strings.HasSuffix(f, "_test.go") || !(strings.HasSuffix(f, ".go") || strings.HasSuffix(f, ".lua")) {
