@@ -126,7 +126,7 @@ clean: ## remove build output
 FUZZTIME     ?= 5m
 FUZZ_TARGETS ?= ./pkg/descriptors:FuzzParse ./pkg/descriptors:FuzzKeyInjective \
                 ./pkg/service:FuzzShouldRateLimit ./pkg/service:FuzzDecodeRequest \
-                ./pkg/store/redis:FuzzDifferential ./pkg/limiter:FuzzCacheAgreesWithTheStore
+                ./pkg/store/redisstore:FuzzDifferential ./pkg/limiter:FuzzCacheAgreesWithTheStore
 
 .PHONY: fuzz soak
 

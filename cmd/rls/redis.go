@@ -12,7 +12,7 @@ import (
 	"github.com/rls-project/rls/pkg/fleet"
 	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/redisstore"
 	"github.com/rls-project/rls/pkg/tlsconfig"
 )
 

@@ -41,7 +41,7 @@ import (
 	"github.com/rls-project/rls/pkg/service"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/redisstore"
 	"github.com/rls-project/rls/pkg/store/upstream"
 	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/tlsconfig"

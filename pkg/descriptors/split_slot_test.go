@@ -8,7 +8,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/rls-project/rls/pkg/descriptors"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/redisstore"
 )
 
 // TestSubKeySlotsAsRedisComputes: the slots AppendSubKey aims sub-keys at

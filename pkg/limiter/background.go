@@ -5,13 +5,10 @@ import (
 	"sync"
 )
 
-// background is the work the limiter does off the request path (the
-// write-backs after an outage, the retries of refunds the store could not
-// take), each in a goroutine it starts and joins. Close ends it in two
-// steps: stop ends the retries' backoff waits at once (each makes one last
-// try), and work, which the store calls run under, ends when Close's
-// context does, so that nothing still runs, nor calls the store, once Close
-// returns.
+// background is the limiter's work off the request path (write-backs,
+// refund retries), each in a goroutine it joins. stop ends the retries'
+// waits (each makes one last try); work, the store calls' context, ends
+// with Close's, so nothing runs once Close returns.
 type background struct {
 	mu     sync.Mutex
 	closed bool

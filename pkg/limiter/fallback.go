@@ -8,12 +8,10 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// fallback decides the undecided checks of the sub-batch sc, which the store
-// could not answer, with the request's all-or-nothing rule: fail_closed
-// checks deny; fail_open checks take from this replica's share; if the
-// request is denied (by these, by what the store or the cache answered for
-// its other checks, or by its quotas: see vetoes), none takes. Hits
-// admitted locally are queued to be written back to the store.
+// fallback decides the checks of sc the store could not answer, all or
+// nothing for the request: fail_closed checks deny, fail_open ones take
+// from this replica's share and are queued for write-back (docs/redis.md,
+// invariant 13).
 func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 	if undecided(sc.results) == 0 { // the store failed as a whole
 		for j := range sc.results {
@@ -28,9 +26,19 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 		}
 	}
 	vetoed := vetoes(items, func(i int) bool { return !items[i].Result.Allowed })
-	retry := !maybeSent(cause)
-	var refunds []store.Check
-	n := 0
+	n, refunds := l.fallbackTake(now, items, sc, fleet, vetoed, !maybeSent(cause))
+	if len(refunds) > 0 {
+		l.retryUndo(refunds)
+	}
+	l.causes[causeOf(cause)].Add(1)
+	l.lastFallbk.Store(now)
+	l.logFallback(n, cause)
+}
+
+// fallbackTake takes each undecided fail-open check's hits locally unless
+// the request is vetoed, and returns how many checks fell back and the
+// refunds the store never saw (retry: the call cannot have reached it).
+func (l *Limiter) fallbackTake(now int64, items []Item, sc *scratch, fleet int, vetoed, retry bool) (n int, refunds []store.Check) {
 	for j := range sc.checks {
 		r, c := &sc.results[j], &sc.checks[j]
 		if !r.Undecided || sc.idx[j] < 0 {
@@ -50,12 +58,7 @@ func (l *Limiter) fallback(now int64, items []Item, sc *scratch, cause error) {
 			l.takeLocally(c, r, fleet, now)
 		}
 	}
-	if len(refunds) > 0 {
-		l.retryUndo(refunds)
-	}
-	l.causes[causeOf(cause)].Add(1)
-	l.lastFallbk.Store(now)
-	l.logFallback(n, cause)
+	return n, refunds
 }
 
 // takeLocally takes (or refunds) c's hits from its fail-open bucket,
@@ -109,10 +112,9 @@ func (l *Limiter) logFallback(n int, cause error) {
 }
 
 // bucket returns the fail-open bucket of c's key at this replica's share,
-// seeded from what the store last said was left (this replica's part of
-// it) when the store spoke since the bucket's last use, else full. A fixed
-// window's bucket refills all at once when a window starts, as its counter
-// does; the others' refill continuously at the share's rate.
+// seeded from what the store last said was left when it spoke since the
+// bucket's last use, else full (docs/redis.md, invariant 13). A fixed
+// window's refills when a window starts, the others' continuously.
 func (l *Limiter) bucket(c *store.Check, fleet int, now int64) *bucket {
 	capacity := c.Burst
 	if capacity == 0 {
@@ -157,11 +159,9 @@ type bucket struct {
 	wbCur, wbPrev uint64
 }
 
-// seed sets the tokens from what the store said was left (this replica's
-// part, left) at time at, as the bucket would hold them now. Hits this
-// bucket admitted that have not been written back yet are not in what the
-// store said (a Redis that restarted empty says the whole limit is left):
-// they are taken off.
+// seed sets the tokens from left, this replica's part of what the store
+// said was left at time at, less the hits not yet written back (which the
+// store does not count).
 func (b *bucket) seed(left float64, at, now int64) {
 	left = math.Max(0, left-float64(b.pending(now)))
 	switch {

@@ -13,14 +13,8 @@ import (
 
 // Leases: a key this replica asks about several times a window is decided
 // from hits counted in the store ahead of its requests (store.Check.Want,
-// store.Lease), asked for by a request that goes to the store anyway. The
-// invariants are docs/redis.md's "Leases", each held by the test it names:
-// every leased hit was counted first, in its window, and no lease outlives
-// it (TestLeaseNeverOutlivesItsWindow); far from the limit a lease is the
-// demand until the window ends, at most what is left / (leaseShare × fleet)
-// (TestLeaseSizing); near it only a sliding window leases, paced, and a
-// waiting replica queues for its turn (TestPacedLease); unused hits go back
-// while their window runs (TestLeaseReturned).
+// store.Lease), asked for by a request that goes to the store anyway
+// (docs/redis.md, invariants 14 to 17).
 
 const (
 	leaseLife    = time.Second            // the longest a lease decides
@@ -243,7 +237,7 @@ func (l *Limiter) fromLeases(items []Item, now int64) bool {
 
 // waiting returns, for a check whose key holds a live paced lease none of
 // whose next hits is due, how long until one is: the store would deny the
-// check until then (invariant 3).
+// check until then (invariant 12).
 func (r *leases) waiting(c *store.Check, now int64) (time.Duration, bool) {
 	sh := r.shard(c.Key)
 	sh.mu.Lock()
@@ -306,10 +300,20 @@ func (r *leases) ask(c *store.Check, k overLimitEntry, known bool, fleet int, no
 	if s.pending || s.live(now) || !known || k.deniedHits > 0 && k.until > now {
 		return ret
 	}
+	if want := s.want(c, k, fleet, now); want >= minLease {
+		c.Want = want
+		s.pending = true
+	}
+	return ret
+}
+
+// want sizes the lease c asks for, from the key's demand and its last
+// answer k; near the limit it asks for a paced lease (c.Horizon set).
+func (s *lease) want(c *store.Check, k overLimitEntry, fleet int, now int64) uint64 {
 	seen := max(s.dHits, s.dLast)
 	iv := min(c.Window, time.Second)
 	if seen < minSeen {
-		return ret
+		return 0
 	}
 	left := k.remaining
 	if s.storeLeft < left && k.at <= s.base {
@@ -325,21 +329,14 @@ func (r *leases) ask(c *store.Check, k overLimitEntry, known bool, fleet int, no
 	want -= min(want, c.Hits) // the request's own hits are not the lease's
 	fleetN := uint64(max(fleet, 1))
 	if far := left / (leaseShare * fleetN); far >= minFar {
-		want = min(want, far)
+		return min(want, far)
 	} else if c.Algorithm == store.SlidingWindow && c.Precision < 2 {
 		// Near the limit: a paced lease of what frees up within paceSpan.
 		share := uint64(float64(c.Limit) * float64(paceSpan) / float64(c.Window) / float64(fleetN))
-		want = min(uint64(float64(seen)*float64(paceSpan)/float64(iv)), share)
 		c.Horizon = paceSpan
-	} else {
-		want = 0
+		return min(uint64(float64(seen)*float64(paceSpan)/float64(iv)), share)
 	}
-	if want < minLease {
-		return ret
-	}
-	c.Want = want
-	s.pending = true
-	return ret
+	return 0
 }
 
 // grant records the answer to c's lease request, sent at sent and answered

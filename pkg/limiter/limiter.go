@@ -1,20 +1,7 @@
 // Package limiter makes the decision around a store: its routes (the
 // over-limit cache, leases, the store, the fallback, the refund of a
-// request denied after all) are docs/ARCHITECTURE.md's table. Invariants:
-//
-//  1. The store's budget is the caller's deadline less a margin for the
-//     answer (the store's timeout when there is none); the limiter decides
-//     locally only when the store fails, never because a queue is long.
-//  2. A local denial only repeats what the store would answer: a cached
-//     denial of at least the hits asked, until its retry time
-//     (TestCacheDeniesOnlyWhatTheStoreWould); a paced lease's wait
-//     (TestPacedLease).
-//  3. Leases (lease.go) admit only hits the store counted first.
-//  4. When the store cannot answer, fail_closed rules deny and fail_open
-//     rules take from a local bucket of limit / fleet size, seeded from
-//     what the store last said; what they admit is written back when the
-//     store answers again (TestWriteBackAfterOutage). Until the store has
-//     answered once, fail_open rules deny too (StoreAnswered).
+// request denied after all) are docs/ARCHITECTURE.md's table, and their
+// invariants docs/redis.md's 10 to 17.
 package limiter
 
 import (
@@ -224,9 +211,9 @@ func New(st store.Store, opts Options) *Limiter {
 }
 
 // scratch is the sub-batch sent to the store: the checks neither the
-// cache nor a lease answered, with their positions in the caller's batch
-// (rideWriteBack for a write-back riding along, whose entries are in wb,
-// in order; rideReturn for a lease's unused hits going back).
+// cache nor a lease answered, and their positions in the caller's batch.
+// A write-back riding along has position rideWriteBack (its entry in wb,
+// in order), a lease's unused hits going back rideReturn.
 type scratch struct {
 	idx     []int
 	checks  []store.Check
@@ -241,13 +228,11 @@ const (
 )
 
 // Decide decides items: it sets each item's Result and Source. Its routes,
-// in order (docs/ARCHITECTURE.md): a local denial (the over-limit cache, or
-// a paced lease whose next hit is not due); the keys' live leases; the
-// store, whose call also asks for leases and carries what rides along;
-// the fallback when the store fails; and the refund of what the store
-// consumed for a request denied after all. It returns an error only when
-// the caller's context ends or the store fails in a way no fallback covers
-// (store.ErrProtocol, or another error that is not store.ErrUnavailable).
+// in order, are docs/ARCHITECTURE.md's: a local denial, live leases, the
+// store (which also grants leases), the fallback, and the refund of a
+// request denied after all. It returns an error only when the caller's
+// context ends or the store fails in a way no fallback covers (an error
+// that is not store.ErrUnavailable).
 func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 	now := l.opts.Now()
 	nowNs := now.UnixNano()
@@ -287,9 +272,8 @@ func (l *Limiter) Decide(ctx context.Context, items []Item) error {
 
 // StoreAnswered reports whether the store has answered a decision since
 // the limiter was made. Until it has, fail_open rules deny as fail_closed
-// ones do: a store never reached is a misconfiguration (a wrong address),
-// and each replica deciding on its own share of the limit would multiply
-// the limit by the fleet's size with nothing to show for it.
+// ones do: a store never reached is a wrong address, not an outage
+// (docs/redis.md, invariant 13).
 func (l *Limiter) StoreAnswered() bool { return l.answered.Load() }
 
 // MarkStoreAnswered records that the store answered outside a decision
@@ -316,12 +300,10 @@ func (sc *scratch) fill(items []Item, vetoed bool) bool {
 	return len(sc.checks) > 0
 }
 
-// prepare completes the sub-batch: each consuming check whose key the
-// store last reported near its limit is marked Exact (decided by script at
-// once); the leasable checks of a request that a local denial did not veto
-// ask for leases (lease.go) when every check of the request could be
-// decided from one, and carry back the unused hits of their keys' ended
-// leases; pending write-backs ride along.
+// prepare completes the sub-batch: a consuming check whose key the store
+// last reported near its limit is marked Exact (the script decides it);
+// leasable checks of a request no local denial vetoed ask for leases and
+// carry back their ended leases' unused hits; write-backs ride along.
 func (l *Limiter) prepare(items []Item, sc *scratch, vetoed bool, now int64) {
 	fleet := l.opts.FleetSize()
 	n := len(sc.checks)
@@ -397,10 +379,9 @@ func (l *Limiter) storeFailed(ctx context.Context, err error, now int64, items [
 }
 
 // collect copies the sub-batch's results into items and learns what the
-// store decided. It returns the number of consuming checks whose call timed
-// out after it may have been sent: Redis may have run it after all, so
-// their consumption is unknown, and is not refunded (a refund of what was
-// not consumed would admit beyond the limit).
+// store decided. It returns the number of consuming checks whose call may
+// have run after it timed out: their consumption is unknown, and is not
+// refunded (docs/redis.md, invariant 10).
 func (l *Limiter) collect(items []Item, sc *scratch, err error, now int64) (unknown int) {
 	sent := err != nil && maybeSent(err)
 	fromStore := 0
@@ -429,9 +410,8 @@ func (l *Limiter) collect(items []Item, sc *scratch, err error, now int64) (unkn
 }
 
 // keyHits returns the hits the sub-batch asks of key in all, a check-only
-// check counting one: the store decides a key's checks of one batch
-// against what the earlier ones took, so a denial of any of them is a
-// denial of this total, not of that check's hits alone.
+// check counting one. The store decides a key's checks of a batch in turn,
+// so a denial of any of them is a denial of this total.
 func (sc *scratch) keyHits(key string) uint64 {
 	var n uint64
 	for j := range sc.checks {
@@ -583,12 +563,12 @@ func (l *Limiter) CachedDenial(c *store.Check) (time.Duration, bool) {
 }
 
 // Close stops the limiter's background work and waits for it, bounded by
-// ctx: no write-back or refund retry starts, waiting retries make one last
-// try, and when ctx ends first the store calls still running are cancelled
-// and awaited, so nothing the limiter started runs once Close returns (it
-// then returns ctx's error). Refunds not taken are counted lost; hits
-// admitted locally stay queued for WriteBack (or HandOver). Decide still
-// works after Close, without background work. Close may be called twice.
+// ctx (then it cancels the store calls still running, waits, and returns
+// ctx's error): nothing the limiter started runs once Close returns.
+// Waiting refund retries make one last try; refunds not taken are counted
+// lost; locally admitted hits stay queued for WriteBack or HandOver.
+// Decide works after Close, without background work. Close may be called
+// twice.
 func (l *Limiter) Close(ctx context.Context) error {
 	lostBefore := l.undoLost.Load()
 	err := l.bg.close(ctx)

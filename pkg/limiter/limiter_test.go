@@ -252,7 +252,7 @@ func TestCacheIsBounded(t *testing.T) {
 		c := chk(fmt.Sprintf("rl:{d|k=%d}:s60", i), 0, time.Minute) // limit 0: always denied
 		decide(t, l, false, c)
 	}
-	if n := l.overLimitCache.len(); n > 1000+lruShards {
+	if n := lruLen(l.overLimitCache); n > 1000+lruShards {
 		t.Fatalf("cache holds %d entries, cap 1000", n)
 	}
 }

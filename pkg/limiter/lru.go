@@ -81,18 +81,6 @@ func lruWith[V, R any](l *lruMap[V], key string, f func(v V, ok bool) (V, bool, 
 // cost is what an entry of key counts against the byte cap.
 func (l *lruMap[V]) cost(key string) int64 { return int64(len(key)) + l.overhead }
 
-// size returns the number of bytes the entries count for.
-func (l *lruMap[V]) size() int64 {
-	var n int64
-	for i := range l.shards {
-		s := &l.shards[i]
-		s.mu.Lock()
-		n += s.list.Bytes()
-		s.mu.Unlock()
-	}
-	return n
-}
-
 // stats returns the number of entries, what they cost and how many were
 // evicted since start, in one pass over the shards.
 func (l *lruMap[V]) stats() (n int, bytes int64, evicted uint64) {
@@ -103,16 +91,4 @@ func (l *lruMap[V]) stats() (n int, bytes int64, evicted uint64) {
 		s.mu.Unlock()
 	}
 	return n, bytes, evicted
-}
-
-// len returns the number of entries.
-func (l *lruMap[V]) len() int {
-	n := 0
-	for i := range l.shards {
-		s := &l.shards[i]
-		s.mu.Lock()
-		n += s.list.Len()
-		s.mu.Unlock()
-	}
-	return n
 }

@@ -57,22 +57,22 @@ func TestLRUMaxBytes(t *testing.T) {
 		overhead   int64
 		lruShards  int64
 	}{
-		{"over_limit_cache", l.overLimitCache.size(), cacheBytes, overLimitCacheOverhead, lruShards},
-		{"buckets", l.local.size(), bucketsBytes, bucketOverhead, lruShards},
+		{"over_limit_cache", lruSize(l.overLimitCache), cacheBytes, overLimitCacheOverhead, lruShards},
+		{"buckets", lruSize(l.local), bucketsBytes, bucketOverhead, lruShards},
 		{"write-backs", l.wb.bytes, bucketsBytes, writeBackOverhead, 1},
 	} {
 		if tb.got > tb.limit || tb.got < tb.limit-tb.lruShards*(cost+tb.overhead) {
 			t.Errorf("%s: %d bytes after %d keys of %d bytes, want at most %d and within a key per shard of it", tb.name, tb.got, n, cost, tb.limit)
 		}
 	}
-	if got, want := int64(l.overLimitCache.len())*(cost+overLimitCacheOverhead), l.overLimitCache.size(); got != want {
+	if got, want := int64(lruLen(l.overLimitCache))*(cost+overLimitCacheOverhead), lruSize(l.overLimitCache); got != want {
 		t.Errorf("overLimitCache: len*cost = %d, size() = %d", got, want)
 	}
 	// Tables (what /metrics shows) reports the same sizes, and every key
 	// a cap pushed out as an eviction.
 	want := [3]Table{
-		{"last_answers", l.overLimitCache.len(), l.overLimitCache.size(), int64(n - l.overLimitCache.len())},
-		{"fail_open_buckets", l.local.len(), l.local.size(), int64(n - l.local.len())},
+		{"last_answers", lruLen(l.overLimitCache), lruSize(l.overLimitCache), int64(n - lruLen(l.overLimitCache))},
+		{"fail_open_buckets", lruLen(l.local), lruSize(l.local), int64(n - lruLen(l.local))},
 		{"write_backs", len(l.wb.m), l.wb.bytes, -1},
 	}
 	if got := l.Tables(); got != want {
@@ -81,7 +81,7 @@ func TestLRUMaxBytes(t *testing.T) {
 	heap := heapInUse() - base
 	limit := int64(cacheBytes+2*bucketsBytes) * 5 / 4 // a 4,120-byte key takes a 4,864-byte allocation (size classes)
 	t.Logf("%d keys of %d bytes: over-limit cache %d keys (%.2f MiB), buckets %d (%.2f MiB), write-backs %d (%.2f MiB); heap %.2f MiB (caps %d MiB)",
-		n, cost, l.overLimitCache.len(), float64(l.overLimitCache.size())/(1<<20), l.local.len(), float64(l.local.size())/(1<<20),
+		n, cost, lruLen(l.overLimitCache), float64(lruSize(l.overLimitCache))/(1<<20), lruLen(l.local), float64(lruSize(l.local))/(1<<20),
 		len(l.wb.m), float64(l.wb.bytes)/(1<<20), float64(heap)/(1<<20), (cacheBytes+2*bucketsBytes)>>20)
 	if heap > limit {
 		t.Errorf("heap grew by %d bytes, over %d (the caps plus size-class rounding)", heap, limit)
@@ -126,7 +126,7 @@ func TestLRUBytesEvictsLeastRecentlyUsed(t *testing.T) {
 			t.Errorf("key %d present: %v, want %v", i, got, want)
 		}
 	}
-	if got := l.size(); got != fit*cost {
+	if got := lruSize(l); got != fit*cost {
 		t.Errorf("size() = %d, want %d", got, fit*cost)
 	}
 	// A key bigger than a shard's share is kept alone.
@@ -201,4 +201,16 @@ func entryCosts(n int) [3]float64 {
 	runtime.KeepAlive(w.m)
 	runtime.KeepAlive(keys)
 	return [3]float64{float64(h1-h0) / float64(n), float64(h2-h1) / float64(n), float64(h3-h2) / float64(n)}
+}
+
+// lruLen returns the number of l's entries.
+func lruLen[V any](l *lruMap[V]) int {
+	n, _, _ := l.stats()
+	return n
+}
+
+// lruSize returns the number of bytes l's entries count for.
+func lruSize[V any](l *lruMap[V]) int64 {
+	_, b, _ := l.stats()
+	return b
 }

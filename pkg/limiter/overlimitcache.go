@@ -25,10 +25,8 @@ func (k *overLimitEntry) sameRule(c *store.Check) bool {
 }
 
 // denies reports whether k's denial covers c at now: the store denied at
-// least as many hits as c asks for (a check-only check asks for one), and
-// said they would not pass before k.until. Time only helps a request and
-// other traffic only hurts it, so the store would deny c too. Refunds clear
-// the denial, since they give budget back.
+// least c's hits (one for a check-only check) under c's rule until k.until
+// (docs/redis.md, invariant 12). Refunds clear the denial.
 func (k *overLimitEntry) denies(c *store.Check, now int64) bool {
 	return k.deniedHits > 0 && now < k.until && max(c.Hits, 1) >= k.deniedHits && k.sameRule(c)
 }

@@ -8,14 +8,10 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// A request is all-or-nothing; the limiter extends the store's atomic call
-// to what no single call sees (Cluster slots that answered apart, a
-// fallback or quotas that deny after a slot consumed): what the store
-// consumed (store.Result.Consumed, leases included) is refunded before the
-// answer leaves, and a refund the store refused is retried for a few
-// seconds in the background. A call that timed out after it may have been
-// sent is neither refunded nor retried (Counters.UndoUnknown): refunding
-// what was not consumed would admit beyond a limit.
+// A request is all-or-nothing beyond one store call: what the store
+// consumed (store.Result.Consumed, leases included) for a request denied
+// after all is refunded before the answer leaves, and retried in the
+// background when refused (docs/redis.md, invariant 10).
 
 // vetoes reports whether a request of items is denied when denied(i) says
 // which items' checks were: a consuming check that is neither shadow nor

@@ -153,12 +153,12 @@ func (w *writeBacks) kick(l *Limiter) {
 	}
 }
 
-// WriteBack writes the hits admitted locally while the store could not
-// answer back to it (store.Check.Force), those that still count in their
-// rule's trailing window, bounded by ctx (else the store's timeout). What
-// the store cannot take stays queued; it returns the first error. It runs
-// by itself after the store answers again; after Close, what it cannot
-// write is counted lost (Counters.WriteBackLost) and logged.
+// WriteBack writes back to the store (store.Check.Force) the hits admitted
+// locally that still count in their window, bounded by ctx (else the
+// store's timeout), and returns the first error. What the store cannot take
+// stays queued, or after Close is counted lost (Counters.WriteBackLost).
+// It runs by itself when the store answers again (docs/redis.md, invariant
+// 13).
 func (l *Limiter) WriteBack(ctx context.Context) error {
 	pending := l.wb.take()
 	if len(pending) == 0 {
@@ -222,10 +222,8 @@ func (l *Limiter) abandonWriteBacks(now int64) {
 }
 
 // settle accounts for one write-back the store answered with r and err:
-// written where the store decided it (on a Cluster with a shard down, the
-// shards that answered took theirs), queued again otherwise. When nothing
-// is known (an error that is not an outage) it is queued again too: that
-// may count the hits twice, never drops them.
+// written where the store decided it, queued again otherwise (an unknown
+// outcome too: it may count hits twice, never drops them).
 func (l *Limiter) settle(f flight, c *store.Check, r *store.Result, err error, partial bool, now int64) {
 	if err == nil || (errors.Is(err, store.ErrUnavailable) && partial && !r.Undecided) {
 		f.e.b.commit(f.snap, now)
@@ -245,11 +243,9 @@ func undecided(results []store.Result) (n int) {
 	return n
 }
 
-// attachWriteBacks adds a pending write-back (a Force check, applied
-// first, atomically, on the same key) for every key of the sub-batch, so
-// the store decides the request knowing what this replica admitted
-// without it: a Redis that restarted empty must not hand out the limit
-// again before the background write-back lands.
+// attachWriteBacks adds the pending write-back (a Force check) of every
+// key of the sub-batch, so the store decides the request knowing what this
+// replica admitted without it (a Redis that restarted empty).
 func (l *Limiter) attachWriteBacks(sc *scratch, now int64) {
 	n := len(sc.checks)
 	for j := 0; j < n; j++ {

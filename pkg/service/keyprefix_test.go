@@ -10,7 +10,7 @@ import (
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/store/memory"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/redisstore"
 )
 
 // TestKeyPrefix: KeyPrefix begins every counter's key, and the key keeps its

@@ -18,7 +18,7 @@ import (
 // A token bucket or a sliding window of precision 2 or more is one script
 // call per decision, which runs TIME and GET always and a SET (with its
 // TTL) when the request was admitted. A fixed window or a two-counter
-// sliding window is plain commands (pkg/store/redis's plain.go): INCRBY and
+// sliding window is plain commands (pkg/store/redisstore's plain.go): INCRBY and
 // PEXPIRE of the window's key, and for a sliding window a GET of the
 // previous window's once per key and window (the count is then kept); a
 // denied request adds their take-back (INCRBY and PEXPIRE) and a script

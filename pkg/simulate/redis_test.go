@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/redisstore"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // layouts are the candidates whose Redis state differs in layout: the

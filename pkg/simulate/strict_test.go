@@ -8,7 +8,7 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/store"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/redisstore"
 	"github.com/rls-project/rls/pkg/testkit"
 )
 

@@ -2,7 +2,7 @@
 // checks: Store, Check, Result, their errors, and the algorithms' exact
 // arithmetic, which docs/arithmetic.md states and every store matches bit
 // for bit (the memory store, package store/memory; the Redis store,
-// package store/redis with lua/decide.lua). A batch of checks is decided
+// package store/redisstore with store/redisstore/lua/decide.lua). A batch of checks is decided
 // atomically: all its consuming checks or none; a Force check (a
 // write-back) and a refund always stand; a Paced check counts against its
 // current window; a check's Want asks for a lease of hits counted ahead.

@@ -8,7 +8,7 @@ import (
 	"github.com/rls-project/rls/pkg/fleet"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/reload"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/redisstore"
 )
 
 // RegisterLimiter exposes the limiter's and the fleet's state on reg, read

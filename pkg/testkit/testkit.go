@@ -111,9 +111,12 @@ func (b *Buffer) Reset() {
 // test moves the clock past the wait instead of sleeping through it.
 type Clock struct {
 	ns     atomic.Int64
+	stall  atomic.Pointer[clockStall] // StallNext's, until a Now takes it
 	mu     sync.Mutex
 	timers []clockTimer // After's channels not fired yet
 }
+
+type clockStall struct{ read, release chan struct{} }
 
 type clockTimer struct {
 	at int64 // unix nanoseconds
@@ -129,7 +132,23 @@ func NewClock(start time.Time) *Clock {
 
 // Now returns the clock's reading. It has the signature of time.Now, so
 // c.Now is what an Options.Now or a now field takes.
-func (c *Clock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
+func (c *Clock) Now() time.Time {
+	t := time.Unix(0, c.ns.Load())
+	if s := c.stall.Load(); s != nil && c.stall.CompareAndSwap(s, nil) {
+		close(s.read)
+		<-s.release
+	}
+	return t
+}
+
+// StallNext makes the next call of Now stall, as a goroutine descheduled
+// between reading the clock and using it: that call reads the clock,
+// closes read, and returns its reading only once release is called.
+func (c *Clock) StallNext() (read <-chan struct{}, release func()) {
+	s := &clockStall{read: make(chan struct{}), release: make(chan struct{})}
+	c.stall.Store(s)
+	return s.read, func() { close(s.release) }
+}
 
 // Advance moves the clock d forward (backward when d is negative), fires
 // the After channels that are due, and returns the new reading.

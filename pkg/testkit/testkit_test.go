@@ -135,3 +135,30 @@ func TestClockAfter(t *testing.T) {
 		t.Fatal("After(0) did not fire at once")
 	}
 }
+
+// TestClockStallNext: the stalled call returns what it read, once
+// released; other calls meanwhile, and later ones, do not stall.
+func TestClockStallNext(t *testing.T) {
+	start := time.Unix(1_751_540_400, 0)
+	c := NewClock(start)
+	read, release := c.StallNext()
+	got := make(chan time.Time, 1)
+	go func() { got <- c.Now() }()
+	<-read
+	c.Advance(time.Second)
+	if now := c.Now(); !now.Equal(start.Add(time.Second)) {
+		t.Fatalf("a call while one stalls read %v", now)
+	}
+	select {
+	case <-got:
+		t.Fatal("the stalled call returned before its release")
+	default:
+	}
+	release()
+	if r := <-got; !r.Equal(start) {
+		t.Errorf("the stalled call returned %v, want what it read, %v", r, start)
+	}
+	if now := c.Now(); !now.Equal(start.Add(time.Second)) {
+		t.Errorf("after the release: %v", now)
+	}
+}

@@ -2,7 +2,6 @@ package memory_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,31 +10,6 @@ import (
 	"github.com/rls-project/rls/pkg/store/storetest"
 	"github.com/rls-project/rls/pkg/testkit"
 )
-
-// stallClock is a fake clock whose next reading can be made to stall: the
-// reader gets the time it read, but only once the test releases it, as when
-// a goroutine is descheduled between reading the clock and locking a shard.
-type stallClock struct {
-	testkit.Clock
-	stall   atomic.Bool
-	read    chan struct{} // closed when the stalled reading is taken
-	release chan struct{} // closed by the test to let it return
-}
-
-func newStallClock(t time.Time) *stallClock {
-	c := &stallClock{read: make(chan struct{}), release: make(chan struct{})}
-	c.Set(t)
-	return c
-}
-
-func (c *stallClock) Now() time.Time {
-	t := c.Clock.Now()
-	if c.stall.CompareAndSwap(true, false) {
-		close(c.read)
-		<-c.release
-	}
-	return t
-}
 
 // TestMemoryStalledClockNeverRewindsWindow stalls one request between its
 // clock reading, 1 µs before a window boundary, and its locking of the key;
@@ -57,11 +31,11 @@ func TestMemoryStalledClockNeverRewindsWindow(t *testing.T) {
 		t.Run(tt.alg.String(), func(t *testing.T) {
 			before := storetest.T0.Add(time.Second - time.Microsecond)
 			after := storetest.T0.Add(time.Second + time.Microsecond)
-			clk := newStallClock(before)
+			clk := testkit.NewClock(before)
 			m := memory.New(memory.Options{Now: clk.Now})
 			check := []store.Check{{Key: "k", Algorithm: tt.alg, Limit: limit, Window: time.Second, Hits: 1}}
 
-			clk.stall.Store(true)
+			read, release := clk.StallNext()
 			stalled := make(chan store.Result, 1)
 			go func() {
 				res := make([]store.Result, 1)
@@ -70,7 +44,7 @@ func TestMemoryStalledClockNeverRewindsWindow(t *testing.T) {
 				}
 				stalled <- res[0]
 			}()
-			<-clk.read // the stalled request read "before" and holds no lock
+			<-read // the stalled request read "before" and holds no lock
 
 			clk.Set(after)
 			allowed := 0
@@ -79,7 +53,7 @@ func TestMemoryStalledClockNeverRewindsWindow(t *testing.T) {
 					allowed++
 				}
 			}
-			close(clk.release)
+			release()
 			r := <-stalled
 			if r.Allowed {
 				allowed++

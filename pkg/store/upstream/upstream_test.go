@@ -13,7 +13,7 @@ import (
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
-	redisstore "github.com/rls-project/rls/pkg/store/redis"
+	"github.com/rls-project/rls/pkg/store/redisstore"
 )
 
 // newStore returns a Store on url (a twemproxy's when tw) with rls's own

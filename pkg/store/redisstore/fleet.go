@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // FleetKey is the sorted set holding the replicas' heartbeats, after

@@ -19,7 +19,8 @@ import (
 // the node's flushers, until the last of their callers' deadlines; a call
 // whose caller is gone is not sent. The node's breaker counts round trips:
 // each asks it once and reports whether the node answered; while it is not
-// closed, each call is its own probe.
+// closed, each call is its own probe. Each call is decided alone
+// (docs/redis.md, invariant 9).
 
 // Defaults of Options.MaxInFlight and Options.MaxBatch.
 const (

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 	"github.com/rls-project/rls/pkg/testkit"
 )
 

@@ -15,9 +15,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 	"github.com/rls-project/rls/pkg/testkit"
 )
 
@@ -299,8 +299,8 @@ func (argCutter) cut(cmd redis.Cmder) {
 		return
 	}
 	args := cmd.Args()
-	three := lua.AppendCheck(nil, &store.Check{Hits: 3}, 0, -1)[26:34] // the hits field
-	if b, ok := args[len(args)-1].([]byte); ok && len(b) == lua.CheckBytes && string(b[26:34]) == string(three) {
+	three := lua.AppendCheck(nil, &store.Check{Hits: 3}, 0, -1)[27:35] // the hits field
+	if b, ok := args[len(args)-1].([]byte); ok && len(b) == lua.CheckBytes && string(b[27:35]) == string(three) {
 		args[len(args)-1] = b[:len(b)-1]
 	}
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // BenchmarkScriptCost measures what Redis spends on one decision of one
@@ -23,9 +23,10 @@ import (
 // decision (INCRBY and EXPIRE). Calls go 50 to a pipeline; the figure is INFO commandstats'
 // usec of the outer commands (a script's includes the commands it runs)
 // per call: redis-us/call. RLS_OLD_DECIDE_LUA, when set, names another
-// decide.lua to time by EVALSHA too (a version before a change).
+// decide.lua to time by EVALSHA too (a version before a change, of the
+// same check layout: CheckBytes).
 //
-//	go test -run '^$' -bench ScriptCost -count 5 ./pkg/store/redis/
+//	go test -run '^$' -bench ScriptCost -count 5 ./pkg/store/redisstore/
 func BenchmarkScriptCost(b *testing.B) {
 	srv := redistest.StartServer(b)
 	c := srv.Client()

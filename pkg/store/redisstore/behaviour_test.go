@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 	"github.com/rls-project/rls/pkg/testkit"
 )
 

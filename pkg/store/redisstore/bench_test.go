@@ -20,7 +20,7 @@ import (
 // callers, so nothing ever queues) against the default pipelining. It
 // reports round trips per call and the p50/p99 latency of a call.
 //
-//	go test -run '^$' -bench DecideConcurrent -benchmem ./pkg/store/redis/
+//	go test -run '^$' -bench DecideConcurrent -benchmem ./pkg/store/redisstore/
 func BenchmarkDecideConcurrent(b *testing.B) {
 	srv := redistest.StartServer(b)
 	for _, tc := range []struct {

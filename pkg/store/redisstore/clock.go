@@ -6,12 +6,9 @@ import (
 )
 
 // clock holds one node's Redis clock against this process's monotonic one,
-// so that plain commands can name a counter's window before they are sent
-// (plain.go). A TIME reply T that arrived between local times s and r was
-// read in between: Redis's clock at local time l lies in [l+lo, l+hi] with
-// lo = T-r and hi = T-s, widened by maxSlew of the time since. Every
-// replica names a window on the same node's clock, so all count a hit in
-// the same window.
+// so that plain commands name a window before they are sent (docs/redis.md,
+// invariant 4): Redis's time at local l lies in [l+lo, l+hi], widened by
+// 1/maxSlew of the time since. It is safe for concurrent use.
 type clock struct {
 	mu     sync.Mutex
 	lo, hi int64 // Redis µs minus local µs, bounds
@@ -19,11 +16,9 @@ type clock struct {
 	fake   func() time.Time
 }
 
-// The clock's bounds: a measurement older than clockAge/2 is renewed by a
-// TIME riding on the node's next round trip, and is used, widened by its
-// slew, for 10 × clockAge, while its bounds are at most clockWidth apart;
-// plain commands are not sent within boundaryMargin (plus the bounds) of a
-// window's end.
+// A measurement is renewed after clockAge/2, by a TIME on the node's next
+// round trip, and used for 10 × clockAge while its bounds are at most
+// clockWidth apart. Plain commands stay boundaryMargin from a window's end.
 const (
 	clockAge       = time.Second
 	clockWidth     = 20 * time.Millisecond

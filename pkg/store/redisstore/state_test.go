@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // The tag bytes of decide.lua's stored state (TAG_* in decide.lua).

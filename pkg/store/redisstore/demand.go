@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/rls-project/rls/lua"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // DemandKeyPart follows Options.KeyPrefix and precedes the counter's key

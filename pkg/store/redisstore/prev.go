@@ -8,12 +8,9 @@ import (
 )
 
 // prevCounts keeps two-counter sliding windows' previous counts, read once
-// per key and window (docs/redis.md, "Window keys"). A window that has
-// ended only falls (a refund, a take-back), so a kept count is the store's
-// or above it, and a decision from it never admits what the store would
-// deny. A count is keyed by its window key, which names its window, and
-// kept until the window after it ends; a refund that reads the previous
-// key (and may lower it) drops it.
+// per key and window, by window key, until the window after it ends; a
+// kept count is never below the store's (docs/redis.md, invariant 2). It
+// is safe for concurrent use.
 type prevCounts struct {
 	mu    sync.Mutex
 	m     map[string]prevCount

@@ -65,6 +65,7 @@ func TestDecideConstants(t *testing.T) {
 		"FLAG_SHADOW":      strconv.Itoa(flagShadow),
 		"FLAG_FORCE":       strconv.Itoa(flagForce),
 		"FLAG_PACED":       strconv.Itoa(flagPaced),
+		"FLAG_STRICT":      strconv.Itoa(flagStrict),
 		"MAX_PRECISION":    strconv.Itoa(store.MaxPrecision),
 	} {
 		got, ok := locals[name]
@@ -79,8 +80,8 @@ func TestDecideConstants(t *testing.T) {
 	for _, want := range []string{
 		fmt.Sprintf(`ARGV[2] "%s" decide; "%s" peek`, ModeDecide, ModePeek),
 		fmt.Sprintf("ARGV[%d] the checks, CHECK_BYTES each: algorithm (byte: %d sliding window, %d token bucket, %d fixed window", HeaderArgs+1, algSliding, algTokenBucket, algFixed),
-		fmt.Sprintf("flags (byte: %d refund, %d shadow, %d force, %d paced)", flagRefund, flagShadow, flagForce, flagPaced),
-		"then doubles: limit, window seconds, burst (token bucket: capacity, 0 = limit; sliding window: precision, negated when strict), hits, want, horizon in microseconds, the window's start in seconds",
+		fmt.Sprintf("flags (byte: %d refund, %d shadow, %d force, %d paced, %d strict)", flagRefund, flagShadow, flagForce, flagPaced, flagStrict),
+		"precision (byte: a sliding window's sub-windows, 0 or 1 for the two-counter window), then doubles: limit, window seconds, burst (token bucket: capacity, 0 = limit), hits, want, horizon in microseconds, the window's start in seconds",
 		"the previous window's count (two-counter sliding window; -1: read its key;",
 		"Reply: RESULT_BYTES per check: allowed (byte), then doubles: remaining, retry_us, reset_us, lease hits, lease now, lease from_us, lease every_us",
 		"its window's and, unless the check gives its count, the previous window's (lua.WindowKey: its key, ':', the window's start in seconds",
@@ -116,26 +117,29 @@ func TestDecideConstants(t *testing.T) {
 }
 
 // TestAppendCheck checks the one mapping of a store.Check to the script's
-// check bytes: the algorithm code, the flag bits and the burst field.
+// check bytes: the algorithm code, the flag bits, the precision and the
+// burst.
 func TestAppendCheck(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		check       store.Check
 		alg, flags  byte
-		burstField  float64
+		precision   byte
+		burst       float64
 		limit, hits float64
 	}{
-		{"lease", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Hits: 2, Want: 5, Horizon: 30 * time.Millisecond}, algSliding, 0, 0, 10, 2},
-		{"sliding", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Burst: 7, Hits: 2}, algSliding, 0, 0, 10, 2},
-		{"sliding precision 1", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Precision: 1}, algSliding, 0, 0, 10, 0},
-		{"sliding precision 12", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Precision: 12}, algSliding, 0, 12, 10, 0},
-		{"token bucket", store.Check{Algorithm: store.TokenBucket, Limit: 5, Window: time.Minute, Burst: 9, Hits: 1, Precision: 12}, algTokenBucket, 0, 9, 5, 1},
-		{"fixed", store.Check{Algorithm: store.FixedWindow, Limit: 3, Window: time.Minute, Burst: 9, Precision: 12}, algFixed, 0, 0, 3, 0},
-		{"unknown acts as sliding", store.Check{Algorithm: 9, Limit: 3, Window: time.Minute, Precision: 4}, algSliding, 0, 4, 3, 0},
-		{"refund", store.Check{Window: time.Minute, Refund: true}, algSliding, flagRefund, 0, 0, 0},
-		{"shadow force", store.Check{Window: time.Minute, Shadow: true, Force: true}, algSliding, flagShadow | flagForce, 0, 0, 0},
-		{"all flags", store.Check{Window: time.Minute, Refund: true, Shadow: true, Force: true}, algSliding, flagRefund | flagShadow | flagForce, 0, 0, 0},
-		{"paced", store.Check{Window: time.Minute, Paced: true}, algSliding, flagPaced, 0, 0, 0},
+		{"lease", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Hits: 2, Want: 5, Horizon: 30 * time.Millisecond}, algSliding, 0, 0, 0, 10, 2},
+		{"sliding", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Burst: 7, Hits: 2}, algSliding, 0, 0, 0, 10, 2},
+		{"sliding precision 1", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Precision: 1}, algSliding, 0, 1, 0, 10, 0},
+		{"sliding precision 12", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Precision: 12}, algSliding, 0, 12, 0, 10, 0},
+		{"sliding precision 12 strict", store.Check{Algorithm: store.SlidingWindow, Limit: 10, Window: time.Minute, Precision: 12, Strict: true}, algSliding, flagStrict, 12, 0, 10, 0},
+		{"token bucket", store.Check{Algorithm: store.TokenBucket, Limit: 5, Window: time.Minute, Burst: 9, Hits: 1, Precision: 12}, algTokenBucket, 0, 0, 9, 5, 1},
+		{"fixed", store.Check{Algorithm: store.FixedWindow, Limit: 3, Window: time.Minute, Burst: 9, Precision: 12}, algFixed, 0, 0, 0, 3, 0},
+		{"unknown acts as sliding", store.Check{Algorithm: 9, Limit: 3, Window: time.Minute, Precision: 4}, algSliding, 0, 4, 0, 3, 0},
+		{"refund", store.Check{Window: time.Minute, Refund: true}, algSliding, flagRefund, 0, 0, 0, 0},
+		{"shadow force", store.Check{Window: time.Minute, Shadow: true, Force: true}, algSliding, flagShadow | flagForce, 0, 0, 0, 0},
+		{"all flags", store.Check{Window: time.Minute, Refund: true, Shadow: true, Force: true, Paced: true, Strict: true}, algSliding, flagRefund | flagShadow | flagForce | flagPaced | flagStrict, 0, 0, 0, 0},
+		{"paced", store.Check{Window: time.Minute, Paced: true}, algSliding, flagPaced, 0, 0, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := AppendCheck([]byte("x"), &tc.check, 1751540400, 17)
@@ -143,14 +147,16 @@ func TestAppendCheck(t *testing.T) {
 				t.Fatalf("AppendCheck appended %d bytes after %q, want %d", len(b)-1, b[:1], CheckBytes)
 			}
 			b = b[1:]
-			if b[0] != tc.alg || b[1] != tc.flags {
-				t.Errorf("algorithm, flags = %d, %d; want %d, %d", b[0], b[1], tc.alg, tc.flags)
+			if b[0] != tc.alg || b[1] != tc.flags || b[2] != tc.precision {
+				t.Errorf("algorithm, flags, precision = %d, %d, %d; want %d, %d, %d", b[0], b[1], b[2], tc.alg, tc.flags, tc.precision)
 			}
-			got := [8]float64{double(string(b[2:])), double(string(b[10:])), double(string(b[18:])), double(string(b[26:])),
-				double(string(b[34:])), double(string(b[42:])), double(string(b[50:])), double(string(b[58:]))}
-			want := [8]float64{tc.limit, 60, tc.burstField, tc.hits, float64(tc.check.Want), float64(tc.check.Horizon / time.Microsecond), 1751540400, 17}
+			var got [8]float64
+			for i := range got {
+				got[i] = double(string(b[3+8*i:]))
+			}
+			want := [8]float64{tc.limit, 60, tc.burst, tc.hits, float64(tc.check.Want), float64(tc.check.Horizon / time.Microsecond), 1751540400, 17}
 			if got != want {
-				t.Errorf("limit, window, burst field, hits, want, horizon, start, previous count = %v; want %v", got, want)
+				t.Errorf("limit, window, burst, hits, want, horizon, start, previous count = %v; want %v", got, want)
 			}
 		})
 	}

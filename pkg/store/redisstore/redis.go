@@ -21,9 +21,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 var (
@@ -431,21 +431,7 @@ func (s *Store) fetchPrevs(ctx context.Context, checks []store.Check, now int64)
 // now (Unix µs) with the previous counts prevs (prevsOf), after the
 // take-backs back, and returns its reply.
 func (s *Store) scriptOnce(ctx context.Context, n *node, peek bool, checks []store.Check, now int64, back []plainBack, prevs []int64) (string, error) {
-	keys := make([]string, 0, 2*len(checks))
-	blob := make([]byte, 0, lua.CheckBytes*len(checks))
-	for i := range checks {
-		c := &checks[i]
-		start := windowStart(c, now)
-		keys = lua.Keys(keys, c, start, prevs[i] >= 0)
-		blob = lua.AppendCheck(blob, c, start, prevs[i])
-	}
-	args := []any{argNoClock, argModeDecide, blob}
-	if s.now != nil {
-		args[0] = strconv.FormatInt(s.now().UnixMicro(), 10)
-	}
-	if peek {
-		args[1] = argModePeek
-	}
+	keys, args := s.scriptArgs(peek, checks, now, prevs)
 	functions := n.scripts.functions(ctx, n.cmdable())
 	sent := time.Now().UnixNano()
 	var cmd *redis.Cmd
@@ -466,13 +452,7 @@ func (s *Store) scriptOnce(ctx context.Context, n *node, peek bool, checks []sto
 		// The slot moved or is moving: the cluster client follows MOVED
 		// and ASK, for the take-backs that did not run and the script (by
 		// EVALSHA, which any node runs).
-		if rb := redone(back); len(rb) > 0 {
-			_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-				queueBack(ctx, p, rb)
-				return nil
-			})
-			backFailed = cmp(otherErr(back), backErr(rb))
-		}
+		backFailed = s.redoBack(ctx, back, backFailed)
 		if redirected(err) && !(unknownPrev(checks, prevs) && redis.IsTryAgainError(err)) {
 			reply, err = runEval(ctx, s.client, keys, args)
 		}
@@ -487,6 +467,42 @@ func (s *Store) scriptOnce(ctx context.Context, n *node, peek bool, checks []sto
 		reply, err = n.run(ctx, n.cmdable(), keys, args, sent)
 	}
 	return reply, err
+}
+
+// scriptArgs returns decide.lua's KEYS and ARGV for checks, their windows
+// named for now (Unix µs).
+func (s *Store) scriptArgs(peek bool, checks []store.Check, now int64, prevs []int64) ([]string, []any) {
+	keys := make([]string, 0, 2*len(checks))
+	blob := make([]byte, 0, lua.CheckBytes*len(checks))
+	for i := range checks {
+		c := &checks[i]
+		start := windowStart(c, now)
+		keys = lua.Keys(keys, c, start, prevs[i] >= 0)
+		blob = lua.AppendCheck(blob, c, start, prevs[i])
+	}
+	args := []any{argNoClock, argModeDecide, blob}
+	if s.now != nil {
+		args[0] = strconv.FormatInt(s.now().UnixMicro(), 10)
+	}
+	if peek {
+		args[1] = argModePeek
+	}
+	return keys, args
+}
+
+// redoBack sends again, through the cluster client, the take-backs of back
+// that a redirect kept from running, and returns the take-backs' error
+// (failed, when none was redone).
+func (s *Store) redoBack(ctx context.Context, back []plainBack, failed error) error {
+	rb := redone(back)
+	if len(rb) == 0 {
+		return failed
+	}
+	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		queueBack(ctx, p, rb)
+		return nil
+	})
+	return cmp(otherErr(back), backErr(rb))
 }
 
 // decodeReply stores the script's reply in results. When decided (not

@@ -10,17 +10,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
 // How a node runs decide.lua: as a Function library (Redis 7 and later),
-// loaded once per node and called by FCALL (FCALL_RO for a peek), or by
-// EVALSHA (EVAL on NOSCRIPT) where FUNCTION is refused. The mode is found
-// on a node's first call or readiness Ping by loading the library; an
-// outage leaves it unknown for a second (loadRetry). A node that answers
-// "Function not found" gets the library again; one that refuses FCALL
-// goes over to EVALSHA for good (docs/redis.md).
+// called by FCALL (FCALL_RO for a peek), or by EVALSHA (EVAL on NOSCRIPT)
+// where FUNCTION is refused (docs/redis.md, invariant 8).
 
 // The script modes, as Store.ScriptModes and OnScriptMode name them.
 const (
@@ -72,11 +68,10 @@ func (sc *scripts) functions(ctx context.Context, node redis.Cmdable) bool {
 	return sc.load(ctx, node, "")
 }
 
-// load loads the library on node and reports whether it did: the node
-// runs Functions now. It reports false, and the caller goes by EVALSHA,
-// when the node refused (it runs scripts from now on), had an outage (the
-// next call tries again) or another call is loading the library. why says
-// what prompted a reload ("" the first time).
+// load loads the library on node and reports whether the node runs
+// Functions now. On false the caller goes by EVALSHA: the node refused (for
+// good), had an outage (for loadRetry), or another call is loading. why
+// says what prompted a reload ("" the first time).
 func (sc *scripts) load(ctx context.Context, node redis.Cmdable, why string) bool {
 	if node == nil || !sc.loading.CompareAndSwap(false, true) {
 		return false // another call is loading it: this one goes by EVALSHA
@@ -153,10 +148,10 @@ func fcall(ctx context.Context, c redis.Cmdable, keys []string, args []any) *red
 	return c.FCall(ctx, lua.DecideFunction, keys, args...)
 }
 
-// run runs one script call on c (the node's client, or the cluster client
-// that routes by key) alone, in the node's mode, loading the library again
-// (unless it was loaded since sent, unix ns) or falling back to EVALSHA as
-// the node's answers require.
+// run runs one script call on c (the node's client, or the cluster
+// client) alone, in the node's mode. A missing function is loaded again,
+// unless it was loaded since sent (unix ns); a refused FCALL falls back to
+// EVALSHA.
 func (n *node) run(ctx context.Context, c redis.Cmdable, keys []string, args []any, sent int64) (string, error) {
 	sc := &n.scripts
 	if sc.functions(ctx, n.cmdable()) {

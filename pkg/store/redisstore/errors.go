@@ -14,15 +14,16 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// Errors of Redis calls fall in four kinds (classify), each with what the
-// store's error wraps and what the node's breaker hears: an outage (no
-// answer in time, a network error, or an error reply of outageReplies:
-// store.ErrUnavailable, on which callers fall back; a failure); a protocol
-// error (any other error reply, a reply of the wrong shape: a bug or
-// corrupt data, store.ErrProtocol; a success); a refusal of rls's
-// credentials (authReplies: store.ErrAuth, which no fallback may hide, as
-// a fleet on its local shares would admit N times each limit; a success);
-// and the caller's own cancellation (as it is; breaker.Unknown).
+// Errors of Redis calls fall in four kinds (classify):
+//
+//	kind          what                                        wraps                 breaker hears
+//	outage        no answer in time, network, outageReplies   store.ErrUnavailable  a failure
+//	protocol      any other error reply, a wrong reply shape  store.ErrProtocol     a success
+//	auth          authReplies                                 store.ErrAuth         a success
+//	cancellation  the caller's own                            (as it is)            breaker.Unknown
+//
+// Callers fall back on an outage only: a fleet on its local shares while
+// its credentials are refused would admit N times each limit.
 
 // errKind is the kind of a Redis call's error.
 type errKind int
@@ -141,12 +142,9 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc,
 	return ctx, cancel, budget{d: s.timeout}
 }
 
-// Classify marks err, the error of a Redis command made under ctx by a
-// client other than the Store's (package store/upstream's), as the Store
-// marks its own (see errors.go): an outage wraps store.ErrUnavailable, an
-// unusable answer store.ErrProtocol, a refusal of rls's credentials
-// store.ErrAuth; the caller's cancellation is returned as it is, and nil
-// as nil. op names the operation in the message.
+// Classify marks err, the error of a Redis command made under ctx by
+// another client (package store/upstream's), as the Store marks its own
+// (the kinds above). op names the operation in the message; nil stays nil.
 func Classify(ctx context.Context, op string, err error) error {
 	return new(Store).fail(ctx, op, budget{caller: true}, err)
 }
@@ -156,11 +154,10 @@ func (s *Store) wrap(ctx context.Context, op string, err error) error {
 	return s.fail(ctx, op, budget{caller: true}, err)
 }
 
-// fail adds context to err, the error of a Redis call made under ctx (which
-// b bounds), and marks its kind (see classify): an outage wraps
-// store.ErrUnavailable and, when ctx's deadline passed, says which budget
-// ran out and wraps context.DeadlineExceeded; a protocol error wraps
-// store.ErrProtocol; the caller's cancellation is returned as it is.
+// fail adds context to err, the error of a Redis call made under ctx
+// (which b bounds), and marks its kind (the kinds above). An outage past
+// ctx's deadline says which budget ran out and wraps
+// context.DeadlineExceeded too.
 func (s *Store) fail(ctx context.Context, op string, b budget, err error) error {
 	switch classify(ctx, err) {
 	case errNone:

@@ -7,14 +7,10 @@ import (
 	"strings"
 )
 
-// decide.lua as a Redis Function library (Redis 7 and later): loaded once
-// per node with FUNCTION LOAD REPLACE, its top level (every helper
-// function) runs once, and each FCALL runs rls_decide alone. The library is
-// decide.lua's own text, so FCALL and EVALSHA run the same arithmetic: the
-// line that asks for effects replication (a library's top level may touch
-// no global, and Functions replicate effects anyway) and the script's last
-// line, which calls rls_decide, are left out, and the registration of the
-// two functions is added.
+// decide.lua as a Redis Function library (Redis 7 and later), loaded once
+// per node by FUNCTION LOAD REPLACE: its text without the first and last
+// lines of code (a library's top level may touch no global), plus the
+// registration of its two functions. FCALL and EVALSHA run the same text.
 const (
 	// evalPrologue is decide.lua's first line of code, for scripts only.
 	evalPrologue = "if redis.replicate_commands then pcall(redis.replicate_commands) end\n"
@@ -22,13 +18,11 @@ const (
 	evalEpilogue = "return rls_decide(KEYS, ARGV)\n"
 )
 
-// Library is the Function library's source, LibraryName its name, and
-// DecideFunction and PeekFunction the names of its functions: FCALL
-// DecideFunction with the KEYS and ARGV of decide.lua (any mode), FCALL_RO
-// PeekFunction for ModePeek (flagged no-writes, so it may run where writes
-// are refused). Names carry a hash of the library's text: Function names are
-// global to a Redis server, so two rls versions (a rolling upgrade) each
-// load and call their own, and a name always means one text.
+// Library is the Function library's source and LibraryName its name.
+// DecideFunction is called by FCALL in any mode, PeekFunction (no-writes)
+// by FCALL_RO for ModePeek. The names carry a hash of the text: Function
+// names are global to a server, so two rls versions in a rolling upgrade
+// each call their own.
 var (
 	Library        string
 	LibraryName    string

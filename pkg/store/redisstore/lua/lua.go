@@ -20,25 +20,21 @@ import (
 //go:embed decide.lua
 var DecideSource string
 
-// Decide decides one request's checks of one hash slot atomically: its
-// refunds and forced write-backs first, then its other checks in order
-// against the tentative state, all of its consumption or none. Call it by
-// its Hash (EVALSHA, then EVAL on NOSCRIPT).
+// Decide is decide.lua as a script: call it by its Hash (EVALSHA, then EVAL
+// on NOSCRIPT).
 var Decide = redis.NewScript(DecideSource)
 
-// Decide's ARGV header, per-check layout and modes: the one list shared by
-// Go and decide.lua, which names each value in a `local` line that
-// lua_test.go checks against these (as it does the codes below and
-// store.MaxPrecision, decide.lua's MAX_PRECISION).
+// decide.lua's wire: it names each value in a `local` line that
+// TestDecideConstants holds to these.
 const (
 	// HeaderArgs is the number of ARGV values before the checks: the test
-	// clock ("" = redis TIME) and the mode (HEADER in decide.lua).
+	// clock ("" = redis TIME) and the mode (HEADER).
 	HeaderArgs = 2
-	// CheckBytes is the size of one check in ARGV: algorithm and flags
-	// bytes, then limit, window seconds, burst, hits, want, horizon (µs),
-	// the window's start (seconds) and the previous window's count (-1:
-	// read its key) as little-endian doubles (CHECK_BYTES).
-	CheckBytes = 66
+	// CheckBytes is the size of one check in ARGV: algorithm, flags and
+	// precision bytes, then limit, window seconds, burst, hits, want,
+	// horizon (µs), the window's start (seconds) and the previous window's
+	// count (-1: read its key) as little-endian doubles (CHECK_BYTES).
+	CheckBytes = 67
 	// ResultBytes is the size of one check's result in the reply: allowed
 	// byte, then remaining, retry_after_us, reset_us and the lease's hits,
 	// now, from_us and every_us as little-endian doubles (RESULT_BYTES).
@@ -54,22 +50,22 @@ const (
 	MarginUS = 1_000_000
 )
 
-// The algorithm codes and flag bits of a check (ALG_* and FLAG_* in
-// decide.lua). AppendCheck is the one place a store.Check becomes them.
+// A check's algorithm codes and flag bits (ALG_* and FLAG_*), set only by
+// AppendCheck.
 const (
 	algSliding     = 0 // the script treats unknown codes as algSliding
 	algTokenBucket = 1
 	algFixed       = 2
 
-	flagRefund = 1 // store.Check.Refund
-	flagShadow = 2 // store.Check.Shadow
-	flagForce  = 4 // store.Check.Force
-	flagPaced  = 8 // store.Check.Paced
+	flagRefund = 1  // store.Check.Refund
+	flagShadow = 2  // store.Check.Shadow
+	flagForce  = 4  // store.Check.Force
+	flagPaced  = 8  // store.Check.Paced
+	flagStrict = 16 // store.Check.Strict (read for a precision window only)
 )
 
 // Windowed reports whether c counts in one key per window (WindowKey): a
-// fixed window, or a sliding window of precision 0 or 1. Other checks
-// keep their state in c.Key itself.
+// fixed window, or a sliding window of precision 0 or 1.
 func Windowed(c *store.Check) bool {
 	return c.Algorithm == store.FixedWindow || (c.Algorithm != store.TokenBucket && c.Precision < 2)
 }
@@ -82,10 +78,9 @@ func WindowKey(dst []byte, key string, start int64) []byte {
 	return strconv.AppendInt(dst, start, 10)
 }
 
-// Keys appends to keys those decide.lua's KEYS holds for c when its
-// window starts at start (Unix seconds): a window key, and a sliding
-// window's previous one unless its count is given (AppendCheck's prev), or
-// c's own key.
+// Keys appends c's KEYS for a window starting at start (Unix seconds): its
+// window key and, for a sliding window whose previous count is not given,
+// the previous one; or c.Key for a check that is not Windowed.
 func Keys(keys []string, c *store.Check, start int64, prevGiven bool) []string {
 	if !Windowed(c) {
 		return append(keys, c.Key)
@@ -126,17 +121,26 @@ var Demand = redis.NewScript(DemandSource)
 
 // AppendCheck appends c, as decide.lua reads one check, to b: its
 // algorithm's code (an unknown algorithm acts as the default, sliding
-// window, as in the memory store), its flags, then limit, window seconds,
-// burst field, hits, want, horizon (µs), the start of the window its keys
-// name (seconds; see Keys) and the previous window's count as
-// little-endian doubles. The burst field is a token bucket's capacity or a
-// sliding window's precision (0 or 1: the two-counter window; negated when
-// strict). prev is a two-counter sliding window's previous count when the
-// caller knows it (that window has ended, so it only falls), else -1: the
-// script reads its key. Numbers above 2^53 round to the nearest double.
+// window, as in the memory store), its flags, its precision (a sliding
+// window's sub-windows, else 0), then limit, window seconds, burst (a token
+// bucket's capacity, else 0), hits, want, horizon (µs), the start of the
+// window its keys name (seconds; see Keys) and the previous window's count
+// as little-endian doubles. prev is a two-counter sliding window's previous
+// count when the caller knows it (that window has ended, so it only falls),
+// else -1: the script reads its key. Numbers above 2^53 round to the
+// nearest double.
 func AppendCheck(b []byte, c *store.Check, start, prev int64) []byte {
-	b = append(b, algorithmCode(c.Algorithm), flags(c))
-	for _, v := range [...]float64{float64(c.Limit), float64(c.Window / time.Second), burstField(c), float64(c.Hits),
+	var precision uint8
+	var burst float64
+	switch c.Algorithm {
+	case store.TokenBucket:
+		burst = float64(c.Burst)
+	case store.FixedWindow:
+	default:
+		precision = c.Precision
+	}
+	b = append(b, algorithmCode(c.Algorithm), flags(c), precision)
+	for _, v := range [...]float64{float64(c.Limit), float64(c.Window / time.Second), burst, float64(c.Hits),
 		float64(c.Want), float64(c.Horizon / time.Microsecond), float64(start), float64(prev)} {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
 	}
@@ -160,27 +164,12 @@ func flags(c *store.Check) byte {
 	for _, b := range [...]struct {
 		on  bool
 		bit byte
-	}{{c.Refund, flagRefund}, {c.Shadow, flagShadow}, {c.Force, flagForce}, {c.Paced, flagPaced}} {
+	}{{c.Refund, flagRefund}, {c.Shadow, flagShadow}, {c.Force, flagForce}, {c.Paced, flagPaced}, {c.Strict, flagStrict}} {
 		if b.on {
 			f |= b.bit
 		}
 	}
 	return f
-}
-
-// burstField is c's burst field in the script: a token bucket's capacity,
-// a sliding window's precision (0 for the two-counter window; negated when
-// strict), 0 for a fixed window.
-func burstField(c *store.Check) float64 {
-	switch {
-	case c.Algorithm == store.TokenBucket:
-		return float64(c.Burst)
-	case c.Algorithm == store.FixedWindow || c.Precision < 2:
-		return 0
-	case c.Strict:
-		return -float64(c.Precision) // the oldest sub-window counts whole
-	}
-	return float64(c.Precision)
 }
 
 // Result is one check's result as decide.lua replies it.

@@ -12,8 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 	"github.com/rls-project/rls/pkg/store/storetest"
 )
 

@@ -6,18 +6,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/rls-project/rls/lua"
 	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/redisstore/lua"
 )
 
-// Plain commands (docs/redis.md): per check, INCRBY of the window's key
-// (lua.WindowKey, named on the node's clock) by Hits + Want, PEXPIRE of it,
-// and for a sliding window GET of the previous window's key unless its
-// count is kept (prev.go), in one pipeline. The request stands when every check fits its budget reckoned
-// at the earliest time its INCRBY can have run, and the reply came before
-// the window can have ended; what a lease did not get is taken back.
-// Anything else takes every INCRBY back and asks the script in one more
-// round trip, so plain commands never admit what the script would deny.
+// Plain commands: per check, INCRBY of the window's key by Hits + Want,
+// PEXPIRE of it, and for a sliding window GET of the previous window's key
+// unless its count is kept (prev.go), in one pipeline. They never admit
+// what the script would deny (docs/redis.md, invariant 3).
 
 // plainable reports whether every check of a request may go by plain
 // commands.
@@ -101,25 +97,9 @@ func (s *Store) decidePlain(ctx context.Context, n *node, checks []store.Check, 
 	if !ok {
 		return false, nil, nil
 	}
-	pcs := make([]plainCheck, len(checks))
-	for i := range checks {
-		c, pc := &checks[i], &pcs[i]
-		pc.wus = int64(c.Window / time.Microsecond)
-		pc.start = floorDiv(lo, pc.wus) * pc.wus
-		if hi+boundaryMargin.Microseconds() >= pc.start+pc.wus {
-			return false, nil, nil
-		}
-		pc.key = string(lua.WindowKey(nil, c.Key, pc.start/1e6))
-		until := pc.start + pc.wus
-		if c.Algorithm != store.FixedWindow {
-			pc.prevKey = string(lua.WindowKey(nil, c.Key, (pc.start-pc.wus)/1e6))
-			until += pc.wus
-			pc.prev = -1
-			if n, ok := s.prevs.get(pc.prevKey, lo); ok {
-				pc.prev = n
-			}
-		}
-		pc.ttl = time.Duration(until+lua.MarginUS-hi) * time.Microsecond
+	pcs, ok := s.planPlain(checks, lo, hi)
+	if !ok {
+		return false, nil, nil
 	}
 	err = n.do(ctx, newCall(func(ctx context.Context, p redis.Pipeliner) {
 		for i := range pcs {
@@ -134,29 +114,7 @@ func (s *Store) decidePlain(ctx context.Context, n *node, checks []store.Check, 
 	if err != nil {
 		return false, nil, err // the INCRBYs may have run or not: nothing to take back
 	}
-	_, hiR, ok := n.clock.bounds(localUS())
-	fits := ok
-	for i := range checks {
-		c, pc := &checks[i], &pcs[i]
-		if err := pc.incr.Err(); err != nil {
-			if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "ERR unknown command") {
-				n.noPlain.Store(true) // an ACL without the command: scripts only
-			}
-			fits = false
-			continue
-		}
-		b := plainBack{key: pc.key, n: int64(c.Hits + c.Want), ttl: pc.ttl}
-		back = append(back, b)
-		if pc.get != nil {
-			if n, ok := parseCount(pc.get); ok {
-				pc.prev = n
-				s.prevs.put(pc.prevKey, n, pc.start+pc.wus, lo)
-			}
-		}
-		if !fits || hiR >= pc.start+pc.wus || !pc.decide(c, &results[i], lo, hiR) {
-			fits = false
-		}
-	}
+	back, fits := s.readPlain(n, checks, pcs, results, lo)
 	if !fits {
 		return false, back, nil
 	}
@@ -171,6 +129,60 @@ func (s *Store) decidePlain(ctx context.Context, n *node, checks []store.Check, 
 		_ = n.do(ctx, newCall(func(ctx context.Context, p redis.Pipeliner) { queueBack(ctx, p, back) }))
 	}
 	return true, nil, nil
+}
+
+// planPlain names each check's keys and TTL on the node's clock (lo, hi:
+// its earliest and latest time, µs). It reports false when a window may
+// end before the reply comes.
+func (s *Store) planPlain(checks []store.Check, lo, hi int64) ([]plainCheck, bool) {
+	pcs := make([]plainCheck, len(checks))
+	for i := range checks {
+		c, pc := &checks[i], &pcs[i]
+		pc.wus = int64(c.Window / time.Microsecond)
+		pc.start = floorDiv(lo, pc.wus) * pc.wus
+		if hi+boundaryMargin.Microseconds() >= pc.start+pc.wus {
+			return nil, false
+		}
+		pc.key = string(lua.WindowKey(nil, c.Key, pc.start/1e6))
+		until := pc.start + pc.wus
+		if c.Algorithm != store.FixedWindow {
+			pc.prevKey = string(lua.WindowKey(nil, c.Key, (pc.start-pc.wus)/1e6))
+			until += pc.wus
+			pc.prev = -1
+			if n, ok := s.prevs.get(pc.prevKey, lo); ok {
+				pc.prev = n
+			}
+		}
+		pc.ttl = time.Duration(until+lua.MarginUS-hi) * time.Microsecond
+	}
+	return pcs, true
+}
+
+// readPlain reads the replies of pcs: the INCRBYs that ran, to take back
+// unless the request stands, and whether every check fits (results set).
+func (s *Store) readPlain(n *node, checks []store.Check, pcs []plainCheck, results []store.Result, lo int64) (back []plainBack, fits bool) {
+	_, hiR, fits := n.clock.bounds(localUS())
+	for i := range checks {
+		c, pc := &checks[i], &pcs[i]
+		if err := pc.incr.Err(); err != nil {
+			if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "ERR unknown command") {
+				n.noPlain.Store(true) // an ACL without the command: scripts only
+			}
+			fits = false
+			continue
+		}
+		back = append(back, plainBack{key: pc.key, n: int64(c.Hits + c.Want), ttl: pc.ttl})
+		if pc.get != nil {
+			if n, ok := parseCount(pc.get); ok {
+				pc.prev = n
+				s.prevs.put(pc.prevKey, n, pc.start+pc.wus, lo)
+			}
+		}
+		if !fits || hiR >= pc.start+pc.wus || !pc.decide(c, &results[i], lo, hiR) {
+			fits = false
+		}
+	}
+	return back, fits
 }
 
 // decide sets r from c's replies when c fits: the budget before the INCRBY
