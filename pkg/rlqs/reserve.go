@@ -147,60 +147,72 @@ func (st *stream) reserveAll(rs []*reservation, pre []store.Request) int {
 	var again []store.Request
 	var retried []*reservation
 	for i, rv := range rs {
-		r := &reqs[len(pre)+i]
-		last := r.Results[len(r.Results)-1]
-		rv.res, rv.err = r.Results, r.Err
-		switch {
-		case r.Err != nil:
-			continue
-		case last.Allowed:
-			rv.got = rv.g
-			if last.Consumed {
-				rv.consumed = rv.g.worst()
-			}
-			continue
-		case last.Remaining < rv.least:
-			rv.got = shape(0, rv.ttl) // not worth a replacement (see topUpLocked)
-			continue
+		if owed, ok := st.settle(rv, &reqs[len(pre)+i]); ok {
+			again = append(again, store.Request{Checks: owed, Results: make([]store.Result, len(owed))})
+			retried = append(retried, rv)
 		}
-		shrunk := st.distinct(rv.b, shape(min(last.Remaining, rv.g.worst()), rv.ttl))
-		var owed []store.Check
-		if rv.boundary {
-			if was, now := st.overlapOf(rv.b, rv.g), st.overlapOf(rv.b, shrunk); now > was {
-				more := now - was
-				st.srv.o.Metrics.addReserved(more)
-				owed = append(owed, st.force(rv.b, more))
-			}
-		}
-		rv.got = shrunk
-		if shrunk.worst() > 0 {
-			owed = append(owed, st.consume(rv.b, shrunk.worst(), rv.ttl))
-		} else if len(owed) == 0 {
-			continue
-		}
-		again = append(again, store.Request{Checks: owed, Results: make([]store.Result, len(owed))})
-		retried = append(retried, rv)
 	}
 	if len(again) == 0 {
 		return 1
 	}
 	st.srv.decideBatch(st.ctx, again)
 	for i, rv := range retried {
-		r := &again[i]
-		last := r.Results[len(r.Results)-1]
-		if rv.got.worst() == 0 {
-			continue // the owed charge alone: a failure is logged; the grant is DENY_ALL
-		}
-		if r.Err != nil || !last.Allowed {
-			rv.got = shape(0, rv.ttl)
-			continue
-		}
-		rv.res = r.Results[len(r.Results)-1:]
-		if last.Consumed {
-			rv.consumed = rv.got.worst()
-		}
+		st.settleShrunk(rv, &again[i])
 	}
 	return 2
+}
+
+// settle records the first round trip's outcome r of rv. A grant that did
+// not fit is shrunk to what is left: settle returns the checks of its
+// second round trip (its consume, and at a boundary what a slower refill
+// is owed) and true, or false when rv is settled.
+func (st *stream) settle(rv *reservation, r *store.Request) ([]store.Check, bool) {
+	last := r.Results[len(r.Results)-1]
+	rv.res, rv.err = r.Results, r.Err
+	switch {
+	case r.Err != nil:
+		return nil, false
+	case last.Allowed:
+		rv.got = rv.g
+		if last.Consumed {
+			rv.consumed = rv.g.worst()
+		}
+		return nil, false
+	case last.Remaining < rv.least:
+		rv.got = shape(0, rv.ttl) // not worth a replacement (see topUpLeast)
+		return nil, false
+	}
+	shrunk := st.distinct(rv.b, shape(min(last.Remaining, rv.g.worst()), rv.ttl))
+	var owed []store.Check
+	if rv.boundary {
+		if was, now := st.overlapOf(rv.b, rv.g), st.overlapOf(rv.b, shrunk); now > was {
+			more := now - was
+			st.srv.o.Metrics.addReserved(more)
+			owed = append(owed, st.force(rv.b, more))
+		}
+	}
+	rv.got = shrunk
+	if shrunk.worst() > 0 {
+		owed = append(owed, st.consume(rv.b, shrunk.worst(), rv.ttl))
+	}
+	return owed, len(owed) > 0
+}
+
+// settleShrunk records the second round trip's outcome r of rv's shrunk
+// grant: DENY_ALL when it failed or did not fit.
+func (st *stream) settleShrunk(rv *reservation, r *store.Request) {
+	last := r.Results[len(r.Results)-1]
+	if rv.got.worst() == 0 {
+		return // the owed charge alone: a failure is logged; the grant is DENY_ALL
+	}
+	if r.Err != nil || !last.Allowed {
+		rv.got = shape(0, rv.ttl)
+		return
+	}
+	rv.res = r.Results[len(r.Results)-1:]
+	if last.Consumed {
+		rv.consumed = rv.got.worst()
+	}
 }
 
 // consume returns the consuming check of n hits for a grant of ttl

@@ -116,12 +116,7 @@ func (st *stream) run() error {
 				return err
 			}
 		case <-st.quit:
-			st.expireAll()
-			if err := st.flush(); err != nil {
-				return err
-			}
-			st.drain()
-			return errShutdown
+			return st.quitNow()
 		case err := <-st.sendErr:
 			return err
 		case <-st.cut:
@@ -131,6 +126,17 @@ func (st *stream) run() error {
 			return st.ss.Context().Err()
 		}
 	}
+}
+
+// quitNow expires every bucket (Shutdown), waits at most drainWait for the
+// client to read it, and returns the stream's status.
+func (st *stream) quitNow() error {
+	st.expireAll()
+	if err := st.flush(); err != nil {
+		return err
+	}
+	st.drain()
+	return errShutdown
 }
 
 // arm sets the timer to the earliest of the buckets' pushes and top-ups
@@ -280,68 +286,80 @@ func (st *stream) handle(r *report) error {
 	now := o.Now()
 	st.lastRecv = now
 	st.checkConfig(now)
-	var writes []store.Check
-	var grants []ask
-	var refunds, writeBacks uint64
-	shifted := map[string]*bucket{} // the rule keys whose demand this report updated
-	var ups []*bucket
+	w := reportWork{shifted: map[string]*bucket{}}
 	for i := range r.usages {
-		u := &r.usages[i]
-		if len(u.bucket) == 0 {
-			continue // Envoy skips an action without a bucket_id: there is nothing to answer
-		}
-		key := BucketKey(u.bucket)
-		b := st.buckets[key]
-		if b == nil {
-			a, w, err := st.subscribe(key, u, now)
-			if err != nil {
-				return err
-			}
-			writes = append(writes, w...)
-			writeBacks += hits(w)
-			if a != nil {
-				grants = append(grants, *a)
-			}
-			continue
-		}
-		c := st.usage(b, u, now)
-		if b.static == nil && !b.gone {
-			shifted[b.check.Key] = b
-		}
-		for _, ch := range c {
-			if ch.Refund {
-				refunds += ch.Hits
-			} else {
-				writeBacks += ch.Hits
-			}
-		}
-		writes = append(writes, c...)
-		if b.pendingTopUp {
-			b.pendingTopUp = false
-			ups = append(ups, b)
+		if err := st.take(&w, &r.usages[i], now); err != nil {
+			return err
 		}
 	}
 	var pre []store.Request
-	if len(writes) > 0 { // refunds and write-backs of every bucket: one request
-		pre = append(pre, store.Request{Checks: writes, Results: make([]store.Result, len(writes))})
+	if len(w.writes) > 0 { // refunds and write-backs of every bucket: one request
+		pre = append(pre, store.Request{Checks: w.writes, Results: make([]store.Result, len(w.writes))})
 	}
-	calls, err := st.grant(grants, pre, now)
+	calls, err := st.grant(w.grants, pre, now)
 	if err != nil {
 		return err
 	}
 	if len(pre) > 0 {
 		if pre[0].Err != nil {
-			refunds, writeBacks = 0, 0
+			w.refunds, w.writeBacks = 0, 0
 		}
-		o.Metrics.addRefunded(refunds)
-		o.Metrics.addWrittenBack(writeBacks)
+		o.Metrics.addRefunded(w.refunds)
+		o.Metrics.addWrittenBack(w.writeBacks)
 	}
-	calls += st.srv.shareShifted(st.ctx, shifted, now)
-	n, err := st.topUps(ups, now)
+	calls += st.srv.shareShifted(st.ctx, w.shifted, now)
+	n, err := st.topUps(w.ups, now)
 	if m := o.Metrics; m != nil {
 		m.callsPerReport.Observe(float64(calls + n))
 	}
 	return err
+}
+
+// reportWork is what one report's buckets ask of the store.
+type reportWork struct {
+	writes              []store.Check // refunds and write-backs
+	grants              []ask
+	refunds, writeBacks uint64
+	shifted             map[string]*bucket // the rule keys whose demand this report updated
+	ups                 []*bucket          // to top up after the write-backs
+}
+
+// take adds the usage of one bucket of a report to w.
+func (st *stream) take(w *reportWork, u *usage, now time.Time) error {
+	if len(u.bucket) == 0 {
+		return nil // Envoy skips an action without a bucket_id: there is nothing to answer
+	}
+	key := BucketKey(u.bucket)
+	b := st.buckets[key]
+	if b == nil {
+		a, c, err := st.subscribe(key, u, now)
+		if err != nil {
+			return err
+		}
+		w.writes = append(w.writes, c...)
+		w.writeBacks += hits(c)
+		if a != nil {
+			w.grants = append(w.grants, *a)
+		}
+		return nil
+	}
+	c := st.usage(b, u, now)
+	if b.static == nil && !b.gone {
+		w.shifted[b.check.Key] = b
+	}
+	for _, ch := range c {
+		if ch.Refund {
+			w.refunds += ch.Hits
+		} else {
+			w.writeBacks += ch.Hits
+		}
+	}
+	w.writes = append(w.writes, c...)
+	if b.pendingTopUp {
+		b.pendingTopUp = false
+		w.ups = append(w.ups, b)
+	}
+	return nil
 }
 
 func hits(cs []store.Check) uint64 {
