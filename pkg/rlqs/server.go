@@ -202,12 +202,6 @@ func BucketKey(id map[string]string) string {
 	return sb.String()
 }
 
-// printable returns s with bytes that are not printable UTF-8 as \xNN.
-func printable(s string) string {
-	q := fmt.Sprintf("%+q", s)
-	return q[1 : len(q)-1]
-}
-
 // StreamRateLimitQuotas serves one stream (rlqsv3.RateLimitQuotaServiceServer).
 // Register installs a handler that calls it with the raw stream.
 func (s *Server) StreamRateLimitQuotas(ss rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {

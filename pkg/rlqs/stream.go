@@ -379,7 +379,7 @@ func (st *stream) bind(domain string) error {
 	case !st.bound:
 		st.domain, st.bound = domain, true
 	case domain != "" && domain != st.domain:
-		return status.Errorf(codes.InvalidArgument, "report for domain %q on a stream of domain %q: open a stream per domain", printable(domain), printable(st.domain))
+		return status.Errorf(codes.InvalidArgument, "report for domain %q on a stream of domain %q: open a stream per domain", domain, st.domain)
 	}
 	return nil
 }

@@ -226,7 +226,7 @@ func run(ctx context.Context, tr Trace, l Limit, cands []Candidate) (*Report, er
 		}
 	}
 	rep.Keys = len(counts)
-	origin := floorDiv(tr.Events[0].At, wus) * wus
+	origin := store.FloorDiv(tr.Events[0].At, wus) * wus
 	rep.Origin = float64(origin) / 1e6
 	rep.Duration = float64(tr.Events[len(tr.Events)-1].At-origin) / 1e6
 
@@ -398,7 +398,7 @@ func Measure(tr Trace, l Limit, allowed []bool) Result {
 		}
 	}
 	wus := l.Window.Microseconds()
-	return result(tr, l, allowed, floorDiv(tr.Events[0].At, wus)*wus, chartKey)
+	return result(tr, l, allowed, store.FloorDiv(tr.Events[0].At, wus)*wus, chartKey)
 }
 
 // result measures one set of decisions on tr: counts, the peak over all
@@ -469,14 +469,6 @@ func series(adm []Event, wus, origin, end int64) [][2]float64 {
 		out = append(out, [2]float64{float64(from-origin) / 1e6, float64(m)})
 	}
 	return out
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if (a%b != 0) && ((a < 0) != (b < 0)) {
-		q--
-	}
-	return q
 }
 
 // ParsePrecisions reads a comma-separated list of sub-window counts, each

@@ -105,7 +105,7 @@ func (s *Store) decidePlain(ctx context.Context, n *node, checks []store.Check, 
 	for i := range checks {
 		c, pc := &checks[i], &pcs[i]
 		pc.wus = int64(c.Window / time.Microsecond)
-		pc.start = floorDiv(lo, pc.wus) * pc.wus
+		pc.start = store.FloorDiv(lo, pc.wus) * pc.wus
 		if hi+boundaryMargin.Microseconds() >= pc.start+pc.wus {
 			return false, nil, nil
 		}
@@ -207,11 +207,3 @@ func (pc *plainCheck) decide(c *store.Check, r *store.Result, lo, hi int64) bool
 	return true
 }
 
-// floorDiv returns a/b rounded towards negative infinity (b > 0).
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && a < 0 {
-		q--
-	}
-	return q
-}
