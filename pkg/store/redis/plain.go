@@ -206,4 +206,3 @@ func (pc *plainCheck) decide(c *store.Check, r *store.Result, lo, hi int64) bool
 	}
 	return true
 }
-
