@@ -33,7 +33,7 @@ var (
 	replacesFields = []string{"name"}
 )
 
-// ParseOptions tune ParseWith.
+// ParseOptions tune Parse.
 type ParseOptions struct {
 	// MergeDomains lets several files define one domain, as
 	// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does: their top-level
@@ -53,20 +53,25 @@ type ParseOptions struct {
 	DefaultAlgorithm store.Algorithm
 }
 
-// Parse is ParseWith with the default options: one domain per file.
-func Parse(files map[string][]byte) (*Config, error) {
-	return ParseWith(files, ParseOptions{})
-}
-
-// ParseWith builds a Config from files, a map from file name (used in errors
-// and Rule.File) to YAML content. It returns every problem of every file as
+// Parse builds a Config from files, a map from file name (used in errors
+// and Rule.File) to YAML content, with the first of opts (without one, the
+// defaults: one domain per file). It returns every problem of every file as
 // an Errors, sorted by file and line, and a nil Config then.
-func ParseWith(files map[string][]byte, opts ParseOptions) (*Config, error) {
+func Parse(files map[string][]byte, opts ...ParseOptions) (*Config, error) {
 	srcs := make([]source, 0, len(files))
 	for name, data := range files {
 		srcs = append(srcs, source{name: name, data: data})
 	}
-	return parse(srcs, opts)
+	return parse(srcs, first(opts))
+}
+
+// first returns the first of opts, or the zero options.
+func first[T any](opts []T) T {
+	var o T
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	return o
 }
 
 // source is one input of parse: a file's YAML text, or a document already
@@ -77,7 +82,7 @@ type source struct {
 	top  *yaml.Node // nil: parse data
 }
 
-// parse builds a Config from srcs, in name order (see ParseWith).
+// parse builds a Config from srcs, in name order (see Parse).
 func parse(srcs []source, opts ParseOptions) (*Config, error) {
 	sort.Slice(srcs, func(i, j int) bool { return srcs[i].name < srcs[j].name })
 
