@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,11 +34,6 @@ const (
 	// value is accepted.
 	Refused
 )
-
-// String is the word docs/MIGRATING.md's table uses for the kind.
-func (k Kind) String() string {
-	return [...]string{"read", "warned", "refused"}[k]
-}
 
 // Var is one upstream variable: its name, upstream's default and what
 // compatibility mode does with it.
@@ -515,11 +509,6 @@ var defaults = func() map[string]string {
 	}
 	return m
 }()
-
-// IsRead reports whether name is one of upstream's variables.
-func IsRead(name string) bool {
-	return slices.ContainsFunc(Vars, func(v Var) bool { return v.Name == name })
-}
 
 // Mode reads --env-compat: the flag's value when given on the command line
 // (flagSet), else its RLS_ENV_COMPAT twin. It returns the settings read

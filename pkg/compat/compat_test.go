@@ -150,7 +150,7 @@ func TestWarnings(t *testing.T) {
 func TestWarnWhy(t *testing.T) {
 	for _, v := range Vars {
 		if (v.Kind == Warned) != (warnWhy[v.Name] != "") {
-			t.Errorf("%s: kind %s, reason %q", v.Name, v.Kind, warnWhy[v.Name])
+			t.Errorf("%s: kind %d, reason %q", v.Name, v.Kind, warnWhy[v.Name])
 		}
 	}
 	if len(warnWhy) != func() (n int) {
