@@ -207,7 +207,7 @@ func (f *simulateFlags) traces(ctx context.Context, su *simulate.Setup) ([]simul
 		if err != nil {
 			return nil, fmt.Errorf("--trace: %w", err)
 		}
-		tr, err := simulate.ReadCSVContext(ctx, file, f.trace, su.Key)
+		tr, err := simulate.ReadCSV(ctx, file, f.trace, su.Key)
 		file.Close()
 		if err != nil {
 			return nil, fmt.Errorf("--trace %w", err)
