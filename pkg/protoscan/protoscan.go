@@ -1,5 +1,6 @@
 // Package protoscan reads protobuf's wire format one field at a time, as
-// proto.Unmarshal reads it, but without checking that strings are UTF-8:
+// proto.Unmarshal reads it, and writes string maps, without checking that
+// strings are UTF-8:
 // Envoy's C++ protobuf sends header bytes as they come, and Go's protobuf
 // refuses such a message. Package service decodes RateLimitRequest with
 // it, package rlqs RLQS usage reports, package xds walks responses before
@@ -8,6 +9,7 @@ package protoscan
 
 import (
 	"fmt"
+	"sort"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -78,4 +80,40 @@ func Each(b []byte, f func(fl Field, data []byte) error) error {
 		}
 	}
 	return nil
+}
+
+// AppendStringMap appends m as the map<string, string> field num (a
+// BucketId's bucket), one entry per key in key order (as proto.Marshal's
+// Deterministic), its strings byte for byte.
+func AppendStringMap(b []byte, num protowire.Number, m map[string]string) []byte {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		var e []byte
+		e = protowire.AppendTag(e, 1, protowire.BytesType)
+		e = protowire.AppendString(e, k)
+		e = protowire.AppendTag(e, 2, protowire.BytesType)
+		e = protowire.AppendString(e, m[k])
+		b = protowire.AppendTag(b, num, protowire.BytesType)
+		b = protowire.AppendBytes(b, e)
+	}
+	return b
+}
+
+// MapEntry decodes one entry of a map<string, string> field: its key (1)
+// and value (2), byte for byte.
+func MapEntry(b []byte) (k, v string, err error) {
+	err = Each(b, func(f Field, d []byte) error {
+		switch {
+		case f.Type == protowire.BytesType && f.Num == 1:
+			k = string(d)
+		case f.Type == protowire.BytesType && f.Num == 2:
+			v = string(d)
+		}
+		return nil
+	})
+	return k, v, err
 }

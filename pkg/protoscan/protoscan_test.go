@@ -70,3 +70,34 @@ func TestNextErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestStringMapRoundTrip: a map's entries go out in key order and come
+// back byte for byte, strings that are not UTF-8 included.
+func TestStringMapRoundTrip(t *testing.T) {
+	m := map[string]string{"b": "2", "a\xff": "v\xfe", "": ""}
+	b := AppendStringMap(nil, 1, m)
+	got := map[string]string{}
+	var order []string
+	if err := Each(b, func(f Field, entry []byte) error {
+		if f.Num != 1 || f.Type != protowire.BytesType {
+			t.Fatalf("field %d type %d, want entries of field 1", f.Num, f.Type)
+		}
+		k, v, err := MapEntry(entry)
+		got[k] = v
+		order = append(order, k)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(m) || strings.Join(order, ",") != ",a\xff,b" {
+		t.Fatalf("entries %q in order %q, want %q in key order", got, order, m)
+	}
+	for k, v := range m {
+		if got[k] != v {
+			t.Errorf("%q = %q, want %q", k, got[k], v)
+		}
+	}
+	if _, _, err := MapEntry([]byte{0x0a, 0x05}); err == nil {
+		t.Error("a truncated entry: no error")
+	}
+}

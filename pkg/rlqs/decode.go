@@ -121,15 +121,7 @@ func (u *usage) bucketID(b []byte) error {
 		if num != 1 || typ != protowire.BytesType {
 			return nil
 		}
-		var k, v string
-		err := each(data, func(num protowire.Number, typ protowire.Type, _ uint64, d []byte) error {
-			if typ == protowire.BytesType && num == 1 {
-				k = string(d)
-			} else if typ == protowire.BytesType && num == 2 {
-				v = string(d)
-			}
-			return nil
-		})
+		k, v, err := protoscan.MapEntry(data)
 		if err != nil {
 			return fmt.Errorf("bucket_id: %w", err)
 		}
