@@ -40,6 +40,9 @@ const (
 type Var struct {
 	Name, Default string
 	Kind          Kind
+	// Why says, for a Warned variable, why it changes nothing and what
+	// does ("" for the others).
+	Why string
 }
 
 // Settings are the settings read from upstream's environment.
@@ -490,7 +493,7 @@ func (r *reader) warnings() {
 		if v.Kind != Warned || r.raw(v.Name) == "" {
 			continue
 		}
-		r.set.Warnings = append(r.set.Warnings, fmt.Sprintf("%s=%s has no effect in rls: %s", v.Name, r.raw(v.Name), warnWhy[v.Name]))
+		r.set.Warnings = append(r.set.Warnings, fmt.Sprintf("%s=%s has no effect in rls: %s", v.Name, r.raw(v.Name), v.Why))
 	}
 	if !r.bool("GRPC_SERVER_USE_TLS") {
 		for _, v := range []string{"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"} {
