@@ -114,16 +114,10 @@ func (s *Server) shareAll(ctx context.Context, keys map[string]*bucket, now time
 	return calls
 }
 
-// shareShifted shares this replica's demand for each of keys whose reports
-// moved it by more than demandShift from what it last shared, and returns
-// the store calls made. The other replicas size their parts at their
-// boundary pushes from what each replica last shared, which otherwise is
-// what it had at its own last push, before the reports since: when the
-// demand moves (Envoys starting, one Envoy taking most of the traffic),
-// the replica that pushes first takes a part sized on the others' old
-// demand, and the others' streams find the window spent (measured in the
-// fleet test at start-up: one replica's two Envoys admitted 2 and 0 of
-// 200 while the other's admitted 190 and 183).
+// shareShifted shares at once this replica's demand for each of keys whose
+// reports moved it by more than demandShift from what it last shared, so
+// that the other replicas' next pushes see it (invariant 7). It returns
+// the store calls made.
 func (s *Server) shareShifted(ctx context.Context, keys map[string]*bucket, now time.Time) int {
 	if s.o.Demand == nil || now.UnixNano() < s.demandDown.Load() {
 		return 0

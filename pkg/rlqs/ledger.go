@@ -154,12 +154,9 @@ func (st *stream) checkConfig(now time.Time) {
 	}
 }
 
-// reconfigure re-resolves every bucket in the config in force: a bucket
-// whose rule changed (its limit, window, algorithm, key, or whether it is
-// counted at all) gets its next grant at once, reserved under the new rule,
-// in the next response; a bucket whose rule is gone is abandoned (Envoy
-// subscribes it again at its next request, and gets what the new config
-// says). The old grant's reservation stays counted where it was made.
+// reconfigure re-resolves every bucket in the config in force: a changed
+// rule gets its next grant at once, a rule gone abandons its bucket; old
+// reservations stay counted (invariant 11).
 func (st *stream) reconfigure(now time.Time) {
 	cfg := st.srv.o.Resolver.Config()
 	if cfg == st.cfg {
@@ -299,31 +296,16 @@ func (st *stream) usage(b *bucket, u *usage, now time.Time) []store.Check {
 }
 
 // shrinkMin is the least a shrink gives back, as a part of the grant's
-// worst case (and at least 4 hits): below it a replaced bucket is not worth
-// its churn. A stream whose demand fell a fifth below its grant right after
-// a boundary frees about a sixteenth (the old bucket and its refill until
-// the replacement lands stay reserved), which a threshold of 16 missed.
+// worst case (and at least 4 hits): below it a replacement is not worth
+// its churn (invariant 5).
 const shrinkMin = 32
 
-// shrink replaces b's active windowed grant, when b's report shows a
-// demand that leaves much of it unused until the window ends, by one sized
-// to that demand, and returns it with the refund of what it frees. Shares
-// follow the demand of the report before the boundary, so a stream whose
-// demand fell since holds a reservation it will not use while another's
-// top-up finds the window empty; what a shrink frees goes to those top-ups
-// (the next one is at most topUpDelay away).
-//
-// What the active grant can admit is bounded by time: at most its bucket
-// and its refill from the window's start until the replacement lands
-// (within Overlap); and, where the report covers the grant's whole life
-// (reported), by the report too: what it reported used, its bucket and
-// its refill over 2 x Overlap (the report's way here and the
-// replacement's way there). The replacement admits at most its worst case.
-// A report with denials never shrinks its grant. Only a grant whose
-// reservation is its own (a boundary's or a first grant, not a top-up's,
-// which holds the older grants' too, nor one already shrunk) is shrunk.
-// Should the replacement not land (the stream ends first), the stream's
-// end charges the refund back (see end).
+// shrink replaces b's active windowed grant, when the report shows a
+// demand that leaves much of it unused, by one sized to that demand, and
+// returns it with the refund of all the old grant can no longer admit
+// (invariant 5; reported: the report covers the grant's whole life). A
+// stream that ends before the replacement lands charges the refund back
+// (see end).
 func (st *stream) shrink(b *bucket, now time.Time, reported bool) (*rlqsv3.RateLimitQuotaResponse_BucketAction, store.Check, bool) {
 	o := &st.srv.o
 	g := b.g
@@ -358,10 +340,9 @@ func (st *stream) shrink(b *bucket, now time.Time, reported bool) (*rlqsv3.RateL
 	return assignment(b.id, &ng), st.giveBack(b, back), true
 }
 
-// refund returns the refund of b's active grant's reservation that the
-// reports prove unused: all of it but what was used and what the grant can
-// still admit until it ends, and only while the window it was reserved in
-// lasts.
+// refund returns the refund of what b's reservation holds beyond what the
+// reports prove used and what the grant can still admit, while its window
+// lasts (invariant 4).
 func (st *stream) refund(b *bucket, now time.Time) (store.Check, bool) {
 	o := &st.srv.o
 	g := &b.g

@@ -42,14 +42,13 @@ type ask struct {
 	slot     int // its action's place in the stream's pending actions
 }
 
-// grant reserves the grants asks ask for (and the requests of pre, decided
-// first in the same round trip), puts the action of each grant reserved in
-// its slot of the pending actions (see slot) and schedules its push. The fleet's demand for their keys is read first,
-// a few calls at a time (fetchDemands). A bucket whose grant the store
-// could not reserve gets no action (Envoy's grant runs out into its
-// expired_assignment_behavior) and a push a second later. It returns the
-// store calls made. When the stream ended meanwhile (its client went
-// away, or Shutdown), what was reserved is given back and nothing is sent.
+// grant reserves what asks ask for (after pre, in the same round trip;
+// invariant 1), puts each grant's action in its slot (see slot) and
+// schedules its push. The fleet's demand for their keys is read first
+// (fetchDemands). A bucket whose grant was not reserved gets no action and
+// a push a second later. When the stream ended meanwhile, what was
+// reserved is given back and nothing is sent (invariant 12). It returns
+// the store calls made.
 func (st *stream) grant(asks []ask, pre []store.Request, now time.Time) (int, error) {
 	bs := make([]*bucket, len(asks))
 	for i, a := range asks {
@@ -122,17 +121,13 @@ func (st *stream) undo(rs []*reservation) {
 	}
 }
 
-// reserveAll consumes each reservation's worst case, with its checks
-// decided in the same request, all or nothing; one that does not fit is
-// shrunk to what is left and consumed in a second round trip, or made
-// DENY_ALL. The requests of pre go first in the first round trip. Each
-// round trip is one store.DecideBatch: one call per Redis node for every
-// bucket of a report or a tick. It returns the calls made.
-//
-// At a boundary the checks hold the boundary's charge for g (see
-// chargeOverlap), which is forced, so it stands when g does not fit; a
-// shrunk grant that refills slower than g is owed more, which goes with
-// the second call (or alone when the shrunk grant is DENY_ALL).
+// reserveAll consumes each reservation's worst case with its checks, all or
+// nothing (invariant 1); one that does not fit is shrunk to what is left
+// and consumed in a second round trip, or made DENY_ALL. pre goes first in
+// the first round trip. A boundary's charge is forced, so it stands when
+// its grant does not fit; a shrunk grant owes what its slower refill adds
+// (invariant 3). Each round trip is one store.DecideBatch; it returns the
+// calls made.
 func (st *stream) reserveAll(rs []*reservation, pre []store.Request) int {
 	if len(rs) == 0 && len(pre) == 0 {
 		return 0
@@ -215,19 +210,9 @@ func (st *stream) settleShrunk(rv *reservation, r *store.Request) {
 	}
 }
 
-// consume returns the consuming check of n hits for a grant of ttl
-// seconds on b's counter.
-//
-// Paced (store.Check.Paced): a grant whose TTL is at least the window
-// spends its reservation over a whole window at least (a token bucket:
-// its burst, then its rate), so a sliding window's grants, together
-// within the limit, refill no faster than the limit's pace, and are
-// counted against the current window alone, as a fixed window's.
-// Reserved against the weighted count instead, a window after a full
-// one has almost nothing to grant at its start: the fleet would admit
-// half the limit, a full window and an empty one in turn. A shorter
-// grant (a top-up late in a long window) could spend faster, and is
-// reserved against the weighted count.
+// consume returns the consuming check of n hits for a grant of ttl seconds
+// on b's counter, paced where the grant lasts a window at least
+// (invariant 2).
 func (st *stream) consume(b *bucket, n uint64, ttl int64) store.Check {
 	c := b.check
 	c.Hits, c.Shadow = n, false

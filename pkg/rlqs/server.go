@@ -4,7 +4,7 @@
 // Envoy enforces locally is carved from the store before it is sent: its
 // worst case is consumed with one all-or-nothing store check, so that the
 // grants of every Envoy and every rls replica sharing the store never pass
-// a rule's limit (docs/rlqs.md).
+// a rule's limit (docs/rlqs.md, invariant 1).
 package rlqs
 
 import (

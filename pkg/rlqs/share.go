@@ -24,33 +24,9 @@ func (st *stream) prepare(a ask, now time.Time) *reservation {
 	return &reservation{b: b, g: g, ttl: ttl, end: windowEnd, checks: checks, boundary: a.boundary}
 }
 
-// At a boundary the previous grant keeps admitting until the next one
-// arrives (within Overlap of the boundary, the guarantee's assumption).
-// What it admits after the boundary beyond the next grant's worst case,
-// which the next window is charged, is:
-//
-//   - its bucket's tokens (min(max_tokens, worst case)), always. An
-//     identical next bucket is carried over by Envoy, tokens and all, only
-//     while the active grant lives; but the active grant's TTL, counted
-//     from its own receipt, ends about when the next push lands (both a
-//     window after the previous push), and where it ends first Envoy falls
-//     back, then starts the next bucket full. A fake Envoy's fleet test
-//     lost that race at 2 of 12 boundaries. So carrying a bucket over
-//     cannot be counted on, and its tokens are charged as a replaced
-//     bucket's are.
-//   - its refill until the next grant arrives, only where that refills
-//     slower: the next grant's worst case counts ttl seconds of its own
-//     refill from its arrival, where ttl (whole seconds up from the time
-//     left in the window) is at least the window, so it covers the whole
-//     window's refill at its own rate, the span before its arrival too.
-//     What the previous grant refills faster there, over at most Overlap,
-//     is owed. Should ttl fall short of the window (a push more than a
-//     second late), or the rule be a token bucket (no window), the whole
-//     Overlap of the previous refill is.
-
-// chargeOverlap appends to checks the forced write-back of what b's
-// previous grant can admit after the boundary beyond g's worst case (see
-// overlapOf).
+// chargeOverlap appends to checks the forced charge of what b's previous
+// grant can admit after the boundary beyond g's worst case (overlapOf;
+// invariant 3 of docs/rlqs.md).
 func (st *stream) chargeOverlap(b *bucket, checks []store.Check, g grant) []store.Check {
 	over := st.overlapOf(b, g)
 	if over == 0 {
@@ -61,9 +37,8 @@ func (st *stream) chargeOverlap(b *bucket, checks []store.Check, g grant) []stor
 }
 
 // overlapOf returns what b's active grant can admit after a boundary until
-// g, the next grant, arrives, beyond g's worst case: its bucket's tokens,
-// and Overlap of its refill beyond g's (zero for no grant, or a blanket
-// one; see the comment above chargeOverlap).
+// g lands, beyond g's worst case: its bucket, and Overlap of its refill
+// where it is faster than g's (invariant 3); zero for none or a blanket.
 func (st *stream) overlapOf(b *bucket, g grant) uint64 {
 	if !b.hasGrant || b.g.deny || b.g.allow {
 		return 0
@@ -79,17 +54,10 @@ func (st *stream) overlapOf(b *bucket, g grant) uint64 {
 	return bucket + uint64(math.Ceil(faster*st.srv.o.Overlap.Seconds()))
 }
 
-// keepShape returns the grant for a share of x hits over ttl seconds. At a
-// push (boundary) the share pays for the boundary's charge (chargeOverlap),
-// so that the fleet's grants and charges together stay within the shares
-// (else the last stream to reserve in a window gets only what the others'
-// charges left). There an active token bucket that still fits what the
-// charge leaves, and falls short of a fresh grant's worst case by at most
-// a thirty-second of the share, is sent again as it is: Envoy then carries
-// its limiter over and restarts only the TTL, where the active grant still
-// lives, so an Envoy whose demand holds steady keeps its tokens across
-// windows. Otherwise the grant is shaped afresh, made distinct from the
-// active bucket where Envoy would take one for the other (see distinct).
+// keepShape returns the grant for a share of x hits over ttl seconds; at a
+// boundary the share also pays the boundary's charge, and a bucket whose
+// share holds steady is kept as it is (invariant 3). The grant is made
+// distinct from the active bucket (invariant 10).
 func (st *stream) keepShape(b *bucket, x uint64, ttl int64, boundary bool) grant {
 	if !boundary {
 		return st.distinct(b, shape(x, ttl))
@@ -111,13 +79,9 @@ func (st *stream) keepShape(b *bucket, x uint64, ttl int64, boundary bool) grant
 	return g
 }
 
-// distinct returns g, changed where Envoy would take it for b's active
-// token bucket and keep that one: Envoy compares max_tokens,
-// tokens_per_fill and only the nanos of fill_interval, so two buckets of
-// the same max and tokens but other whole-second fill intervals are "the
-// same" to it, and the old fill rate would stay. Doubling tokens_per_fill
-// and fill_interval keeps g's rate and worst case and makes it another
-// bucket to Envoy.
+// distinct returns g, or g with tokens_per_fill and fill_interval doubled
+// (the same rate and worst case) where Envoy would take it for b's active
+// bucket and keep the old refill (invariant 10).
 func (st *stream) distinct(b *bucket, g grant) grant {
 	old := b.g
 	if !b.hasGrant || old.deny || old.allow || g.deny || g.allow {
@@ -157,13 +121,11 @@ func (s *Server) period(b *bucket, now time.Time) (int64, time.Time) {
 	return wholeSeconds(end.Sub(now)), end
 }
 
-// share returns the hits b may be granted until windowEnd (a windowed rule:
-// a part of the window's limit) or for ttl seconds (a token bucket: a part
-// of its rate times ttl): this replica's part (see part), divided among
-// this replica's streams of the same key by their reported demand, never
-// below MinShare, and never above demandHeadroom times its own demand
-// over the grant's TTL plus MinShare (the rest stays in the store for
-// others' top-ups).
+// share returns the hits b may be granted until windowEnd (a part of the
+// window's limit) or for ttl seconds (a token bucket: of its rate times
+// ttl): this replica's part divided by demand among its streams of the
+// key, at least MinShare, at most demandHeadroom times b's own demand
+// plus MinShare (invariant 7).
 func (s *Server) share(ctx context.Context, b *bucket, ttl int64, windowEnd, now time.Time) uint64 {
 	w := b.check.Window.Seconds()
 	if w <= 0 {
@@ -213,12 +175,9 @@ const demandHeadroom = 1.05
 // (see demandOf).
 const demandGrowth = 4
 
-// setDemand records b's demand from a report covering since: its requests
-// (allowed and denied) per second, never beyond the limit's pace, and the
-// bound it counts with (see demandOf): demandGrowth times what it counted
-// for until now, or the rate it reports allowed, whichever is more. The
-// demand counts until the next report is two of b's reporting intervals
-// overdue (and a second).
+// setDemand records b's demand from a report covering since, and the
+// bound it counts with, until the report after next is overdue
+// (invariant 8).
 func (st *stream) setDemand(b *bucket, u *usage, since time.Duration, now time.Time) {
 	since = max(since, time.Second) // whole seconds: a first report says 0 s
 	rate := (float64(u.allowed) + float64(u.denied)) / since.Seconds()
@@ -237,16 +196,9 @@ func limitPace(b *bucket) float64 {
 	return float64(b.check.Limit) / w
 }
 
-// demandOf is what b's demand counts for now, among the n buckets of its
-// key on this replica: 0 once its report is overdue; else what it reported,
-// at most the larger of its fair part (the limit's pace over n) and its
-// bound (setDemand). A client reports what it likes: one stream reporting
-// 10^12 denials once took nearly the whole limit from every other Envoy
-// for as long as it stayed open. Held to its fair part (as the streams of
-// the key are now, not when it reported), such a claim takes no more than
-// an honest stream's; a stream whose demand truly grows past its fair part
-// (as its grants and reported admissions show) gets there within a report
-// or two. Safe for concurrent use (it reads only b's atomics).
+// demandOf is what b's demand counts for now among the n buckets of its
+// key here: what it reported, held to its fair part and bound, 0 once
+// overdue (invariant 8). Safe for concurrent use (it reads b's atomics).
 func (s *Server) demandOf(b *bucket, now time.Time, n int) float64 {
 	if now.UnixNano() >= b.demandUntil.Load() {
 		return 0

@@ -18,16 +18,10 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 )
 
-// stream is one StreamRateLimitQuotas stream: one Envoy and one domain.
-//
-// Its state belongs to one goroutine, serve's (run): it takes the reports
-// (decoded by the receiving goroutine, which hands them over and does
-// nothing else), the ticks of its one timer (every bucket due at a tick is
-// answered in one response), a config change and the shutdown, in turn. So
-// no lock is held across a store call, nothing is handled once serve has
-// returned, and every bucket leaves its share group when serve returns. A
-// sending goroutine writes the responses queued; one that a client does not
-// read for SendWait cuts the stream.
+// stream is one StreamRateLimitQuotas stream: one Envoy and one domain. Its
+// state belongs to run's goroutine (invariant 12 of docs/rlqs.md); a
+// receiving goroutine decodes reports, a sending goroutine writes the
+// responses queued and cuts a client that reads nothing for SendWait.
 type stream struct {
 	srv    *Server
 	ss     grpc.ServerStream
@@ -273,10 +267,9 @@ func (st *stream) sortedBuckets() []*bucket {
 
 // handle processes one report: subscriptions are answered at once; usage
 // updates demand, writes back what no grant covered, refunds what is
-// proven unused, and abandons idle buckets. Its store calls are few
-// whatever its number of buckets: the write-backs and the subscriptions'
-// reservations go in one round trip (store.DecideBatch), those that did not
-// fit in a second, the top-ups in a third and fourth.
+// proven unused, and abandons idle buckets. The write-backs and first
+// grants of all its buckets take one store round trip, those that did not
+// fit a second, the top-ups a third and fourth.
 func (st *stream) handle(r *report) error {
 	o := &st.srv.o
 	if err := st.bind(r.domain); err != nil {

@@ -26,14 +26,8 @@ func (st *stream) topUpWant(b *bucket, now time.Time) uint64 {
 }
 
 // topUpLeast is the fewest extra hits for which a top-up's replacement of
-// g refills faster than g: the replacement carries g's rate for the rest
-// of the window less Overlap (the old grant admits until it lands), spread
-// with the extra over ttl whole seconds, and starts a new bucket that an
-// Envoy whose requests are being denied (the newest Envoy seeds it with
-// the old bucket's ratio of tokens) finds nearly empty. A smaller top-up
-// would leave such an Envoy admitting less than before it: measured in the
-// fleet test, a top-up of 5 hits took the hungry Envoy's window from 92 to
-// 87 admitted.
+// g (g's rate for the window's rest less Overlap, plus the extra, over ttl
+// whole seconds) refills faster than g (invariant 9).
 func topUpLeast(g grant, carry uint64, ttl int64) uint64 {
 	r := g.rate()
 	if r <= 0 {
@@ -56,12 +50,10 @@ func topUpLeast(g grant, carry uint64, ttl int64) uint64 {
 	}
 }
 
-// topUps reserves, for each of bs, what its demand asks beyond its grant,
-// from what the window has left (all or nothing, then shrunk to what is
-// left; one round trip for them all, and one for those shrunk), and queues
-// a grant that replaces the active one: the old grant's rate for the rest
-// of the window (already reserved, less Overlap for the replacement to
-// arrive) plus the hits reserved now. It returns the store calls made.
+// topUps reserves for each of bs what its demand asks beyond its grant,
+// from what the window has left (invariant 9: all or nothing, then shrunk,
+// as reserveAll), and queues each replacement grant. It returns the store
+// calls made.
 func (st *stream) topUps(bs []*bucket, now time.Time) (int, error) {
 	var rs []*reservation
 	for _, b := range bs {
