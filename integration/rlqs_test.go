@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/pkg/rlqs"
+	"github.com/rls-project/rls/pkg/rlqs/rlqstest"
 	"github.com/rls-project/rls/pkg/testkit"
 )
 
@@ -352,7 +352,7 @@ func encodeRLQSReport(domain string, ids ...map[string]string) []byte {
 		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
 			BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(0), NumRequestsAllowed: 1})
 	}
-	return rlqs.MarshalReports(m)
+	return rlqstest.MarshalReports(m)
 }
 
 func recvRLQS(t *testing.T, cs grpc.ClientStream) *rlqsv3.RateLimitQuotaResponse {
@@ -361,7 +361,7 @@ func recvRLQS(t *testing.T, cs grpc.ClientStream) *rlqsv3.RateLimitQuotaResponse
 	if err := cs.RecvMsg(m); err != nil {
 		t.Fatalf("recv: %v", err)
 	}
-	resp, err := rlqs.DecodeResponse(m.b)
+	resp, err := rlqstest.DecodeResponse(m.b)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/simulate"
+	"github.com/rls-project/rls/pkg/simulate/simtest"
 	"github.com/rls-project/rls/pkg/store"
 )
 
@@ -88,7 +89,7 @@ type simStream struct {
 //     store skew's 99th percentile is at most 10 ms; a busier machine
 //     makes the send times say little about when the store decided, and
 //     the log says so;
-//   - replayed in lockstep at the send times (simulate.Follow), at most 20%
+//   - replayed in lockstep at the send times (simtest.Follow), at most 20%
 //     of the decisions differ (when the skew is as small): the skew moves
 //     requests across (sub-)window boundaries, mostly near the limit; the
 //     log reports how many;
@@ -159,7 +160,7 @@ func TestSimulatePrecisionBlackBox(t *testing.T) {
 				p99 = streamSkews[n*99/100]
 			}
 			quiet := p99 <= simQuietSkew
-			lockstep, err := simulate.Follow(sent, l, st.cand, verdicts)
+			lockstep, err := simtest.Follow(sent, l, st.cand, verdicts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -169,7 +170,7 @@ func TestSimulatePrecisionBlackBox(t *testing.T) {
 				tr       simulate.Trace
 				verdicts []bool
 			}{{"send", sent, verdicts}, {"store", atStore, storeVerdicts}} {
-				decided, err := simulate.Decide(v.tr, l, st.cand)
+				decided, err := simulate.Decide(context.Background(), v.tr, l, st.cand)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -262,7 +263,7 @@ func simAtStore(t *testing.T, samples []simSample, l simulate.Limit, c simulate.
 	for _, a := range admitted {
 		tr.Events = append(tr.Events, simulate.Event{At: a, Key: "k", Hits: 1})
 	}
-	d, err := simulate.Decide(tr, l, c)
+	d, err := simulate.Decide(context.Background(), tr, l, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func simAtStore(t *testing.T, samples []simSample, l simulate.Limit, c simulate.
 	denies := func(p int64) bool {
 		n, _ := slices.BinarySearch(admitted, p+1)
 		probe := simulate.Trace{Name: "probe", Events: append(slices.Clone(tr.Events[:n]), simulate.Event{At: p, Key: "k", Hits: 1})}
-		d, err := simulate.Decide(probe, l, c)
+		d, err := simulate.Decide(context.Background(), probe, l, c)
 		if err != nil {
 			t.Fatal(err)
 		}

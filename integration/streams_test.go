@@ -27,7 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/pkg/rlqs"
+	"github.com/rls-project/rls/pkg/rlqs/rlqstest"
 	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/testkit"
 )
@@ -188,7 +188,7 @@ func TestStreamsDoNotLockThePort(t *testing.T) {
 
 	// A stream whose client never reads (its window 0): its first answer
 	// can never be sent. SIGTERM still ends rls within its bound.
-	report := rlqs.MarshalReports(&rlqsv3.RateLimitQuotaUsageReports{Domain: "example",
+	report := rlqstest.MarshalReports(&rlqsv3.RateLimitQuotaUsageReports{Domain: "example",
 		BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
 			BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"api_key": "stuck"}}, TimeElapsed: durationpb.New(0)}}})
 	stuck, err := h2Stream(p.GRPCAddr, rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, report, false, true)
@@ -235,7 +235,7 @@ func TestRLQSReloadLowersLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, denied := range []uint64{0, 1_000_000_000_000} {
-		if err := liar.SendMsg(rawBytes(rlqs.MarshalReports(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d",
+		if err := liar.SendMsg(rawBytes(rlqstest.MarshalReports(&rlqsv3.RateLimitQuotaUsageReports{Domain: "d",
 			BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: &rlqsv3.BucketId{Bucket: id},
 				TimeElapsed: durationpb.New(time.Second), NumRequestsDenied: denied}}}))); err != nil {
 			t.Fatal(err)
@@ -309,7 +309,7 @@ func TestRLQSStreamMemoryBounded(t *testing.T) {
 			us = append(us, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: id},
 				TimeElapsed: durationpb.New(0), NumRequestsAllowed: 1})
 		}
-		return rlqs.MarshalReports(&rlqsv3.RateLimitQuotaUsageReports{Domain: "example", BucketQuotaUsages: us})
+		return rlqstest.MarshalReports(&rlqsv3.RateLimitQuotaUsageReports{Domain: "example", BucketQuotaUsages: us})
 	}
 	open := func(conn *grpc.ClientConn) grpc.ClientStream {
 		cs, err := conn.NewStream(context.Background(), &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],

@@ -142,7 +142,7 @@ func (f *simulateFlags) source() (simulate.Source, error) {
 	if f.limit != 0 {
 		return simulate.Source{}, errors.New("--limit: give either --config (the rule's limit) or --limit")
 	}
-	cfg, _, err := descriptors.LoadWith(f.configDir, descriptors.LoadOptions{MergeDomains: f.mergeDomains})
+	cfg, _, err := descriptors.Load(f.configDir, descriptors.LoadOptions{MergeDomains: f.mergeDomains})
 	if err != nil {
 		return simulate.Source{}, fmt.Errorf("--config %s: %v", f.configDir, err)
 	}
@@ -207,7 +207,7 @@ func (f *simulateFlags) traces(ctx context.Context, su *simulate.Setup) ([]simul
 		if err != nil {
 			return nil, fmt.Errorf("--trace: %w", err)
 		}
-		tr, err := simulate.ReadCSVContext(ctx, file, f.trace, su.Key)
+		tr, err := simulate.ReadCSV(ctx, file, f.trace, su.Key)
 		file.Close()
 		if err != nil {
 			return nil, fmt.Errorf("--trace %w", err)

@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,16 +35,14 @@ const (
 	Refused
 )
 
-// String is the word docs/MIGRATING.md's table uses for the kind.
-func (k Kind) String() string {
-	return [...]string{"read", "warned", "refused"}[k]
-}
-
 // Var is one upstream variable: its name, upstream's default and what
 // compatibility mode does with it.
 type Var struct {
 	Name, Default string
 	Kind          Kind
+	// Why says, for a Warned variable, why it changes nothing and what
+	// does ("" for the others).
+	Why string
 }
 
 // Settings are the settings read from upstream's environment.
@@ -496,7 +493,7 @@ func (r *reader) warnings() {
 		if v.Kind != Warned || r.raw(v.Name) == "" {
 			continue
 		}
-		r.set.Warnings = append(r.set.Warnings, fmt.Sprintf("%s=%s has no effect in rls: %s", v.Name, r.raw(v.Name), warnWhy[v.Name]))
+		r.set.Warnings = append(r.set.Warnings, fmt.Sprintf("%s=%s has no effect in rls: %s", v.Name, r.raw(v.Name), v.Why))
 	}
 	if !r.bool("GRPC_SERVER_USE_TLS") {
 		for _, v := range []string{"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"} {
@@ -515,11 +512,6 @@ var defaults = func() map[string]string {
 	}
 	return m
 }()
-
-// IsRead reports whether name is one of upstream's variables.
-func IsRead(name string) bool {
-	return slices.ContainsFunc(Vars, func(v Var) bool { return v.Name == name })
-}
 
 // Mode reads --env-compat: the flag's value when given on the command line
 // (flagSet), else its RLS_ENV_COMPAT twin. It returns the settings read

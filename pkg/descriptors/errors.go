@@ -64,3 +64,7 @@ func (es Errors) sort() {
 		return es[i].Line < es[j].Line
 	})
 }
+
+func (es *Errors) add(file string, line int, fieldName, msg string) {
+	*es = append(*es, &ConfigError{File: file, Line: line, Field: fieldName, Msg: msg})
+}

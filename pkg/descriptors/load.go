@@ -19,7 +19,7 @@ import (
 // times what a Kubernetes ConfigMap can hold.
 const DefaultMaxFileBytes = 8 << 20
 
-// LoadOptions tune LoadWith. Zero fields take the defaults in brackets.
+// LoadOptions tune Load. Zero fields take the defaults in brackets.
 type LoadOptions struct {
 	// MaxFileBytes is the largest file read [DefaultMaxFileBytes]: a larger
 	// one is an error naming its size, found from its metadata before any
@@ -62,11 +62,6 @@ var readFile = func(path string, max int64) ([]byte, error) {
 	}
 	defer f.Close()
 	return io.ReadAll(io.LimitReader(f, max+1))
-}
-
-// Load is LoadWith with the default options.
-func Load(dir string) (cfg *Config, ignored []string, err error) {
-	return LoadWith(dir, LoadOptions{})
 }
 
 // candidate is a file Load would read, with its metadata (symbolic links
@@ -166,19 +161,14 @@ func scanUpstream(dir string, ignoreDot bool) (files []candidate, ignored []stri
 	return files, ignored, errs, nil
 }
 
-// Fingerprint identifies the set of files Load would read in dir by their
-// names, sizes and modification times, without reading them: a cheap way
-// to tell whether a set already loaded (or rejected) may have changed.
+// Fingerprint identifies the set of files Load would read in dir with the
+// first of opts by their names, sizes and modification times, without
+// reading them: a cheap way to tell whether a set already loaded (or rejected) may have changed.
 // newest is the latest modification time among them: a file changed again
 // within the file system's timestamp granularity keeps its fingerprint, so
 // callers should not trust a fingerprint whose newest file is very recent.
-func Fingerprint(dir string) (fp string, newest time.Time, err error) {
-	return FingerprintWith(dir, LoadOptions{})
-}
-
-// FingerprintWith is Fingerprint of the files LoadWith reads with opts.
-func FingerprintWith(dir string, opts LoadOptions) (fp string, newest time.Time, err error) {
-	files, _, errs, err := scan(dir, opts)
+func Fingerprint(dir string, opts ...LoadOptions) (fp string, newest time.Time, err error) {
+	files, _, errs, err := scan(dir, first(opts))
 	if err != nil {
 		return "", time.Time{}, err
 	}
@@ -196,16 +186,18 @@ func FingerprintWith(dir string, opts LoadOptions) (fp string, newest time.Time,
 	return hex.EncodeToString(h.Sum(nil)), newest, nil
 }
 
-// LoadWith reads every *.yaml and *.yml file of dir (not recursively;
-// symbolic links are followed, so a Kubernetes ConfigMap mount works) and
-// parses them with Parse. Entries whose names start with '.' (such as a
+// Load reads, with the first of o (without one, the defaults), every
+// *.yaml and *.yml file of dir (not recursively; symbolic links are
+// followed, so a Kubernetes ConfigMap mount works) and parses them with
+// Parse. Entries whose names start with '.' (such as a
 // ConfigMap's "..data" and "..2024_01_01..." entries), directories and files
 // with other extensions are skipped, each with a line in ignored. A file
 // larger than opts.MaxFileBytes is an error and is neither read nor parsed.
 // Errors names each file by its path in dir. The error is an Errors when
 // validation fails, and a wrapped I/O error when dir cannot be read. An
 // empty directory gives a Config without domains.
-func LoadWith(dir string, opts LoadOptions) (cfg *Config, ignored []string, err error) {
+func Load(dir string, o ...LoadOptions) (cfg *Config, ignored []string, err error) {
+	opts := first(o)
 	if opts.MaxFileBytes <= 0 {
 		opts.MaxFileBytes = DefaultMaxFileBytes
 	}
@@ -240,7 +232,7 @@ func LoadWith(dir string, opts LoadOptions) (cfg *Config, ignored []string, err 
 	if len(errs) > 0 {
 		// Some file is unusable: report every error of the others too,
 		// but do not build what cannot be used.
-		if _, perr := ParseWith(files, opts.parseOptions()); perr != nil {
+		if _, perr := Parse(files, opts.parseOptions()); perr != nil {
 			var perrs Errors
 			if errors.As(perr, &perrs) {
 				errs = append(errs, perrs...)
@@ -249,7 +241,7 @@ func LoadWith(dir string, opts LoadOptions) (cfg *Config, ignored []string, err 
 		errs.sort()
 		return nil, ignored, errs
 	}
-	cfg, err = ParseWith(files, opts.parseOptions())
+	cfg, err = Parse(files, opts.parseOptions())
 	if err != nil {
 		var perrs Errors
 		if errors.As(err, &perrs) {

@@ -33,10 +33,10 @@ func TestOversizedFileIsNotRead(t *testing.T) {
 	readFile = func(path string, max int64) ([]byte, error) { reads[path]++; return orig(path, max) }
 	t.Cleanup(func() { readFile = orig })
 
-	cfg, _, err := LoadWith(dir, LoadOptions{MaxFileBytesName: "--config-max-bytes"})
+	cfg, _, err := Load(dir, LoadOptions{MaxFileBytesName: "--config-max-bytes"})
 	var list Errors
 	if cfg != nil || !errors.As(err, &list) || len(list) != 1 {
-		t.Fatalf("LoadWith: %v, %v; want one error", cfg, err)
+		t.Fatalf("Load: %v, %v; want one error", cfg, err)
 	}
 	want := fmt.Sprintf("%s: file is 52428800 bytes, more than the 8388608 bytes of --config-max-bytes; not read", big)
 	if list[0].Error() != want {
@@ -46,8 +46,8 @@ func TestOversizedFileIsNotRead(t *testing.T) {
 		t.Errorf("reads %v: the big file must not be read, the small one once", reads)
 	}
 	// A smaller limit applies to the small file too; Load's default does not.
-	if _, _, err := LoadWith(dir, LoadOptions{MaxFileBytes: 5}); err == nil || !strings.Contains(err.Error(), "a.yaml: file is 26 bytes, more than the 5 bytes of the size limit") {
-		t.Errorf("LoadWith 5 bytes: %v", err)
+	if _, _, err := Load(dir, LoadOptions{MaxFileBytes: 5}); err == nil || !strings.Contains(err.Error(), "a.yaml: file is 26 bytes, more than the 5 bytes of the size limit") {
+		t.Errorf("Load 5 bytes: %v", err)
 	}
 	os.Remove(big)
 	if _, _, err := Load(dir); err != nil {
@@ -71,9 +71,9 @@ func TestFileGrownAfterStatIsRefused(t *testing.T) {
 		return orig(p, max)
 	}
 	t.Cleanup(func() { readFile = orig })
-	_, _, err := LoadWith(dir, LoadOptions{MaxFileBytes: 20})
+	_, _, err := Load(dir, LoadOptions{MaxFileBytes: 20})
 	if err == nil || !strings.Contains(err.Error(), "file is 21 bytes, more than the 20 bytes") {
-		t.Fatalf("LoadWith: %v; want the grown file refused at limit+1 bytes read", err)
+		t.Fatalf("Load: %v; want the grown file refused at limit+1 bytes read", err)
 	}
 }
 
@@ -163,7 +163,7 @@ func TestLoadUpstreamFiles(t *testing.T) {
 		{LoadOptions{Upstream: true, IgnoreDotFiles: true, MergeDomains: true}, "[a b e]", ""},
 		{LoadOptions{Upstream: true, MergeDomains: true}, "[a b c d e]", ""},
 	} {
-		cfg, notes, err := LoadWith(dir, c.opts)
+		cfg, notes, err := Load(dir, c.opts)
 		switch {
 		case c.err != "":
 			if err == nil || !strings.Contains(err.Error(), c.err) {

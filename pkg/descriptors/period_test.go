@@ -150,7 +150,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3, algorithm: token_bucket, burst: 5}
 `
 	for _, def := range []store.Algorithm{store.SlidingWindow, store.FixedWindow, store.TokenBucket} {
-		cfg, err := ParseWith(map[string][]byte{"a.yaml": []byte(y)}, ParseOptions{DefaultAlgorithm: def})
+		cfg, err := Parse(map[string][]byte{"a.yaml": []byte(y)}, ParseOptions{DefaultAlgorithm: def})
 		if err != nil {
 			t.Fatalf("%s: %v", def, err)
 		}
@@ -166,7 +166,7 @@ descriptors:
 			t.Errorf("default %s: override of a named rule has %s, want the rule's", def, got)
 		}
 		// burst still needs token_bucket named, whatever the default.
-		_, err = ParseWith(map[string][]byte{"b.yaml": []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 2}\n")},
+		_, err = Parse(map[string][]byte{"b.yaml": []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 2}\n")},
 			ParseOptions{DefaultAlgorithm: def})
 		if err == nil || !strings.Contains(err.Error(), "burst: only valid with algorithm: token_bucket") {
 			t.Errorf("default %s: burst without algorithm: %v", def, err)

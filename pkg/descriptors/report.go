@@ -7,11 +7,11 @@ import (
 	"sort"
 )
 
-// LoadDir is LoadWith, refusing a directory without any domain (it would
+// LoadDir is Load, refusing a directory without any domain (it would
 // limit nothing) unless opts.AllowEmpty: what rls serve, --dry-run and rls
 // validate load alike.
 func LoadDir(dir string, opts LoadOptions) (*Config, []string, error) {
-	cfg, notes, err := LoadWith(dir, opts)
+	cfg, notes, err := Load(dir, opts)
 	if err == nil && len(cfg.Domains()) == 0 && !opts.AllowEmpty {
 		return nil, notes, fmt.Errorf("%s has no domain (no .yaml or .yml file with a domain), so rls would limit nothing; "+
 			"add the config, or pass %s to start without one", dir, opts.AllowEmptyName)

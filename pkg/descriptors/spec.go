@@ -50,7 +50,7 @@ type RateLimitSpec struct {
 	Replaces        []string // the names of the replaces list's entries
 }
 
-// ParseSpecs builds a Config from specs as ParseWith builds one from files:
+// ParseSpecs builds a Config from specs as Parse builds one from files:
 // same validation, same errors, merged domains with opts.MergeDomains. Its
 // errors name the spec and the field path instead of a line:
 // "xds:ratelimit: descriptors[2].rate_limit.unit: invalid unit ...".

@@ -200,7 +200,7 @@ func parseUpstream(t testing.TB, names []string, merge bool) (*Config, error) {
 		}
 		files[path] = readUpstream(t, n)
 	}
-	return ParseWith(files, ParseOptions{MergeDomains: merge})
+	return Parse(files, ParseOptions{MergeDomains: merge})
 }
 
 // TestUpstreamFilesClassified: every file of upstream's test/config is a
@@ -582,7 +582,7 @@ func upstreamConfigs(t *testing.T) map[string]*Config {
 	}
 	out[strings.Join(upstreamMerged, "+")] = cfg
 	for name, y := range upstreamInline {
-		cfg, err := ParseWith(map[string][]byte{name + ".yaml": []byte(y)},
+		cfg, err := Parse(map[string][]byte{name + ".yaml": []byte(y)},
 			ParseOptions{MergeDomains: strings.HasPrefix(name, "detailed/")})
 		if err != nil {
 			t.Fatalf("inline %s: %v", name, err)

@@ -85,16 +85,6 @@ func New(o Options) *Fleet {
 // Size returns the current fleet size, at least 1.
 func (f *Fleet) Size() int { return int(f.size.Load()) }
 
-// Known reports whether the size is fixed or has been learned at least once.
-func (f *Fleet) Known() bool {
-	if f.beat == nil {
-		return true
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.known
-}
-
 // Beat runs one heartbeat and updates the size; on error the last size stays.
 func (f *Fleet) Beat(ctx context.Context) error {
 	if f.beat == nil {

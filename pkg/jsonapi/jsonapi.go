@@ -54,6 +54,11 @@ const (
 
 // Handler returns the /json handler deciding through svc.
 func Handler(svc rlsv3.RateLimitServiceServer, o Options) http.Handler {
+	o.defaults()
+	return &handler{svc: svc, o: o, th: logthrottle.New(logthrottle.Every, nil), slots: make(chan struct{}, o.MaxInFlight)}
+}
+
+func (o *Options) defaults() {
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = 1 << 20
 	}
@@ -69,69 +74,88 @@ func Handler(svc rlsv3.RateLimitServiceServer, o Options) http.Handler {
 	if o.ReadTimeout <= 0 {
 		o.ReadTimeout = 5 * time.Second
 	}
-	th := logthrottle.New(logthrottle.Every, nil)
-	slots := make(chan struct{}, o.MaxInFlight)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(w)
-		select {
-		case slots <- struct{}{}:
-			defer func() { <-slots }()
-		default:
-			// Not a byte more of this body: the connection is closed.
-			_ = rc.SetReadDeadline(time.Now())
-			w.Header().Set("Connection", "close")
-			http.Error(w, "too many /json requests in flight (the most is "+strconv.Itoa(o.MaxInFlight)+"): retry later", http.StatusServiceUnavailable)
-			return
-		}
-		_ = rc.SetReadDeadline(time.Now().Add(o.ReadTimeout))
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, o.MaxBytes))
-		var tooBig *http.MaxBytesError
-		var ne net.Error
-		switch {
-		case errors.As(err, &tooBig):
-			http.Error(w, "request body over the limit of "+strconv.FormatInt(o.MaxBytes, 10)+" bytes", http.StatusRequestEntityTooLarge)
-			return
-		case errors.As(err, &ne) && ne.Timeout():
-			w.Header().Set("Connection", "close")
-			http.Error(w, "request body not read within "+o.ReadTimeout.String(), http.StatusRequestTimeout)
-			return
-		case err != nil:
-			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		if err := walk(body); err != nil {
-			http.Error(w, "not a RateLimitRequest within rls's bounds: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		var req rlsv3.RateLimitRequest
-		if err := protojson.Unmarshal(body, &req); err != nil {
-			http.Error(w, "not a RateLimitRequest in JSON: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), o.Timeout)
-		defer cancel()
-		resp, err := svc.ShouldRateLimit(ctx, &req)
-		if err != nil {
-			code := httpCode(status.Code(err))
-			if code >= 500 {
-				if held, ok := th.Allow(); ok {
-					o.Log.Warn("/json: decision failed", "err", err, "not_logged_since", held)
-				}
+}
+
+// handler is the /json handler: at most MaxInFlight requests at once.
+type handler struct {
+	svc   rlsv3.RateLimitServiceServer
+	o     Options
+	th    *logthrottle.Throttle
+	slots chan struct{}
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	o := &h.o
+	rc := http.NewResponseController(w)
+	select {
+	case h.slots <- struct{}{}:
+		defer func() { <-h.slots }()
+	default:
+		// Not a byte more of this body: the connection is closed.
+		_ = rc.SetReadDeadline(time.Now())
+		w.Header().Set("Connection", "close")
+		http.Error(w, "too many /json requests in flight (the most is "+strconv.Itoa(o.MaxInFlight)+"): retry later", http.StatusServiceUnavailable)
+		return
+	}
+	_ = rc.SetReadDeadline(time.Now().Add(o.ReadTimeout))
+	req, ok := h.request(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), o.Timeout)
+	defer cancel()
+	resp, err := h.svc.ShouldRateLimit(ctx, req)
+	if err != nil {
+		code := httpCode(status.Code(err))
+		if code >= 500 {
+			if held, ok := h.th.Allow(); ok {
+				o.Log.Warn("/json: decision failed", "err", err, "not_logged_since", held)
 			}
-			http.Error(w, status.Convert(err).Message(), code)
-			return
 		}
-		out, err := protojson.Marshal(resp)
-		if err != nil {
-			http.Error(w, "encoding the response: "+err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
-			w.WriteHeader(http.StatusTooManyRequests)
-		}
-		_, _ = w.Write(out)
-	})
+		http.Error(w, status.Convert(err).Message(), code)
+		return
+	}
+	out, err := protojson.Marshal(resp)
+	if err != nil {
+		http.Error(w, "encoding the response: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	_, _ = w.Write(out)
+}
+
+// request reads and decodes r's body within the bounds; false when it
+// answered an error.
+func (h *handler) request(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitRequest, bool) {
+	o := &h.o
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, o.MaxBytes))
+	var tooBig *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &tooBig):
+		http.Error(w, "request body over the limit of "+strconv.FormatInt(o.MaxBytes, 10)+" bytes", http.StatusRequestEntityTooLarge)
+		return nil, false
+	case errors.As(err, &ne) && ne.Timeout():
+		w.Header().Set("Connection", "close")
+		http.Error(w, "request body not read within "+o.ReadTimeout.String(), http.StatusRequestTimeout)
+		return nil, false
+	case err != nil:
+		http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
+	if err := walk(body); err != nil {
+		http.Error(w, "not a RateLimitRequest within rls's bounds: "+err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
+	var req rlsv3.RateLimitRequest
+	if err := protojson.Unmarshal(body, &req); err != nil {
+		http.Error(w, "not a RateLimitRequest in JSON: "+err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
+	return &req, true
 }
 
 // httpCode maps the service's gRPC codes to HTTP statuses.

@@ -69,8 +69,10 @@ type Options struct {
 	Check func(*descriptors.Config) error
 }
 
-// load is descriptors.LoadWith; tests count its calls.
-var load = descriptors.LoadWith
+// load is descriptors.Load; tests count its calls.
+var load = func(dir string, o descriptors.LoadOptions) (*descriptors.Config, []string, error) {
+	return descriptors.Load(dir, o)
+}
 
 // racyWindow is how old the newest file of a rejected set must be before
 // its fingerprint is trusted to skip it: a file rewritten again within the
@@ -171,7 +173,7 @@ func (w *Watcher) Reload() Result {
 	lo := descriptors.LoadOptions{MaxFileBytes: w.opts.MaxFileBytes, MaxFileBytesName: w.opts.MaxFileBytesName,
 		MergeDomains: w.opts.MergeDomains, MergeDomainsName: w.opts.MergeDomainsName, DefaultAlgorithm: w.opts.DefaultAlgorithm,
 		Upstream: w.opts.Upstream, IgnoreDotFiles: w.opts.IgnoreDotFiles}
-	fp, newest, fpErr := descriptors.FingerprintWith(w.opts.Dir, lo)
+	fp, newest, fpErr := descriptors.Fingerprint(w.opts.Dir, lo)
 	if fpErr == nil && fp == w.failed {
 		w.report(Failure, nil)
 		return Failure

@@ -9,13 +9,9 @@ import (
 )
 
 // budget is the one memory budget, in bytes, of every stream of a Server:
-// the reports being decoded and handled, the buckets subscribed (their
-// BucketIds, kept to echo), and the responses waiting to be sent. Each is
-// counted before it is made: a report before it is decoded (from its
-// size and its counts of buckets and entries, walked without allocating),
-// a bucket before it is kept, a response before it is queued. A stream
-// holds at most a quarter of it, so that one stream cannot take it all.
-// Safe for concurrent use.
+// reports being decoded and handled, buckets kept, responses queued, each
+// counted before it is made; a stream holds at most a quarter of it
+// (docs/rlqs.md, "One memory budget"). Safe for concurrent use.
 type budget struct {
 	max, perStream int64
 	used           atomic.Int64

@@ -7,12 +7,14 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/rls-project/rls/pkg/protoscan"
 )
 
 // Envoy's C++ protobuf does not check that strings are UTF-8, and a
 // BucketId value can come from a request header. Go's protobuf refuses such
 // a message, which would fail Recv and kill the Envoy's whole stream for one
-// bad byte. So reports are decoded here with protowire, strings taken byte
+// bad byte. So reports are decoded here with protoscan, strings taken byte
 // for byte, as package service decodes RateLimitRequest.
 
 // usage is one decoded BucketQuotaUsage.
@@ -73,33 +75,9 @@ func (r *report) UnmarshalRaw(b []byte) {
 }
 
 // each calls f for every field of b, with its number, wire type, varint
-// value and (for length-delimited fields) bytes.
+// value and (for length-delimited fields) bytes (protoscan.Each).
 func each(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, data []byte) error) error {
-	for i := 0; i < len(b); {
-		num, typ, n := protowire.ConsumeTag(b[i:])
-		if n < 0 {
-			return fmt.Errorf("byte %d: field tag: %w", i, protowire.ParseError(n))
-		}
-		i += n
-		var v uint64
-		var data []byte
-		switch typ {
-		case protowire.VarintType:
-			v, n = protowire.ConsumeVarint(b[i:])
-		case protowire.BytesType:
-			data, n = protowire.ConsumeBytes(b[i:])
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b[i:])
-		}
-		if n < 0 {
-			return fmt.Errorf("byte %d: field %d: %w", i, num, protowire.ParseError(n))
-		}
-		i += n
-		if err := f(num, typ, v, data); err != nil {
-			return err
-		}
-	}
-	return nil
+	return protoscan.Each(b, func(fl protoscan.Field, data []byte) error { return f(fl.Num, fl.Type, fl.V, data) })
 }
 
 func (r *report) decode(b []byte) error {
@@ -143,15 +121,7 @@ func (u *usage) bucketID(b []byte) error {
 		if num != 1 || typ != protowire.BytesType {
 			return nil
 		}
-		var k, v string
-		err := each(data, func(num protowire.Number, typ protowire.Type, _ uint64, d []byte) error {
-			if typ == protowire.BytesType && num == 1 {
-				k = string(d)
-			} else if typ == protowire.BytesType && num == 2 {
-				v = string(d)
-			}
-			return nil
-		})
+		k, v, err := protoscan.MapEntry(data)
 		if err != nil {
 			return fmt.Errorf("bucket_id: %w", err)
 		}

@@ -41,18 +41,11 @@ func (g *grant) rate() float64 {
 	return float64(g.per) / float64(g.fill)
 }
 
-// shape returns the grant of at most x hits over ttl seconds: a steady
-// rate of x/ttl per second after a small burst, so that an Envoy that
-// starts a replaced bucket almost empty (the newest Envoy seeds it with the
-// old bucket's ratio of tokens) still admits nearly x. The burst is a
-// thirty-second of x, at least four tokens (a quarter of x below 16, and
-// never so many that less than one token per second is left to refill): a
-// bucket of one token loses the refill that comes while it is full, which
-// with requests arriving at random at twice its rate is a third of it; two
-// tokens lose 6 %, four 0.3 %. It stays small because a boundary that
-// replaces the bucket is charged for it. Below ttl+1 hits it is a bucket
-// of x tokens refilled once per ttl+1 seconds (less than one refill within
-// the ttl). x 0 is DENY_ALL.
+// shape returns the grant of at most x hits over ttl seconds: a burst of a
+// thirty-second of x (at least 4 tokens where x has them, leaving at least
+// one token a second of refill), then a steady refill; below ttl+1 hits, x
+// tokens refilled once per ttl+1 seconds; x 0 is DENY_ALL. Its worst case
+// never passes x (invariant 1 of docs/rlqs.md, which says why the burst).
 func shape(x uint64, ttl int64) grant {
 	if ttl < 1 {
 		ttl = 1

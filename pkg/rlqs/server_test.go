@@ -25,6 +25,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/rlqs/rlqstest"
 	"github.com/rls-project/rls/pkg/service"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
@@ -148,7 +149,7 @@ func encodeReport(domain string, elapsedSec int64, allowed, denied uint64, ids .
 			BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(time.Duration(elapsedSec) * time.Second),
 			NumRequestsAllowed: allowed, NumRequestsDenied: denied})
 	}
-	return MarshalReports(m)
+	return rlqstest.MarshalReports(m)
 }
 
 func recv(t *testing.T, cs grpc.ClientStream) *rlqsv3.RateLimitQuotaResponse {
@@ -157,7 +158,7 @@ func recv(t *testing.T, cs grpc.ClientStream) *rlqsv3.RateLimitQuotaResponse {
 	if err := cs.RecvMsg(&m); err != nil {
 		t.Fatalf("recv: %v", err)
 	}
-	resp, err := DecodeResponse(m.b)
+	resp, err := rlqstest.DecodeResponse(m.b)
 	if err != nil {
 		t.Fatalf("decode response: %v", err)
 	}
@@ -352,7 +353,7 @@ func TestShutdownSendsTTLZero(t *testing.T) {
 		if err != nil {
 			t.Fatalf("stream ended (%v) before a TTL 0", err)
 		}
-		resp, _ := DecodeResponse(m.b)
+		resp, _ := rlqstest.DecodeResponse(m.b)
 		if q := resp.BucketAction[0].GetQuotaAssignmentAction(); q != nil && q.AssignmentTimeToLive.AsDuration() == 0 {
 			break
 		}

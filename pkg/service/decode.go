@@ -14,6 +14,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/pkg/protoscan"
 )
 
 // Envoy copies header bytes into descriptor values as they come, and its
@@ -50,52 +52,13 @@ type decoder struct {
 	descs   []rlcommon.RateLimitDescriptor
 }
 
-// field is one decoded field: its number and wire type, its value for a
-// varint, the bounds of its bytes in buf for a length-delimited field.
-type field struct {
-	num    protowire.Number
-	typ    protowire.Type
-	v      uint64
-	lo, hi int
-}
+// field is one decoded field (protoscan.Field).
+type field = protoscan.Field
 
 // next decodes the field at buf[i:end] and returns it with the index of the
-// field after it. Fixed-size fields and groups are skipped (no field of
-// these messages has those wire types; proto.Unmarshal keeps them as
-// unknown fields).
+// field after it (protoscan.Next).
 func (d *decoder) next(i, end int) (field, int, error) {
-	b := d.buf[i:end]
-	num, typ, n := protowire.ConsumeTag(b)
-	if n < 0 {
-		return field{}, 0, fmt.Errorf("byte %d: field tag: %w", i, protowire.ParseError(n))
-	}
-	if num > protowire.MaxValidNumber { // ConsumeTag lets numbers up to 2^31-1 through; protobuf does not
-		return field{}, 0, fmt.Errorf("byte %d: field number %d is over the maximum %d", i, num, protowire.MaxValidNumber)
-	}
-	f := field{num: num, typ: typ}
-	b = b[n:]
-	j := i + n
-	switch typ {
-	case protowire.VarintType:
-		f.v, n = protowire.ConsumeVarint(b)
-	case protowire.BytesType:
-		var l uint64
-		l, n = protowire.ConsumeVarint(b)
-		if n >= 0 && l > uint64(len(b)-n) {
-			n = -1 // truncated: ParseError(-1) is io.ErrUnexpectedEOF
-		}
-		if n >= 0 {
-			f.lo = j + n
-			f.hi = f.lo + int(l)
-			n += int(l)
-		}
-	default:
-		n = protowire.ConsumeFieldValue(num, typ, b)
-	}
-	if n < 0 {
-		return field{}, 0, fmt.Errorf("byte %d: field %d (wire type %d): %w", i, num, typ, protowire.ParseError(n))
-	}
-	return f, j + n, nil
+	return protoscan.Next(d.buf[:end], i)
 }
 
 // RateLimitRequest: domain = 1 (string), descriptors = 2 (repeated
@@ -108,16 +71,16 @@ func (d *decoder) request(req *rlsv3.RateLimitRequest) error {
 		}
 		i = j
 		switch {
-		case f.num == 1 && f.typ == protowire.BytesType:
-			req.Domain = d.str[f.lo:f.hi]
-		case f.num == 2 && f.typ == protowire.BytesType:
+		case f.Num == 1 && f.Type == protowire.BytesType:
+			req.Domain = d.str[f.Lo:f.Hi]
+		case f.Num == 2 && f.Type == protowire.BytesType:
 			desc := d.newDescriptor()
-			if err := d.descriptor(f.lo, f.hi, desc); err != nil {
+			if err := d.descriptor(f.Lo, f.Hi, desc); err != nil {
 				return fmt.Errorf("descriptors[%d]: %w", len(req.Descriptors), err)
 			}
 			req.Descriptors = append(req.Descriptors, desc)
-		case f.num == 3 && f.typ == protowire.VarintType:
-			req.HitsAddend = uint32(f.v)
+		case f.Num == 3 && f.Type == protowire.VarintType:
+			req.HitsAddend = uint32(f.V)
 		}
 	}
 	return nil
@@ -144,30 +107,30 @@ func (d *decoder) descriptor(lo, hi int, desc *rlcommon.RateLimitDescriptor) err
 // descriptorField decodes one field of a RateLimitDescriptor into desc.
 func (d *decoder) descriptorField(f field, desc *rlcommon.RateLimitDescriptor) error {
 	switch {
-	case f.num == 1 && f.typ == protowire.BytesType:
+	case f.Num == 1 && f.Type == protowire.BytesType:
 		e := d.newEntry()
-		if err := d.entry(f.lo, f.hi, e); err != nil {
+		if err := d.entry(f.Lo, f.Hi, e); err != nil {
 			return fmt.Errorf("entries[%d]: %w", len(desc.Entries), err)
 		}
 		desc.Entries = append(desc.Entries, e)
-	case f.num == 2 && f.typ == protowire.BytesType:
+	case f.Num == 2 && f.Type == protowire.BytesType:
 		if desc.Limit == nil {
 			desc.Limit = new(rlcommon.RateLimitDescriptor_RateLimitOverride)
 		}
-		if err := d.override(f.lo, f.hi, desc.Limit); err != nil {
+		if err := d.override(f.Lo, f.Hi, desc.Limit); err != nil {
 			return fmt.Errorf("limit: %w", err)
 		}
-	case f.num == 3 && f.typ == protowire.BytesType:
+	case f.Num == 3 && f.Type == protowire.BytesType:
 		if desc.HitsAddend == nil {
 			desc.HitsAddend = new(wrapperspb.UInt64Value)
 		}
-		v, err := d.wrapper(f.lo, f.hi, desc.HitsAddend.Value)
+		v, err := d.wrapper(f.Lo, f.Hi, desc.HitsAddend.Value)
 		if err != nil {
 			return fmt.Errorf("hits_addend: %w", err)
 		}
 		desc.HitsAddend.Value = v
-	case f.num == 4 && f.typ == protowire.VarintType:
-		desc.IsNegativeHits = protowire.DecodeBool(f.v)
+	case f.Num == 4 && f.Type == protowire.VarintType:
+		desc.IsNegativeHits = protowire.DecodeBool(f.V)
 	}
 	return nil
 }
@@ -180,14 +143,14 @@ func (d *decoder) entry(lo, hi int, e *rlcommon.RateLimitDescriptor_Entry) error
 			return err
 		}
 		i = j
-		if f.typ != protowire.BytesType {
+		if f.Type != protowire.BytesType {
 			continue
 		}
-		switch f.num {
+		switch f.Num {
 		case 1:
-			e.Key = d.str[f.lo:f.hi]
+			e.Key = d.str[f.Lo:f.Hi]
 		case 2:
-			e.Value = d.str[f.lo:f.hi]
+			e.Value = d.str[f.Lo:f.Hi]
 		}
 	}
 	return nil
@@ -203,15 +166,15 @@ func (d *decoder) override(lo, hi int, l *rlcommon.RateLimitDescriptor_RateLimit
 		}
 		i = j
 		switch {
-		case f.num == 1 && f.typ == protowire.VarintType:
-			l.RequestsPerUnit = uint32(f.v)
-		case f.num == 2 && f.typ == protowire.VarintType:
-			l.Unit = typev3.RateLimitUnit(int32(f.v))
-		case f.num == 3 && f.typ == protowire.BytesType:
+		case f.Num == 1 && f.Type == protowire.VarintType:
+			l.RequestsPerUnit = uint32(f.V)
+		case f.Num == 2 && f.Type == protowire.VarintType:
+			l.Unit = typev3.RateLimitUnit(int32(f.V))
+		case f.Num == 3 && f.Type == protowire.BytesType:
 			if l.UnitMultiplier == nil {
 				l.UnitMultiplier = new(wrapperspb.UInt32Value)
 			}
-			v, err := d.wrapper(f.lo, f.hi, uint64(l.UnitMultiplier.Value))
+			v, err := d.wrapper(f.Lo, f.Hi, uint64(l.UnitMultiplier.Value))
 			if err != nil {
 				return fmt.Errorf("unit_multiplier: %w", err)
 			}
@@ -230,8 +193,8 @@ func (d *decoder) wrapper(lo, hi int, v uint64) (uint64, error) {
 			return 0, err
 		}
 		i = j
-		if f.num == 1 && f.typ == protowire.VarintType {
-			v = f.v
+		if f.Num == 1 && f.Type == protowire.VarintType {
+			v = f.V
 		}
 	}
 	return v, nil

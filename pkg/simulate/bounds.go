@@ -3,7 +3,6 @@ package simulate
 import (
 	"context"
 	"fmt"
-	"io"
 )
 
 // MaxKeys is the most distinct counter keys a trace may have. A simulation
@@ -34,12 +33,6 @@ func (e *KeyCapError) Error() string {
 // the context: cheap, and well under a millisecond of work.
 const checkEvery = 4096
 
-// ReadCSVContext is ReadCSV that stops with ctx's error when ctx is done,
-// looking at it every few thousand events.
-func ReadCSVContext(ctx context.Context, r io.Reader, name string, key KeyFunc) (Trace, error) {
-	return readCSV(ctx, r, name, key, MaxKeys)
-}
-
 // keySet interns a trace's keys (events of one key share one string) and
 // refuses more than max of them.
 type keySet struct {
@@ -65,19 +58,13 @@ func (s *keySet) add(ctx context.Context, k, name string, line int) (string, err
 	return k, nil
 }
 
-// RunContext is Run that stops with ctx's error when ctx is done, looking
-// at it every few thousand events of each replay.
-func RunContext(ctx context.Context, tr Trace, l Limit, cands []Candidate) (*Report, error) {
-	return run(ctx, tr, l, cands)
-}
-
-// RunAll runs each trace in turn (RunContext). When ctx is done it returns
+// RunAll runs each trace in turn (Run). When ctx is done it returns
 // the reports of the traces finished, and an error saying so; when a trace
 // fails, nil and its error.
 func RunAll(ctx context.Context, traces []Trace, l Limit, cands []Candidate) ([]*Report, error) {
 	reps := make([]*Report, 0, len(traces))
 	for i, tr := range traces {
-		rep, err := RunContext(ctx, tr, l, cands)
+		rep, err := Run(ctx, tr, l, cands)
 		if err != nil && ctx.Err() != nil {
 			return reps, fmt.Errorf("stopped (%w) during %s: the reports of %d of %d traces are written", ctx.Err(), tr.Name, i, len(traces))
 		}

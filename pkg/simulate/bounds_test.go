@@ -30,7 +30,7 @@ func TestReadCSVKeyCap(t *testing.T) {
 	if unsafe.StringData(tr.Events[0].Key) != unsafe.StringData(tr.Events[4].Key) {
 		t.Error("two events of key a hold two strings, want one")
 	}
-	if _, err := ReadCSV(strings.NewReader(csv), "t.csv", rowKey); err != nil {
+	if _, err := ReadCSV(context.Background(), strings.NewReader(csv), "t.csv", rowKey); err != nil {
 		t.Errorf("ReadCSV under MaxKeys: %v", err)
 	}
 }
@@ -45,7 +45,7 @@ func TestContextStops(t *testing.T) {
 	for i := range 3 * checkEvery {
 		fmt.Fprintf(&b, "%d,k=a\n", i)
 	}
-	if _, err := ReadCSVContext(ctx, strings.NewReader(b.String()), "t.csv", rowKey); !errors.Is(err, context.Canceled) ||
+	if _, err := ReadCSV(ctx, strings.NewReader(b.String()), "t.csv", rowKey); !errors.Is(err, context.Canceled) ||
 		!strings.HasPrefix(err.Error(), fmt.Sprintf("t.csv:%d: ", checkEvery)) {
 		t.Errorf("reading with a done context: %v, want context.Canceled at line %d", err, checkEvery)
 	}
@@ -55,8 +55,8 @@ func TestContextStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	cands := Candidates(l, nil, nil)
-	if _, err := RunContext(ctx, tr, l, cands); !errors.Is(err, context.Canceled) {
-		t.Errorf("RunContext with a done context: %v, want context.Canceled", err)
+	if _, err := Run(ctx, tr, l, cands); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run with a done context: %v, want context.Canceled", err)
 	}
 	reps, err := RunAll(ctx, []Trace{tr, tr}, l, cands)
 	if reps == nil || len(reps) != 0 || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "0 of 2 traces") {

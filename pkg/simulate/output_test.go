@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/xml"
 	"io"
@@ -20,7 +21,7 @@ func TestSVG(t *testing.T) {
 		t.Fatal(err)
 	}
 	cands := Candidates(perSecond50, DefaultPrecisions, nil)
-	rep, err := Run(tr, perSecond50, cands)
+	rep, err := Run(context.Background(), tr, perSecond50, cands)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +113,7 @@ func TestSVG(t *testing.T) {
 func TestTableAndJSON(t *testing.T) {
 	tr, _ := Generate("poisson:duration=3s", 50, time.Second, 1, "k")
 	cands := Candidates(perSecond50, []uint64{10}, nil)
-	rep, err := Run(tr, perSecond50, cands)
+	rep, err := Run(context.Background(), tr, perSecond50, cands)
 	if err != nil {
 		t.Fatal(err)
 	}

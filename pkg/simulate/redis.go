@@ -1,9 +1,6 @@
 package simulate
 
 import (
-	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-
-	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/store"
 )
 
@@ -69,18 +66,8 @@ func RedisBytes(c Candidate) (bytes, value int) {
 	return 2 * redisBytesWindow, 0
 }
 
-// RedisExampleKey is the key whose MEMORY USAGE the table holds for c:
-// descriptors.AppendKey for domain "sim", descriptor (key=value) and a
-// rule of 1 second, e.g. "rl:{sim|key=value}:s1p10" (20 to 24 bytes). A
-// longer key costs about one byte more per byte, in steps of the
-// allocator's size classes.
-func RedisExampleKey(c Candidate) string {
-	r := &descriptors.Rule{Unit: descriptors.UnitSecond, RequestsPerUnit: 50, Algorithm: c.Algorithm, Precision: uint32(c.Precision), Burst: uint32(c.Burst)}
-	return string(descriptors.AppendKey(nil, "sim", []*rlcommon.RateLimitDescriptor_Entry{{Key: "key", Value: "value"}}, r))
-}
-
 // Redis memory per key: MEMORY USAGE <key> SAMPLES 0 after one admitted
-// request, for the key RedisExampleKey names (a window's key: it and
+// request, for the key redisExampleKey (redis_test.go) names (a window's key: it and
 // ":<the window's start>"). Measured on Redis 7.0.15
 // (jemalloc 5.3.0, 64-bit, Debian's redis-server) by
 //

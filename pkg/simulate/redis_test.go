@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/redisstore"
 	"github.com/rls-project/rls/pkg/store/redisstore/lua"
@@ -53,7 +55,7 @@ func TestRedisBytes(t *testing.T) {
 	l := Limit{Requests: 50, Window: time.Second}
 	var table []string
 	for _, c := range layouts() {
-		key := RedisExampleKey(c)
+		key := redisExampleKey(c)
 		res := make([]store.Result, 1)
 		check := c.check(l, key, 1)
 		if err := s.Decide(ctx, []store.Check{check}, res); err != nil || !res[0].Allowed {
@@ -125,7 +127,7 @@ func usedPerKey(t *testing.T, ctx context.Context, s *redisstore.Store, rc *redi
 	checks, res := make([]store.Check, 0, 250), make([]store.Result, 250)
 	var keys []string
 	for i := 0; i < n; i++ {
-		k := fmt.Sprintf("%s|n=%05d", RedisExampleKey(c), i)
+		k := fmt.Sprintf("%s|n=%05d", redisExampleKey(c), i)
 		keys = append(keys, k)
 		checks = append(checks, c.check(l, k, 1))
 		if len(checks) == cap(checks) {
@@ -206,7 +208,7 @@ func BenchmarkRedisScript(b *testing.B) {
 				l, what = Limit{Requests: 1e9, Window: time.Second}, "admitted"
 			}
 			b.Run(what+"/"+strings.ReplaceAll(c.Name(l), " ", "_"), func(b *testing.B) {
-				key := RedisExampleKey(c) + "|" + what
+				key := redisExampleKey(c) + "|" + what
 				checks, res := []store.Check{c.check(l, key, 1)}, make([]store.Result, 1)
 				if err := s.Decide(ctx, checks, res); err != nil {
 					b.Fatal(err)
@@ -267,10 +269,10 @@ func TestRedisCommands(t *testing.T) {
 		for range n {
 			res := make([]store.Result, 1)
 			at := time.Now().UnixMicro() // Redis's clock is this machine's
-			if err := s.Decide(ctx, []store.Check{c.check(l, RedisExampleKey(c), 1)}, res); err != nil {
+			if err := s.Decide(ctx, []store.Check{c.check(l, redisExampleKey(c), 1)}, res); err != nil {
 				t.Fatal(err)
 			}
-			tr.Events = append(tr.Events, Event{At: at, Key: RedisExampleKey(c), Hits: 1})
+			tr.Events = append(tr.Events, Event{At: at, Key: redisExampleKey(c), Hits: 1})
 			allowed = append(allowed, res[0].Allowed)
 			if res[0].Allowed {
 				admitted++
@@ -299,4 +301,14 @@ func TestRedisCommands(t *testing.T) {
 			t.Errorf("%s: RedisCost says %v calls and %v commands per decision; Redis counted %v (script calls, INCRBY, PEXPIRE, TIME, GET, SET)", c.Name(l), callsPer, cmdsPer, got)
 		}
 	}
+}
+
+// redisExampleKey is the key whose MEMORY USAGE the table holds for c:
+// descriptors.AppendKey for domain "sim", descriptor (key=value) and a
+// rule of 1 second, e.g. "rl:{sim|key=value}:s1p10" (20 to 24 bytes). A
+// longer key costs about one byte more per byte, in steps of the
+// allocator's size classes.
+func redisExampleKey(c Candidate) string {
+	r := &descriptors.Rule{Unit: descriptors.UnitSecond, RequestsPerUnit: 50, Algorithm: c.Algorithm, Precision: uint32(c.Precision), Burst: uint32(c.Burst)}
+	return string(descriptors.AppendKey(nil, "sim", []*rlcommon.RateLimitDescriptor_Entry{{Key: "key", Value: "value"}}, r))
 }

@@ -146,17 +146,3 @@ func (s *Setup) Generate(specs []string, seed uint64) ([]Trace, error) {
 	}
 	return out, nil
 }
-
-// RunAll runs each trace (Run) against s's limit and candidates; an error
-// names the trace.
-func (s *Setup) RunAll(traces []Trace) ([]*Report, error) {
-	reps := make([]*Report, 0, len(traces))
-	for _, tr := range traces {
-		rep, err := Run(tr, s.Limit, s.Candidates)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", tr.Name, err)
-		}
-		reps = append(reps, rep)
-	}
-	return reps, nil
-}

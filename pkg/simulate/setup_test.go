@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -199,14 +200,14 @@ func TestSetupGenerateAndRun(t *testing.T) {
 	if _, err := su.Generate([]string{"poisson:rate=fast"}, 1); err == nil || !strings.Contains(err.Error(), "rate=fast") {
 		t.Errorf("bad generator: %v", err)
 	}
-	reps, err := su.RunAll(traces[:2])
+	reps, err := RunAll(context.Background(), traces[:2], su.Limit, su.Candidates)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(reps) != 2 || reps[0].Trace != traces[0].Name || reps[1].Trace != traces[1].Name || len(reps[0].Results) != len(su.Candidates) {
 		t.Errorf("reports %+v", reps)
 	}
-	if _, err := (&Setup{}).RunAll([]Trace{{Name: "bad"}}); err == nil || !strings.HasPrefix(err.Error(), "bad: limit 0") {
+	if _, err := RunAll(context.Background(), []Trace{{Name: "bad"}}, Limit{}, nil); err == nil || !strings.HasPrefix(err.Error(), "bad: limit 0") {
 		t.Errorf("RunAll of a zero limit: %v, want an error naming the trace", err)
 	}
 }

@@ -202,12 +202,10 @@ type Result struct {
 // chartPoints is how many steps a series has (fewer for short traces).
 const chartPoints = 600
 
-// Run replays tr through each candidate and the exact log.
-func Run(tr Trace, l Limit, cands []Candidate) (*Report, error) {
-	return run(context.Background(), tr, l, cands)
-}
-
-func run(ctx context.Context, tr Trace, l Limit, cands []Candidate) (*Report, error) {
+// Run replays tr through each candidate and the exact log; it stops with
+// ctx's error when ctx is done, looking at it every few thousand events of
+// each replay.
+func Run(ctx context.Context, tr Trace, l Limit, cands []Candidate) (*Report, error) {
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
@@ -216,29 +214,23 @@ func run(ctx context.Context, tr Trace, l Limit, cands []Candidate) (*Report, er
 	}
 	wus := l.Window.Microseconds()
 	rep := &Report{Trace: tr.Name, Seed: tr.Seed, Limit: l.Requests, Window: l.Window.String(), Requests: len(tr.Events), Skipped: tr.Skipped}
-	counts := map[string]int{}
-	best := 0
 	for _, e := range tr.Events {
 		rep.Hits += e.Hits
-		counts[e.Key]++
-		if n := counts[e.Key]; n > best {
-			best, rep.ChartKey = n, e.Key
-		}
 	}
-	rep.Keys = len(counts)
-	origin := floorDiv(tr.Events[0].At, wus) * wus
+	rep.ChartKey, rep.Keys = chartKey(tr)
+	origin := store.FloorDiv(tr.Events[0].At, wus) * wus
 	rep.Origin = float64(origin) / 1e6
 	rep.Duration = float64(tr.Events[len(tr.Events)-1].At-origin) / 1e6
 
 	exact := Exact(tr, l)
-	rep.Exact = result(tr, l, exact, origin, rep.ChartKey)
+	rep.Exact = Measure(tr, l, exact)
 	rep.Exact.Name, rep.Exact.Algorithm = "exact sliding log", "exact_sliding_log"
 	for _, c := range cands {
-		allowed, err := decide(ctx, tr, l, c)
+		allowed, err := Decide(ctx, tr, l, c)
 		if err != nil {
 			return nil, err
 		}
-		r := result(tr, l, allowed, origin, rep.ChartKey)
+		r := Measure(tr, l, allowed)
 		r.Name, r.Algorithm, r.Own = c.Name(l), c.Algorithm.String(), c.Own
 		switch c.Algorithm {
 		case store.SlidingWindow:
@@ -282,45 +274,20 @@ func share(n, of int) float64 {
 
 // Decide replays tr through candidate c on a memory store whose clock
 // reads each event's time, and returns its decision on each event.
-func Decide(tr Trace, l Limit, c Candidate) ([]bool, error) {
-	return decide(context.Background(), tr, l, c)
-}
-
-func decide(ctx context.Context, tr Trace, l Limit, c Candidate) ([]bool, error) {
+func Decide(ctx context.Context, tr Trace, l Limit, c Candidate) ([]bool, error) {
 	allowed := make([]bool, len(tr.Events))
-	err := replay(ctx, tr, l, c, func(i int, ok bool) (force, refund bool) {
+	err := Replay(ctx, tr, l, c, func(i int, ok bool) (force, refund bool) {
 		allowed[i] = ok
 		return false, false
 	})
 	return allowed, err
 }
 
-// Follow replays tr through candidate c in lockstep with decisions made
-// elsewhere (a running service's verdicts, ok): each event is decided from
-// the state that ok's admissions left, and the state is then made what ok
-// says (hits the candidate denied but ok admitted are added as a forced
-// write-back; hits it admitted but ok denied are refunded). It returns
-// the indexes of the events c decides differently from ok. A divergence
-// thus never cascades into the decisions after it.
-func Follow(tr Trace, l Limit, c Candidate, ok []bool) ([]int, error) {
-	if len(ok) != len(tr.Events) {
-		return nil, fmt.Errorf("%d verdicts for %d events", len(ok), len(tr.Events))
-	}
-	var diff []int
-	err := replay(context.Background(), tr, l, c, func(i int, allowed bool) (force, refund bool) {
-		if allowed == ok[i] {
-			return false, false
-		}
-		diff = append(diff, i)
-		return ok[i], allowed
-	})
-	return diff, err
-}
-
-// replay decides tr's events in order through c on a fresh memory store
+// Replay decides tr's events in order through c on a fresh memory store
 // and calls each with the decision; each may ask for the event's hits to
-// be forced in or refunded right after, at the same time.
-func replay(ctx context.Context, tr Trace, l Limit, c Candidate, each func(i int, allowed bool) (force, refund bool)) error {
+// be forced in or refunded right after, at the same time. It stops with
+// ctx's error when ctx is done.
+func Replay(ctx context.Context, tr Trace, l Limit, c Candidate, each func(i int, allowed bool) (force, refund bool)) error {
 	var now int64
 	m := memory.New(memory.Options{
 		Now:      func() time.Time { return time.UnixMicro(now) },
@@ -382,23 +349,30 @@ func Exact(tr Trace, l Limit) []bool {
 	return allowed
 }
 
-// Measure returns the figures of decisions made elsewhere (a running
-// service's, one per event of tr): admitted, the peak and the series of
-// the key with the most requests, as Run reports them for a candidate.
+// Measure returns the figures of decisions on tr (a candidate's, or a
+// running service's, one per event): admitted, the peak and the series of
+// the key with the most requests, as Run reports them.
 func Measure(tr Trace, l Limit, allowed []bool) Result {
 	if len(tr.Events) == 0 || len(allowed) != len(tr.Events) {
 		return Result{}
 	}
+	key, _ := chartKey(tr)
+	wus := l.Window.Microseconds()
+	return result(tr, l, allowed, store.FloorDiv(tr.Events[0].At, wus)*wus, key)
+}
+
+// chartKey returns the key with the most requests in tr (the first such),
+// which a report's series follow, and the number of keys.
+func chartKey(tr Trace) (key string, keys int) {
 	counts := map[string]int{}
-	best, chartKey := 0, ""
+	best := 0
 	for _, e := range tr.Events {
 		counts[e.Key]++
-		if counts[e.Key] > best {
-			best, chartKey = counts[e.Key], e.Key
+		if n := counts[e.Key]; n > best {
+			best, key = n, e.Key
 		}
 	}
-	wus := l.Window.Microseconds()
-	return result(tr, l, allowed, floorDiv(tr.Events[0].At, wus)*wus, chartKey)
+	return key, len(counts)
 }
 
 // result measures one set of decisions on tr: counts, the peak over all
@@ -469,14 +443,6 @@ func series(adm []Event, wus, origin, end int64) [][2]float64 {
 		out = append(out, [2]float64{float64(from-origin) / 1e6, float64(m)})
 	}
 	return out
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if (a%b != 0) && ((a < 0) != (b < 0)) {
-		q--
-	}
-	return q
 }
 
 // ParsePrecisions reads a comma-separated list of sub-window counts, each

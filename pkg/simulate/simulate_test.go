@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"context"
 	"reflect"
 	"slices"
 	"strings"
@@ -52,7 +53,7 @@ func TestBoundaryPeaks(t *testing.T) {
 		t.Fatalf("%d events, want 100", len(tr.Events))
 	}
 	cands := Candidates(perSecond50, []uint64{10}, nil)
-	rep, err := Run(tr, perSecond50, cands)
+	rep, err := Run(context.Background(), tr, perSecond50, cands)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func TestWronglyDenied(t *testing.T) {
 	for i := range 10 {
 		secs = append(secs, 1.5+float64(i)*0.001)
 	}
-	rep, err := Run(at(secs...), l, []Candidate{{Algorithm: store.SlidingWindow}, {Algorithm: store.SlidingWindow, Precision: 10}})
+	rep, err := Run(context.Background(), at(secs...), l, []Candidate{{Algorithm: store.SlidingWindow}, {Algorithm: store.SlidingWindow, Precision: 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,40 +119,6 @@ func TestWronglyDenied(t *testing.T) {
 	}
 	if r := rep.Results[1]; r.Admitted != 20 || r.WronglyDenied != 0 {
 		t.Errorf("precision 10: admitted %d, wrongly denied %d; want 20, 0", r.Admitted, r.WronglyDenied)
-	}
-}
-
-// TestFollow: following a candidate's own decisions finds no difference;
-// following another candidate's finds the decisions that differ given the
-// same history, the first of them where Decide's first difference is.
-func TestFollow(t *testing.T) {
-	tr, err := Generate("poisson:rate=2L,duration=5s", 50, time.Second, 7, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	two, p10 := Candidate{Algorithm: store.SlidingWindow}, Candidate{Algorithm: store.SlidingWindow, Precision: 10}
-	own, err := Decide(tr, perSecond50, p10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff, err := Follow(tr, perSecond50, p10, own); err != nil || len(diff) != 0 {
-		t.Fatalf("following its own decisions: %d differ (%v)", len(diff), err)
-	}
-	other, _ := Decide(tr, perSecond50, two)
-	first := -1
-	for i := range own {
-		if own[i] != other[i] {
-			first = i
-			break
-		}
-	}
-	diff, err := Follow(tr, perSecond50, two, own)
-	if err != nil || len(diff) == 0 || diff[0] != first {
-		t.Fatalf("two counters following precision 10: %v (%v), want the first at %d", diff, err, first)
-	}
-	t.Logf("two counters following precision 10 on %d requests: %d decisions differ", len(tr.Events), len(diff))
-	if _, err := Follow(tr, perSecond50, two, own[1:]); err == nil {
-		t.Error("verdicts of the wrong length: no error")
 	}
 }
 

@@ -36,7 +36,7 @@ func TestStrictNeverOverTheLimit(t *testing.T) {
 	for _, tr := range strictTraces(t, l) {
 		for _, p := range DefaultPrecisions {
 			for _, strict := range []bool{true, false} {
-				rep, err := Run(tr, l, []Candidate{{Algorithm: store.SlidingWindow, Precision: p, Strict: strict}})
+				rep, err := Run(context.Background(), tr, l, []Candidate{{Algorithm: store.SlidingWindow, Precision: p, Strict: strict}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -72,7 +72,7 @@ func TestStrictRedisDecidesAsMemory(t *testing.T) {
 	c := Candidate{Algorithm: store.SlidingWindow, Precision: 10, Strict: true}
 	ctx := context.Background()
 	for n, tr := range strictTraces(t, l) {
-		want, err := Decide(tr, l, c)
+		want, err := Decide(context.Background(), tr, l, c)
 		if err != nil {
 			t.Fatal(err)
 		}

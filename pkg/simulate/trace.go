@@ -53,8 +53,10 @@ type KeyFunc func(entries []string) (key string, ok bool)
 // not be in time order. Errors name the file and line: name:line: what.
 // A trace of more than MaxKeys distinct keys is a *KeyCapError at the row
 // that crossed it.
-func ReadCSV(r io.Reader, name string, key KeyFunc) (Trace, error) {
-	return readCSV(context.Background(), r, name, key, MaxKeys)
+// It stops with ctx's error when ctx is done, looking at it every few
+// thousand events.
+func ReadCSV(ctx context.Context, r io.Reader, name string, key KeyFunc) (Trace, error) {
+	return readCSV(ctx, r, name, key, MaxKeys)
 }
 
 func readCSV(ctx context.Context, r io.Reader, name string, key KeyFunc, maxKeys int) (Trace, error) {

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"context"
 	"errors"
 	"math"
 	"strings"
@@ -25,7 +26,7 @@ func TestReadCSV(t *testing.T) {
 		}
 		return plainKey(e)
 	}
-	tr, err := ReadCSV(strings.NewReader(in), "t.csv", key)
+	tr, err := ReadCSV(context.Background(), strings.NewReader(in), "t.csv", key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func TestReadCSV(t *testing.T) {
 		"1,skip=me\n":          "t.csv: none of its 1 rows matches",
 		"99999999999999,a=b\n": "t.csv:1: timestamp",
 	} {
-		_, err := ReadCSV(strings.NewReader(in), "t.csv", key)
+		_, err := ReadCSV(context.Background(), strings.NewReader(in), "t.csv", key)
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", in, err, want)
 		}

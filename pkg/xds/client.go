@@ -158,14 +158,6 @@ func New(opts Options) (*Client, error) {
 	return &Client{opts: opts, node: node, nackLog: logthrottle.New(logthrottle.Every, nil)}, nil
 }
 
-// Accepted returns the version_info of the last response ACKed ("" before
-// the first).
-func (c *Client) Accepted() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.accepted
-}
-
 // dialOptions are the gRPC channel's: TLS or plaintext, the response bound,
 // keepalive, and reconnection backoff within the client's own bounds
 // (gRPC's default grows to 2 minutes).

@@ -138,8 +138,8 @@ func TestACKAndNACK(t *testing.T) {
 	if d.GetCode() != int32(codes.InvalidArgument) || d.GetMessage() != want {
 		t.Errorf("NACK error_detail code %d message\n%s\nwant %d\n%s", d.GetCode(), d.GetMessage(), codes.InvalidArgument, want)
 	}
-	if v, _ := a.last(); v != "1" || c.Accepted() != "1" {
-		t.Errorf("after a NACK: applied %q, accepted %q; want 1", v, c.Accepted())
+	if v, _ := a.last(); v != "1" || accepted(c) != "1" {
+		t.Errorf("after a NACK: applied %q, accepted %q; want 1", v, accepted(c))
 	}
 	// The server resends a NACKed version at once (the NACK names another
 	// version than its snapshot's): the repetitions are NACKed again after
@@ -489,4 +489,12 @@ func TestBackoffBounds(t *testing.T) {
 			t.Errorf("attempt %d came %v after the one before, want at least 80 ms (half of MaxBackoff)", i+2, gap)
 		}
 	}
+}
+
+// accepted returns the version_info of the last response c ACKed ("" before
+// the first).
+func accepted(c *Client) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.accepted
 }

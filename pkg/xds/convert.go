@@ -84,7 +84,7 @@ func rateLimitSpec(p *rlsconf.RateLimitPolicy) *descriptors.RateLimitSpec {
 }
 
 // Build validates resources, one response's, and builds the config they
-// describe, as descriptors.ParseWith builds one from files (opts.MergeDomains
+// describe, as descriptors.Parse builds one from files (opts.MergeDomains
 // lets several resources define one domain). Errors name the resource and
 // the field: "xds:<name>: descriptors[0].rate_limit.unit: ...".
 //

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/protoscan"
 )
 
 // Limits bound one response, all its resources together. They are checked
@@ -162,11 +163,12 @@ func checkResources(res []*anypb.Any, l Limits) error {
 	return nil
 }
 
-// fieldIter iterates over the fields of a message without allocating.
-// After next returns false, bad reports whether the bytes ended in the
-// middle of a field.
+// fieldIter iterates over the fields of a message without allocating
+// (protoscan.Next). After next returns false, bad reports whether the
+// bytes ended in the middle of a field.
 type fieldIter struct {
 	m   []byte
+	i   int
 	num protowire.Number
 	typ protowire.Type
 	v   []byte // a length-delimited field's bytes; nil for the others
@@ -174,27 +176,18 @@ type fieldIter struct {
 }
 
 func (it *fieldIter) next() bool {
-	if len(it.m) == 0 {
+	if it.i >= len(it.m) {
 		return false
 	}
-	num, typ, n := protowire.ConsumeTag(it.m)
-	if n < 0 {
+	f, j, err := protoscan.Next(it.m, it.i)
+	if err != nil {
 		it.bad = true
 		return false
 	}
-	it.m = it.m[n:]
-	it.v = nil
-	if typ == protowire.BytesType {
-		it.v, n = protowire.ConsumeBytes(it.m)
-	} else {
-		n = protowire.ConsumeFieldValue(num, typ, it.m)
+	it.i, it.num, it.typ, it.v = j, f.Num, f.Type, nil
+	if f.Type == protowire.BytesType {
+		it.v = it.m[f.Lo:f.Hi]
 	}
-	if n < 0 {
-		it.bad = true
-		return false
-	}
-	it.m = it.m[n:]
-	it.num, it.typ = num, typ
 	return true
 }
 

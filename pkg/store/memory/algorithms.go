@@ -95,7 +95,7 @@ func addHits(count int64, h uint64) int64 {
 // fixedWindow applies a fixed-window check of h hits.
 func (st *state) fixedWindow(c *store.Check, now, wus int64, h uint64, o op) store.Result {
 	limit := c.Limit
-	curWin := floorDiv(now, wus)
+	curWin := store.FloorDiv(now, wus)
 	if st.alg != store.FixedWindow || st.win != curWin {
 		*st = state{alg: store.FixedWindow, win: curWin}
 	}
@@ -137,7 +137,7 @@ func fixedBudget(count int64, limit uint64) uint64 {
 // store.Check.Paced) against the current window's count alone.
 func (st *state) slidingWindow(c *store.Check, now, wus int64, h uint64, o op) store.Result {
 	limit := c.Limit
-	curWin := floorDiv(now, wus)
+	curWin := store.FloorDiv(now, wus)
 	into := now - curWin*wus // microseconds into the window
 	switch {
 	case st.alg != store.SlidingWindow:
@@ -310,21 +310,12 @@ func expiry(c *store.Check, now int64) int64 {
 		ttl := int64(full) + usPerSecond
 		return now + ceilDiv(ttl, usPerMilli)*usPerMilli
 	case store.FixedWindow:
-		rst := wus - (now - floorDiv(now, wus)*wus)
+		rst := wus - (now - store.FloorDiv(now, wus)*wus)
 		return now + ceilDiv(rst, usPerMilli)*usPerMilli
 	default:
 		return now + 2*wus
 	}
 }
 
-// floorDiv returns a/b rounded towards negative infinity.
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
-}
-
 // ceilDiv returns a/b rounded towards positive infinity.
-func ceilDiv(a, b int64) int64 { return -floorDiv(-a, b) }
+func ceilDiv(a, b int64) int64 { return -store.FloorDiv(-a, b) }

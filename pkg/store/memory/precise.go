@@ -16,7 +16,7 @@ import (
 // sub-windows alone.
 func (st *state) preciseWindow(c *store.Check, now, wus int64, h uint64, o op) store.Result {
 	limit, n, strict := c.Limit, int64(c.Precision), c.Strict
-	curWin := floorDiv(now, wus)
+	curWin := store.FloorDiv(now, wus)
 	into := now - curWin*wus
 	sub := curWin*n + into*n/wus
 	if st.alg != store.SlidingWindow || st.old == nil || int64(len(*st.old)) != n {
@@ -166,7 +166,7 @@ func (st *state) preciseRetry(limit, h uint64, now, wus, n int64, strict bool, r
 			full += st.count(s) - st.count(s-n)
 		}
 		if f := float64(full); f < a {
-			k, j := floorDiv(s, n), s-floorDiv(s, n)*n
+			k, j := store.FloorDiv(s, n), s-store.FloorDiv(s, n)*n
 			b0, b1 := subBounds(j, wus, n)
 			c := st.count(s - n)
 			if strict && f+float64(c) >= a {
@@ -194,7 +194,7 @@ func (st *state) preciseRetry(limit, h uint64, now, wus, n int64, strict bool, r
 // precisePassesAt reports whether hf hits would pass at t (not before the
 // state's sub-window) with no other traffic.
 func (st *state) precisePassesAt(l, hf float64, t, wus, n int64, strict bool) bool {
-	k := floorDiv(t, wus)
+	k := store.FloorDiv(t, wus)
 	into := t - k*wus
 	j := into * n / wus
 	s := k*n + j

@@ -139,7 +139,7 @@ func (s *Store) planPlain(checks []store.Check, lo, hi int64) ([]plainCheck, boo
 	for i := range checks {
 		c, pc := &checks[i], &pcs[i]
 		pc.wus = int64(c.Window / time.Microsecond)
-		pc.start = floorDiv(lo, pc.wus) * pc.wus
+		pc.start = store.FloorDiv(lo, pc.wus) * pc.wus
 		if hi+boundaryMargin.Microseconds() >= pc.start+pc.wus {
 			return nil, false
 		}
@@ -217,13 +217,4 @@ func (pc *plainCheck) decide(c *store.Check, r *store.Result, lo, hi int64) bool
 		r.Remaining = store.SlidingBudget(prev, before+int64(c.Hits+lease), c.Limit, into, pc.wus)
 	}
 	return true
-}
-
-// floorDiv returns a/b rounded towards negative infinity (b > 0).
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && a < 0 {
-		q--
-	}
-	return q
 }

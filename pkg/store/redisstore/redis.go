@@ -373,7 +373,7 @@ func unknownPrev(checks []store.Check, prevs []int64) bool {
 // windowStart returns the start (Unix seconds) of c's window at now (µs).
 func windowStart(c *store.Check, now int64) int64 {
 	w := int64(c.Window / time.Second)
-	return floorDiv(now, w*1e6) * w
+	return store.FloorDiv(now, w*1e6) * w
 }
 
 // prevKey names c's previous window's key at now (µs).

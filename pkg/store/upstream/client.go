@@ -48,49 +48,13 @@ func NewClient(o ClientOptions) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis URL: %w", err)
 	}
-	timeout := max(2*o.Timeout, 250*time.Millisecond)
+	f := clientFields{o: o, host: u.Hostname(), timeout: max(2*o.Timeout, 250*time.Millisecond)}
 	if o.Timeout == 0 {
-		timeout = 2 * time.Second
-	}
-	fields := func(user, pass *string, pool *int, tc **tls.Config, ctxTimeout *bool, dial, read, write *time.Duration, dialRetries, retries *int) {
-		if o.Username != "" {
-			*user = o.Username
-		}
-		if o.Password != "" {
-			*pass = o.Password
-		}
-		if o.PoolSize != 0 {
-			*pool = o.PoolSize
-		}
-		if o.TLSConfig != nil {
-			c := o.TLSConfig.Clone()
-			if c.ServerName == "" {
-				c.ServerName = u.Hostname()
-			}
-			*tc = c
-		}
-		*ctxTimeout = true
-		*dial, *read, *write = timeout, timeout, timeout
-		*dialRetries = 1
-		if *retries == 0 {
-			*retries = -1
-		}
+		f.timeout = 2 * time.Second
 	}
 	switch o.Mode {
 	case ModeSingle, "":
-		c, err := redis.ParseURL(o.URL)
-		if err != nil {
-			return nil, err
-		}
-		fields(&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled, &c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries)
-		if o.Twemproxy {
-			if c.TLSConfig != nil || c.DB != 0 {
-				return nil, fmt.Errorf("twemproxy: no TLS and no database but 0 (it has neither)")
-			}
-			c.Protocol, c.DisableIdentity = 2, true
-			c.Dialer = helloless(c.Network, c.DialTimeout)
-		}
-		return redis.NewClient(c), nil
+		return singleClient(o, f)
 	case ModeCluster:
 		if o.Twemproxy {
 			return nil, fmt.Errorf("twemproxy stands for a single Redis, not a Cluster")
@@ -99,7 +63,7 @@ func NewClient(o ClientOptions) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, err
 		}
-		fields(&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled, &c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries)
+		f.set(&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled, &c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries)
 		return redis.NewClusterClient(c), nil
 	case ModeSentinel:
 		if o.Twemproxy {
@@ -112,10 +76,62 @@ func NewClient(o ClientOptions) (redis.UniversalClient, error) {
 		if o.MasterName != "" {
 			c.MasterName = o.MasterName
 		}
-		fields(&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled, &c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries)
+		f.set(&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled, &c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries)
 		return redis.NewFailoverClient(c), nil
 	}
 	return nil, fmt.Errorf("redis mode %q: want single, cluster or sentinel", o.Mode)
+}
+
+// singleClient makes the client of one Redis (or twemproxy).
+func singleClient(o ClientOptions, f clientFields) (redis.UniversalClient, error) {
+	c, err := redis.ParseURL(o.URL)
+	if err != nil {
+		return nil, err
+	}
+	f.set(&c.Username, &c.Password, &c.PoolSize, &c.TLSConfig, &c.ContextTimeoutEnabled, &c.DialTimeout, &c.ReadTimeout, &c.WriteTimeout, &c.DialerRetries, &c.MaxRetries)
+	if o.Twemproxy {
+		if c.TLSConfig != nil || c.DB != 0 {
+			return nil, fmt.Errorf("twemproxy: no TLS and no database but 0 (it has neither)")
+		}
+		c.Protocol, c.DisableIdentity = 2, true
+		c.Dialer = helloless(c.Network, c.DialTimeout)
+	}
+	return redis.NewClient(c), nil
+}
+
+// clientFields are what NewClient sets alike in every mode's options: the
+// credentials, pool size and TLS of o over the URL's, the timeouts, and
+// no retries.
+type clientFields struct {
+	o       ClientOptions
+	host    string // the URL's, TLS's ServerName when o's config has none
+	timeout time.Duration
+}
+
+func (f clientFields) set(user, pass *string, pool *int, tc **tls.Config, ctxTimeout *bool, dial, read, write *time.Duration, dialRetries, retries *int) {
+	o := f.o
+	if o.Username != "" {
+		*user = o.Username
+	}
+	if o.Password != "" {
+		*pass = o.Password
+	}
+	if o.PoolSize != 0 {
+		*pool = o.PoolSize
+	}
+	if o.TLSConfig != nil {
+		c := o.TLSConfig.Clone()
+		if c.ServerName == "" {
+			c.ServerName = f.host
+		}
+		*tc = c
+	}
+	*ctxTimeout = true
+	*dial, *read, *write = f.timeout, f.timeout, f.timeout
+	*dialRetries = 1
+	if *retries == 0 {
+		*retries = -1
+	}
 }
 
 // helloless dials network connections on which go-redis's HELLO, which it

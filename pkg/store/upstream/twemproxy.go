@@ -26,13 +26,9 @@ func Detect(ctx context.Context, o ClientOptions) (bool, error) {
 	if o.Twemproxy {
 		return true, nil
 	}
-	u, err := url.Parse(o.URL)
-	if err != nil || (o.Mode != "" && o.Mode != ModeSingle) || (u.Scheme != "redis" && u.Scheme != "unix") || o.TLSConfig != nil {
+	u, network, addr := plainAddr(o)
+	if u == nil {
 		return false, nil
-	}
-	network, addr := "tcp", u.Host
-	if u.Scheme == "unix" {
-		network, addr = "unix", u.Path
 	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, network, addr)
@@ -46,25 +42,7 @@ func Detect(ctx context.Context, o ClientOptions) (bool, error) {
 		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
 	}
 	r := bufio.NewReader(conn)
-	user, pass := o.Username, o.Password
-	if u.User != nil {
-		if user == "" {
-			user = u.User.Username()
-		}
-		if p, ok := u.User.Password(); ok && pass == "" {
-			pass = p
-		}
-	}
-	var cmds [][]string
-	if pass != "" {
-		if user != "" && user != "default" {
-			cmds = append(cmds, []string{"AUTH", user, pass})
-		} else {
-			cmds = append(cmds, []string{"AUTH", pass})
-		}
-	}
-	cmds = append(cmds, []string{"PING"})
-	for _, c := range cmds {
+	for _, c := range greeting(o, u) {
 		if _, err := conn.Write(resp(c...)); err != nil {
 			return false, err
 		}
@@ -75,15 +53,53 @@ func Detect(ctx context.Context, o ClientOptions) (bool, error) {
 	if _, err := conn.Write(resp("TIME")); err != nil {
 		return false, err
 	}
-	line, err := r.ReadString('\n')
-	if err != nil {
+	if _, err := r.ReadString('\n'); err != nil {
 		if closed(err) {
 			return true, nil
 		}
 		return false, fmt.Errorf("no answer to TIME: %w", err)
 	}
-	_ = line // an array (Redis) or an error reply: not twemproxy
-	return false, nil
+	return false, nil // an array (Redis) or an error reply: not twemproxy
+}
+
+// plainAddr returns the URL, network and address of o's server, or a nil
+// URL where o cannot name a twemproxy (not one plain Redis: another mode,
+// TLS, rediss://).
+func plainAddr(o ClientOptions) (u *url.URL, network, addr string) {
+	u, err := url.Parse(o.URL)
+	if err != nil || (o.Mode != "" && o.Mode != ModeSingle) || o.TLSConfig != nil {
+		return nil, "", ""
+	}
+	switch u.Scheme {
+	case "redis":
+		return u, "tcp", u.Host
+	case "unix":
+		return u, "unix", u.Path
+	}
+	return nil, "", ""
+}
+
+// greeting returns the commands Detect sends before TIME: AUTH with the
+// credentials of o, else of u (when there is a password), and PING.
+func greeting(o ClientOptions, u *url.URL) [][]string {
+	user, pass := o.Username, o.Password
+	if u.User != nil {
+		if user == "" {
+			user = u.User.Username()
+		}
+		if p, ok := u.User.Password(); ok && pass == "" {
+			pass = p
+		}
+	}
+	var cmds [][]string
+	switch {
+	case pass == "":
+	case user != "" && user != "default":
+		cmds = append(cmds, []string{"AUTH", user, pass})
+	default:
+		cmds = append(cmds, []string{"AUTH", pass})
+	}
+	return append(cmds, []string{"PING"})
 }
 
 // closed reports whether err is the peer closing the connection.

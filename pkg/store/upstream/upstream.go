@@ -170,27 +170,30 @@ func (s *Store) decide(ctx context.Context, checks []store.Check, results []stor
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	cs, err := s.count(ctx, checks, idx, peek)
+	if err != nil {
+		for _, i := range idx {
+			results[i] = store.Result{Undecided: true}
+		}
+		return redisstore.Classify(ctx, "decide upstream keys", unavailable(err))
+	}
+	veto := judge(checks, cs, idx, peek)
+	if !peek {
+		s.settle(ctx, checks, cs, idx, veto)
+	}
+	for j, i := range idx {
+		results[i] = cs[j].result(&checks[i], peek)
+	}
+	return nil
+}
+
+// count runs the first pipeline of decide and returns each check's count.
+func (s *Store) count(ctx context.Context, checks []store.Check, idx []int, peek bool) ([]counted, error) {
 	now := s.now()
 	cs := make([]counted, len(idx))
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range idx {
-			c := &checks[i]
-			win := max(int64(c.Window/time.Second), 1)
-			start := now.Unix() / win * win
-			k := &cs[j]
-			k.key = c.Key + strconv.FormatInt(start, 10)
-			k.reset = time.Unix(start+win, 0).Sub(now)
-			k.hits = int64(min(c.Hits, 1<<62))
-			switch {
-			case peek || c.Hits == 0:
-				k.get = p.Get(ctx, k.key)
-				continue
-			case c.Refund:
-				k.incr = p.DecrBy(ctx, k.key, k.hits)
-			default:
-				k.incr = p.IncrBy(ctx, k.key, k.hits)
-			}
-			p.Expire(ctx, k.key, time.Duration(win)*time.Second)
+			cs[j].queue(ctx, p, &checks[i], now, peek)
 		}
 		return nil
 	})
@@ -203,12 +206,32 @@ func (s *Store) decide(ctx context.Context, checks []store.Check, results []stor
 		}
 		cs[j].count, err = cs[j].value()
 	}
-	if err != nil {
-		for _, i := range idx {
-			results[i] = store.Result{Undecided: true}
-		}
-		return redisstore.Classify(ctx, "decide upstream keys", unavailable(err))
+	return cs, err
+}
+
+// queue adds c's commands to p: GET for a peek, else INCRBY (DECRBY for a
+// refund) and EXPIRE on the key of the window now is in.
+func (k *counted) queue(ctx context.Context, p redis.Pipeliner, c *store.Check, now time.Time, peek bool) {
+	win := max(int64(c.Window/time.Second), 1)
+	start := now.Unix() / win * win
+	k.key = c.Key + strconv.FormatInt(start, 10)
+	k.reset = time.Unix(start+win, 0).Sub(now)
+	k.hits = int64(min(c.Hits, 1<<62))
+	switch {
+	case peek || c.Hits == 0:
+		k.get = p.Get(ctx, k.key)
+		return
+	case c.Refund:
+		k.incr = p.DecrBy(ctx, k.key, k.hits)
+	default:
+		k.incr = p.IncrBy(ctx, k.key, k.hits)
 	}
+	p.Expire(ctx, k.key, time.Duration(win)*time.Second)
+}
+
+// judge decides each check of idx from its count, and reports whether a
+// denial vetoes the request (its other checks' hits go back).
+func judge(checks []store.Check, cs []counted, idx []int, peek bool) bool {
 	veto := false
 	for j, i := range idx {
 		c, k := &checks[i], &cs[j]
@@ -224,13 +247,7 @@ func (s *Store) decide(ctx context.Context, checks []store.Check, results []stor
 			}
 		}
 	}
-	if !peek {
-		s.settle(ctx, checks, cs, idx, veto)
-	}
-	for j, i := range idx {
-		results[i] = cs[j].result(&checks[i], peek)
-	}
-	return nil
+	return veto
 }
 
 // value reads the count a check's command left.
