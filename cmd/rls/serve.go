@@ -447,7 +447,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) error {
 		Reserve: cfg.Reserve && cfg.Store != "memory", ReserveBytes: cfg.LocalMaxBytes / 16,
 		Log: a.log,
 	})
-	telemetry.RegisterLimiter(a.reg, a.lim, a.fleet)
+	telemetry.RegisterLimiter(a.reg, a.lim, a.fleet.Size)
 	a.svc = service.New(rules, a.lim, service.Options{
 		FailClosed:       cfg.OnStoreError == "fail_closed",
 		ResponseHeaders:  cfg.ResponseHeaders,

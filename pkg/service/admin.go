@@ -24,11 +24,19 @@ type Admin struct {
 	adminv1.UnimplementedAdminServiceServer
 	svc *Service
 	st  store.Store
-	lim *limiter.Limiter
+	lim LocalState
 }
 
-// NewAdmin returns the admin API of svc.
-func NewAdmin(svc *Service, st store.Store, lim *limiter.Limiter) *Admin {
+// LocalState is the limiter's local state the admin API reads and clears
+// (pkg/limiter's Limiter): the over-limit cache's denial of a check, and every
+// local table's entries of keys.
+type LocalState interface {
+	CachedDenial(c *store.Check) (time.Duration, bool)
+	Forget(keys ...string)
+}
+
+// NewAdmin returns the admin API of svc, reading counters from st.
+func NewAdmin(svc *Service, st store.Store, lim LocalState) *Admin {
 	return &Admin{svc: svc, st: st, lim: lim}
 }
 

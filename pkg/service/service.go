@@ -39,7 +39,7 @@ type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
 	snap    atomic.Pointer[snapshot]
-	lim     *limiter.Limiter
+	lim     Decider
 	opts    Options
 	nearPPM uint64    // NearLimitRatio in millionths
 	pool    sync.Pool // *resolution
@@ -201,8 +201,14 @@ func (l Limits) withDefaults() Limits {
 	return d
 }
 
+// Decider decides a request's items, filling each item's Result, or
+// returns why it could not (pkg/limiter's Limiter).
+type Decider interface {
+	Decide(ctx context.Context, items []limiter.Item) error
+}
+
 // New returns a Service deciding with cfg through lim.
-func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
+func New(cfg *descriptors.Config, lim Decider, opts Options) *Service {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
