@@ -48,10 +48,10 @@ func (a *app) detectTwemproxy(tc *tls.Config) bool {
 
 // lateTwemproxy wraps the store's readiness probe: until the store first
 // answers, a failing probe asks whether --redis-url is a twemproxy after
-// all (one that was not reachable at start, to which rls speaks as to
-// Redis, in vain), and if so stops rls with why: it is not serving yet,
-// and a restart finds the twemproxy.
-func (a *app) lateTwemproxy(ready func(context.Context) error, tc *tls.Config) func(context.Context) error {
+// all (one not reachable at start, to which rls speaks as to Redis, in
+// vain), and if so calls stop with why: rls is not serving yet, and a
+// restart finds the twemproxy.
+func (a *app) lateTwemproxy(ready func(context.Context) error, tc *tls.Config, stop func(error)) func(context.Context) error {
 	if a.cfg.Store != "redis" || tc != nil {
 		return ready
 	}
@@ -64,19 +64,18 @@ func (a *app) lateTwemproxy(ready func(context.Context) error, tc *tls.Config) f
 			return err
 		}
 		if tw, _ := upstream.Detect(ctx, opts); tw {
-			a.fatal(fmt.Errorf("twemproxy at %s: it was not reachable when rls started, so rls spoke to it as to Redis (HELLO, scripts), which twemproxy refuses; "+
+			stop(fmt.Errorf("twemproxy at %s: it was not reachable when rls started, so rls spoke to it as to Redis (HELLO, scripts), which twemproxy refuses; "+
 				"restart rls: it detects twemproxy at start", redisclient.RedactURL(a.cfg.RedisURL)))
 		}
 		return err
 	}
 }
 
-// fatal stops rls with err, once it serves (wait receives it); before
-// that it is dropped (a later probe says it again).
+// fatal stops rls with err once it serves (wait receives it); before,
+// it is dropped (a later probe says it again).
 func (a *app) fatal(err error) {
-	select {
-	case a.errc <- err:
-	default:
+	if a.srv != nil {
+		a.srv.Fail(err)
 	}
 }
 

@@ -26,7 +26,14 @@ func TestLateTwemproxy(t *testing.T) {
 	}{{"never answered", false, true}, {"answered before", true, false}} {
 		t.Run(c.name, func(t *testing.T) {
 			a := &app{cfg: &Config{Store: "redis", RedisURL: tw.URL(), RedisTimeout: time.Second},
-				log: slog.New(slog.NewTextHandler(io.Discard, nil)), errc: make(chan error, 1)}
+				log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			errc := make(chan error, 1)
+			stop := func(err error) {
+				select {
+				case errc <- err:
+				default:
+				}
+			}
 			fail := errors.New("redis ping: EOF")
 			answered := c.answered
 			ready := a.lateTwemproxy(func(context.Context) error {
@@ -35,14 +42,14 @@ func TestLateTwemproxy(t *testing.T) {
 					return nil
 				}
 				return fail
-			}, nil)
+			}, nil, stop)
 			for range 2 {
 				if err := ready(t.Context()); err != nil && !errors.Is(err, fail) {
 					t.Fatal(err)
 				}
 			}
 			select {
-			case err := <-a.errc:
+			case err := <-errc:
 				if !c.want || !strings.Contains(err.Error(), "twemproxy at "+tw.URL()) {
 					t.Errorf("stopped with %v; want %v", err, c.want)
 				}
