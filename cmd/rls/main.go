@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/rls-project/rls/internal/simulatecmd"
 	"github.com/rls-project/rls/pkg/buildinfo"
 	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -52,7 +53,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return validate(args, getenv, stdout)
 	case "simulate":
-		return runSimulate(ctx, args, stdout)
+		return simulatecmd.Run(ctx, args, stdout)
 	case "help":
 		args = []string{"--help"}
 		stderr = stdout // asked for: not an error
