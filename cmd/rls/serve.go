@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/pprof"
 	"net/url"
 	"strings"
 	"sync"
@@ -49,19 +48,6 @@ import (
 
 // rlsServiceName is the gRPC service whose health Envoy and Kubernetes check.
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
-
-// upstreamHealthName is the health service name envoyproxy/ratelimit
-// serves, so probes and Envoy health checks written for it keep working.
-const upstreamHealthName = "ratelimit"
-
-// storeHealthName is the gRPC health service that reflects whether the store
-// answers; rls itself stays SERVING (degraded) while it does not.
-const storeHealthName = "rls.store"
-
-// liveHealthName is the gRPC health service of liveness: SERVING from start
-// to shutdown whatever the config and the store, so that a liveness probe
-// never restarts a replica that waits for its store (the chart's).
-const liveHealthName = "rls.live"
 
 func newLogger(cfg *Config, w io.Writer) *slog.Logger {
 	var level slog.Level
@@ -471,8 +457,9 @@ func (a *app) registerGRPC() {
 	healthpb.RegisterHealthServer(a.grpcSrv, a.watches)
 	reflection.Register(a.grpcSrv)
 	// The store's health follows it; rls's, the config and the store's credentials.
-	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, append([]string{"", rlsServiceName, upstreamHealthName}, a.rlqs.HealthNames()...)...)
-	a.healthSrv.SetServingStatus(liveHealthName, healthpb.HealthCheckResponse_SERVING) // NOT_SERVING only on shutdown
+	a.health = telemetry.NewHealth(a.healthSrv, a.log, telemetry.StoreHealth,
+		append([]string{"", rlsServiceName, telemetry.UpstreamHealth}, a.rlqs.HealthNames()...)...)
+	a.healthSrv.SetServingStatus(telemetry.LiveHealth, healthpb.HealthCheckResponse_SERVING) // NOT_SERVING only on shutdown
 	a.health.SetReady(a.configReady.Load())
 }
 
@@ -491,7 +478,7 @@ func (a *app) start(ctx context.Context) error {
 		a.srv.Close()
 		return err
 	}
-	if err := a.srv.ServeHTTP("debug-addr", a.cfg.DebugAddr, a.debugHandler()); err != nil {
+	if err := a.srv.ServeHTTP("debug-addr", a.cfg.DebugAddr, server.DebugHandler(func(w io.Writer) error { return a.svc.Config().Dump(w) })); err != nil {
 		a.srv.Close()
 		return err
 	}
@@ -522,14 +509,14 @@ func (a *app) start(ctx context.Context) error {
 // httpHandler serves --http-addr: /healthcheck and /metrics.
 func (a *app) httpHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthcheck", a.healthcheck)
+	mux.Handle("GET /healthcheck", telemetry.HealthcheckHandler(a.healthState))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	a.addJSON(mux)
 	return mux
 }
 
-// healthcheck answers /healthcheck (telemetry.HealthcheckAnswer).
-func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
+// healthState is what /healthcheck reports (telemetry.HealthcheckAnswer).
+func (a *app) healthState() telemetry.HealthState {
 	ps := a.probe.State()
 	hs := telemetry.HealthState{ShuttingDown: a.shuttingDown.Load(), ConfigReady: a.configReady.Load(), AuthRefused: a.health.Auth(),
 		Degraded: !ps.OK || a.lim.Degraded(degradedWindow)}
@@ -539,12 +526,7 @@ func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
 			hs.Waiting = fmt.Sprintf("%s: %v", a.storeAddr(), ps.Err)
 		}
 	}
-	code, body := telemetry.HealthcheckAnswer(hs)
-	if code != http.StatusOK {
-		http.Error(w, body, code)
-		return
-	}
-	io.WriteString(w, body+"\n")
+	return hs
 }
 
 // redisNode names the Redis node outside cluster mode: --redis-url's
@@ -569,21 +551,6 @@ func (a *app) storeAddr() string {
 		return "the memory store"
 	}
 	return redisclient.RedactURL(a.cfg.RedisURL)
-}
-
-// debugHandler serves --debug-addr: /rlconfig and /debug/pprof.
-func (a *app) debugHandler() http.Handler {
-	dbg := http.NewServeMux()
-	dbg.HandleFunc("GET /rlconfig", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_ = a.svc.Config().Dump(w) // the client's connection is gone
-	})
-	dbg.HandleFunc("/debug/pprof/", pprof.Index)
-	dbg.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	dbg.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	dbg.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	dbg.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return dbg
 }
 
 // wait blocks until ctx is cancelled (nil) or a server fails (its error).

@@ -79,40 +79,11 @@ func (a *app) fatal(err error) {
 	}
 }
 
-// checkTwemproxy refuses rules that behind twemproxy rls cannot count: any
-// but a fixed window of one unit, not split (service.UpstreamKeyed). The
-// error is one line naming twemproxy and the first such rule by its file
-// and line, domain and descriptor, and how many others there are.
+// checkTwemproxy refuses, behind twemproxy, rules that rls cannot count
+// there (service.CheckUpstreamKeyed).
 func (a *app) checkTwemproxy(rules *descriptors.Config) error {
 	if !a.twemproxy {
 		return nil
 	}
-	var bad []*descriptors.Rule
-	for _, r := range rules.Rules() {
-		if !r.Unlimited && !service.UpstreamKeyed(r) {
-			bad = append(bad, r)
-		}
-	}
-	if len(bad) == 0 {
-		return nil
-	}
-	r := bad[0]
-	why := "a " + r.Algorithm.String()
-	switch {
-	case r.Splits() > 1:
-		why = fmt.Sprintf("a rule split over %d keys", r.Splits())
-	case r.UnitMultiplier > 1:
-		why = fmt.Sprintf("a window of %d units", r.UnitMultiplier)
-	}
-	where := r.File
-	if r.Line > 0 {
-		where = fmt.Sprintf("%s:%d", r.File, r.Line)
-	}
-	more := ""
-	if len(bad) > 1 {
-		more = fmt.Sprintf(" (and %d more rules like it)", len(bad)-1)
-	}
-	return fmt.Errorf("twemproxy at %s cannot count rule %s (domain %q, %s)%s: %s needs Redis scripts, which twemproxy does not proxy; "+
-		"behind twemproxy rls counts only fixed windows of one unit, as envoyproxy/ratelimit does (algorithm: fixed_window)",
-		redisclient.RedactURL(a.cfg.RedisURL), where, r.Domain, r.Path, more, why)
+	return service.CheckUpstreamKeyed(rules, "twemproxy at "+redisclient.RedactURL(a.cfg.RedisURL))
 }

@@ -7,9 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -217,6 +219,22 @@ func (s *Servers) ServeHTTP(name, addr string, h http.Handler) error {
 		warnPublic(s.opts.Log, capped.Addr(), "--"+name, "the debug port serves /debug/pprof (heap dumps, CPU profiles) and /rlconfig to whoever reaches it")
 	}
 	return nil
+}
+
+// DebugHandler serves the debug port: /rlconfig, the config in force as
+// dump writes it, and /debug/pprof.
+func DebugHandler(dump func(io.Writer) error) http.Handler {
+	dbg := http.NewServeMux()
+	dbg.HandleFunc("GET /rlconfig", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_ = dump(w) // the client's connection is gone
+	})
+	dbg.HandleFunc("/debug/pprof/", pprof.Index)
+	dbg.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	dbg.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	dbg.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	dbg.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return dbg
 }
 
 // Err receives the error of a server that failed, or of Fail.

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -12,6 +13,18 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+)
+
+// gRPC health services besides the rate limit service's own name.
+// UpstreamHealth is envoyproxy/ratelimit's, for probes written for it.
+// StoreHealth follows the store; rls stays SERVING (degraded) while it
+// does not answer. LiveHealth is SERVING from start to shutdown whatever
+// the config and the store: a liveness probe never restarts a replica
+// that waits for its store.
+const (
+	UpstreamHealth = "ratelimit"
+	StoreHealth    = "rls.store"
+	LiveHealth     = "rls.live"
 )
 
 // Health sets rls's gRPC health services from what it knows: the rate
@@ -87,6 +100,18 @@ type HealthState struct {
 	// start and why (its address and the probe's error).
 	Waiting  string
 	Degraded bool // the store does not answer now, or rules fell back lately
+}
+
+// HealthcheckHandler answers /healthcheck with HealthcheckAnswer(state()).
+func HealthcheckHandler(state func() HealthState) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		code, body := HealthcheckAnswer(state())
+		if code != http.StatusOK {
+			http.Error(w, body, code)
+			return
+		}
+		io.WriteString(w, body+"\n")
+	})
 }
 
 // HealthcheckAnswer is the status and body of /healthcheck: 503 once
