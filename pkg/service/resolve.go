@@ -26,11 +26,11 @@ type resolution struct {
 }
 
 // item returns descriptor i's limiter item, or nil when it is not counted.
-func (r *resolution) item(i int) *limiter.Item {
-	if r.index[i] < 0 {
+func (res *resolution) item(i int) *limiter.Item {
+	if res.index[i] < 0 {
 		return nil
 	}
-	return &r.items[r.index[i]]
+	return &res.items[res.index[i]]
 }
 
 // resolve validates req against the request bounds and resolves it against
