@@ -1,14 +1,12 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -263,7 +261,7 @@ func (a *app) buildStore() error {
 	}
 	a.st = telemetry.NewMeteredStore(st, a.reg)
 	if rs, ok := raw.(*redisstore.Store); ok {
-		telemetry.RegisterBreakers(a.reg, rs, a.cfg.redisNode())
+		telemetry.RegisterBreakers(a.reg, rs, redisclient.Node(a.cfg.redisOptions()))
 		telemetry.RegisterScriptMode(a.reg, rs)
 		telemetry.RegisterRoutes(a.reg, rs)
 		// Evictions of counters are a silent fail-open: made loud.
@@ -432,23 +430,32 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		Upstream:         loadOptions(a.cfg).Upstream,
 		IgnoreDotFiles:   loadOptions(a.cfg).IgnoreDotFiles,
 		Check:            a.checkTwemproxy,
-		Apply: func(c *descriptors.Config) {
-			a.svc.SetConfig(c)
-			a.rlqs.Reconfigure() // open RLQS buckets follow the new rules at once
-			a.cfgMetrics.Set(c)
-		},
-		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.Report(r); a.upstream.Loaded(string(r)) },
-		Log:    a.log,
+		Apply:            a.applyConfig,
+		Report:           func(r reload.Result, _ *descriptors.Config) { a.reportLoad(r) },
+		Log:              a.log,
 	})
 }
 
-// registerGRPC registers RateLimitService, health and reflection.
-// Readiness: serving once the store has answered since start-up (with
-// --config-source xds, and a valid config has come), until SIGTERM. A
-// later store outage does not make rls unready (it decides in fallback);
-// it shows as degraded on /healthcheck and as NOT_SERVING of the gRPC
-// health service "rls.store". A refusal of rls's credentials does
-// (telemetry.Health).
+// applyConfig puts c in force: in the service, the open RLQS buckets (at
+// once) and the config metrics.
+func (a *app) applyConfig(c *descriptors.Config) {
+	a.svc.SetConfig(c)
+	a.rlqs.Reconfigure()
+	a.cfgMetrics.Set(c)
+}
+
+// reportLoad counts a load of the config in rls's metrics and upstream's
+// (config_load_success, config_load_error).
+func (a *app) reportLoad(r reload.Result) {
+	a.cfgMetrics.Report(r)
+	a.upstream.Loaded(string(r))
+}
+
+// registerGRPC registers RateLimitService, RLQS, health and reflection.
+// rls is ready once the store has answered and a config is in force, until
+// SIGTERM (telemetry.Health). A later outage leaves it ready: it decides
+// in fallback, and shows it on /healthcheck and on "rls.store". A refusal
+// of rls's credentials makes it unready.
 func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.rlqs.Register(a.grpcSrv)
@@ -529,22 +536,6 @@ func (a *app) healthState() telemetry.HealthState {
 	return hs
 }
 
-// redisNode names the Redis node outside cluster mode: --redis-url's
-// host:port, or its socket's path; a Sentinel's master is "master" and the
-// master name.
-func (c *Config) redisNode() string {
-	u, err := url.Parse(c.RedisURL)
-	switch {
-	case err != nil:
-		return "unknown"
-	case c.redisMode() == "sentinel":
-		return "master " + cmp.Or(c.RedisMasterName, u.Query().Get("master_name"))
-	case u.Scheme == "unix":
-		return u.Path
-	}
-	return u.Host
-}
-
 // storeAddr names the store in messages: its URL without the password.
 func (a *app) storeAddr() string {
 	if a.cfg.storeKind() == "memory" {
@@ -565,11 +556,11 @@ func (a *app) wait(ctx context.Context) error {
 	}
 }
 
-// shutdown stops in order: the background loops; health NOT_SERVING on
-// every gRPC service and /healthcheck; this replica's fleet entry; the
-// drain (--shutdown-drain, skipped after a server failure); gRPC, then the
-// HTTP servers, each bounded by ShutdownTimeout. serve closes the store
-// after it.
+// shutdown stops in order: the background loops; health (NOT_SERVING
+// everywhere); this replica's fleet entry; the drain (--shutdown-drain,
+// not after a server failure); RLQS and Watch streams; gRPC, then HTTP,
+// each within ShutdownTimeout; the limiter's work. serve then closes the
+// store.
 func (a *app) shutdown(runErr error) {
 	a.stopBg()
 	a.background.Wait()
@@ -588,10 +579,9 @@ func (a *app) shutdown(runErr error) {
 }
 
 // writeBack stops the limiter's background work (refund retries and
-// write-backs: what is not done is counted lost), then returns the unused
-// hits of reserved slices, so other replicas can use them in the same
-// window, and hands the hits admitted locally while the store could not
-// answer to the store before it is closed, each step within
+// write-backs; what is not done is counted lost). Then it hands the store
+// the unused hits of leases, for other replicas in the same window, and
+// the hits admitted locally during an outage. Each step takes at most
 // ShutdownTimeout.
 func (a *app) writeBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
@@ -620,22 +610,18 @@ const watchMaxAge = 10 * time.Minute
 // shutdown.
 const traceFlushTimeout = 5 * time.Second
 
-// grpcCreds returns the gRPC server's TLS credentials when --grpc-tls-cert
-// is set (nil: plaintext): certificates (and the client CA of mutual TLS) are re-read from disk
-// when the files change, for new connections. The HTTP ports stay plaintext.
+// grpcCreds returns the gRPC port's TLS credentials (server.TLSCreds) when
+// --grpc-tls-cert is set; nil (plaintext) otherwise.
 func grpcCreds(cfg *Config, log *slog.Logger) (credentials.TransportCredentials, error) {
 	if cfg.GRPCTLSCert == "" {
 		return nil, nil
 	}
-	r, err := tlsconfig.NewReloader(tlsconfig.Files{Cert: cfg.GRPCTLSCert, Key: cfg.GRPCTLSKey, ClientCA: cfg.GRPCTLSClientCA,
+	creds, err := server.TLSCreds(tlsconfig.Files{Cert: cfg.GRPCTLSCert, Key: cfg.GRPCTLSKey, ClientCA: cfg.GRPCTLSClientCA,
 		ClientSAN: cfg.GRPCTLSClientSAN}, log)
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-tls-cert: %w", err)
 	}
-	leaf := r.Certificate().Leaf
-	log.Info("grpc TLS on", "mutual", cfg.GRPCTLSClientCA != "", "subject", leaf.Subject.String(),
-		"serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
-	return credentials.NewTLS(r.ServerConfig()), nil
+	return creds, nil
 }
 
 // openStore builds the configured store and its readiness probe.

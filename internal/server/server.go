@@ -22,6 +22,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/connguard"
 	"github.com/rls-project/rls/pkg/service"
+	"github.com/rls-project/rls/pkg/tlsconfig"
 )
 
 // Fixed bounds of the gRPC server. MaxStreams is each connection's
@@ -105,6 +106,20 @@ func GRPCOptions(idle, maxAge time.Duration, m *service.Metrics, log *slog.Logge
 		// (Envoy forwards header bytes as they come): see service.DecodeRequest.
 		grpc.ForceServerCodecV2(service.Codec()),
 	}
+}
+
+// TLSCreds returns TLS credentials of files whose certificates (and
+// client CA, for mutual TLS) are re-read from disk when they change, for
+// new connections. It logs the certificate in use.
+func TLSCreds(files tlsconfig.Files, log *slog.Logger) (credentials.TransportCredentials, error) {
+	r, err := tlsconfig.NewReloader(files, log)
+	if err != nil {
+		return nil, err
+	}
+	leaf := r.Certificate().Leaf
+	log.Info("grpc TLS on", "mutual", files.ClientCA != "", "subject", leaf.Subject.String(),
+		"serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
+	return credentials.NewTLS(r.ServerConfig()), nil
 }
 
 // Options configure Servers.

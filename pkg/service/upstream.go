@@ -58,11 +58,10 @@ func (s *Service) upstreamKeyed(r *descriptors.Rule) bool {
 }
 
 // appendUpstreamKey appends upstream's cache key (src/limiter/cache_key.go)
-// but its window start, which the store appends: domain "_", then key "_"
-// value "_" per entry, where a level r matched through a share_threshold
-// wildcard has the wildcard's pattern instead of the value (so every value
-// it matches shares one counter, as upstream's). The caller has appended
-// the prefix.
+// after the prefix the caller appended, without the window start the store
+// appends: domain "_", then key "_" value "_" per entry. A level r matched
+// through a share_threshold wildcard has the pattern for the value, so
+// every value it matches shares one counter, as upstream's.
 func appendUpstreamKey(dst []byte, domain string, entries []*rlcommon.RateLimitDescriptor_Entry, r *descriptors.Rule) []byte {
 	dst = append(append(dst, domain...), '_')
 	for i, e := range entries {
