@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -274,15 +273,7 @@ func readEnv(fs *flag.FlagSet, c *Config, getenv func(string) string) error {
 	if err != nil {
 		return err
 	}
-	for k := range c.Compat.Env {
-		flagName := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(k, "RLS_")), "_", "-")
-		if up, ok := compat.Sources[k]; ok && raw(k) == "" && !set[flagName] {
-			if c.upstreamNames == nil {
-				c.upstreamNames = map[string]string{}
-			}
-			c.upstreamNames[k] = up
-		}
-	}
+	c.upstreamNames = compat.Renames(c.Compat.Env, raw, func(f string) bool { return set[f] })
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		if set[f.Name] {
@@ -320,41 +311,15 @@ func (c *Config) readCompat(flagSet bool, getenv func(string) string) (func(stri
 	return getenv, err
 }
 
-// upstreamError rewrites err in upstream mode so that it names the
-// upstream variables a setting came from where it names the RLS_* twin
-// (and flag) rls read them as: "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and
-// RUNTIME_APPDIRECTORY (--config-dir)" for "--config-dir (RLS_CONFIG_DIR)",
-// REDIS_AUTH for RLS_REDIS_PASSWORD. A nil c or err, or any other mode,
-// leaves err as it is.
+// upstreamError rewrites err in upstream mode to name the upstream
+// variables a setting came from (compat.Rename). A nil c leaves err as it
+// is.
 func (c *Config) upstreamError(err error) error {
-	if c == nil || err == nil || len(c.upstreamNames) == 0 {
+	if c == nil {
 		return err
 	}
-	vars := make([]string, 0, len(c.upstreamNames))
-	for k := range c.upstreamNames {
-		vars = append(vars, k)
-	}
-	slices.SortFunc(vars, func(a, b string) int { return len(b) - len(a) }) // RLS_X_Y before RLS_X
-	msg := err.Error()
-	for _, v := range vars {
-		flagName := "--" + strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(v, "RLS_")), "_", "-")
-		msg = strings.ReplaceAll(msg, flagName+" ("+v+")", c.upstreamNames[v]+" ("+flagName+")")
-		msg = strings.ReplaceAll(msg, v, c.upstreamNames[v])
-	}
-	if msg == err.Error() {
-		return err
-	}
-	return &renamedError{msg: msg, err: err}
+	return compat.Rename(err, c.upstreamNames)
 }
-
-// renamedError is an error with upstream's variable names in its message.
-type renamedError struct {
-	msg string
-	err error
-}
-
-func (e *renamedError) Error() string { return e.msg }
-func (e *renamedError) Unwrap() error { return e.err }
 
 // valueError says what a flag's value must look like, where the flag
 // package only says "parse error".

@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 
+	"github.com/rls-project/rls/internal/server"
 	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/jsonapi"
 	"github.com/rls-project/rls/pkg/upstreamstats"
@@ -30,12 +31,12 @@ func (a *app) startUpstreamPrometheus() error {
 	if c := a.cfg.Compat; !c.UpstreamPrometheus || c.PrometheusAddr == a.cfg.HTTPAddr {
 		return nil
 	}
-	return a.startHTTP("PROMETHEUS_ADDR", a.cfg.Compat.PrometheusAddr, upstreamstats.MetricsHandler(a.reg, a.cfg.Compat.PrometheusPath))
+	return a.srv.ServeHTTP("PROMETHEUS_ADDR", a.cfg.Compat.PrometheusAddr, upstreamstats.MetricsHandler(a.reg, a.cfg.Compat.PrometheusPath))
 }
 
 // addJSON serves upstream's /json as ratelimit, bounded as gRPC calls are.
 func (a *app) addJSON(mux *http.ServeMux) {
 	if a.cfg.EnvCompat == "upstream" {
-		mux.Handle("POST /json", jsonapi.Handler(a.svc, jsonapi.Options{MaxBytes: grpcMaxRecvBytes, Timeout: a.cfg.RedisTimeout, Log: a.log}))
+		mux.Handle("POST /json", jsonapi.Handler(a.svc, jsonapi.Options{MaxBytes: server.MaxRecvBytes, Timeout: a.cfg.RedisTimeout, Log: a.log}))
 	}
 }

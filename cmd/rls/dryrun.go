@@ -9,12 +9,10 @@ import (
 	"github.com/rls-project/rls/pkg/redisclient"
 )
 
-// dryRun is `rls serve --dry-run`: parseConfig has parsed and validated the
-// flags and environment exactly as for serving. It loads --config-dir as
-// serve would when the directory exists here; a container's config is often
-// a volume that exists only in the pod (a ConfigMap), so a missing one is
-// reported and not checked. Nothing listens and no store is opened, so the
-// container command of a manifest or chart can be checked anywhere.
+// dryRun is `rls serve --dry-run`, after parseConfig has checked the flags
+// and environment as for serving. It loads --config-dir as serve would if
+// the directory exists here; a missing one (often a volume of the pod only)
+// is reported, not checked. Nothing listens and no store is opened.
 func dryRun(cfg *Config, stdout, stderr io.Writer) error {
 	store := cfg.storeKind()
 	if store == "redis" {

@@ -11,8 +11,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
+	"github.com/rls-project/rls/internal/simulatecmd"
 	"github.com/rls-project/rls/pkg/buildinfo"
 	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -34,13 +36,7 @@ func main() {
 // run is the whole program: it dispatches the subcommand and returns when it
 // is done (for serve: when ctx is cancelled and shutdown has finished).
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	cmd := "serve"
-	if len(args) > 0 && (args[0] == "serve" || args[0] == "validate" || args[0] == "simulate" || args[0] == "version" || args[0] == "help") {
-		cmd, args = args[0], args[1:]
-	}
-	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") { // rls --version, as most servers answer it
-		cmd = "version"
-	}
+	cmd, args := subcommand(args)
 	switch cmd {
 	case "version":
 		fmt.Fprintln(stdout, "rls", buildinfo.String())
@@ -52,7 +48,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return validate(args, getenv, stdout)
 	case "simulate":
-		return runSimulate(ctx, args, stdout)
+		return simulatecmd.Run(ctx, args, stdout)
 	case "help":
 		args = []string{"--help"}
 		stderr = stdout // asked for: not an error
@@ -65,6 +61,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return cfg.upstreamError(dryRun(cfg, stdout, stderr))
 	}
 	return cfg.upstreamError(serve(ctx, cfg, stderr))
+}
+
+// subcommand splits args into the subcommand (serve when none is named)
+// and its arguments; a lone --version after it is version.
+func subcommand(args []string) (string, []string) {
+	cmd := "serve"
+	if len(args) > 0 && slices.Contains([]string{"serve", "validate", "simulate", "version", "help"}, args[0]) {
+		cmd, args = args[0], args[1:]
+	}
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") { // rls --version, as most servers answer it
+		cmd = "version"
+	}
+	return cmd, args
 }
 
 // isHelp reports whether arg asks for help.

@@ -73,6 +73,13 @@ func TestDefaultAlgorithmXDS(t *testing.T) {
 // at 121-122 s, none at 61-62 s (a one-minute window would admit 7), as
 // the exact sliding log over two minutes does. It refuses a multiplier of
 // 0 with file:line, as rls validate does.
+func simulateCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := run(context.Background(), append([]string{"simulate"}, args...), func(string) string { return "" }, &out, &out)
+	return out.String(), err
+}
+
 func TestSimulateTwoMinuteRule(t *testing.T) {
 	dir := t.TempDir()
 	rule := "domain: periods\ndescriptors:\n  - key: two_minutes\n" +

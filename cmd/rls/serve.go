@@ -1,17 +1,12 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/pprof"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/rls-project/rls/internal/server"
 	"github.com/rls-project/rls/pkg/compat"
 	"github.com/rls-project/rls/pkg/connguard"
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -51,19 +46,6 @@ import (
 
 // rlsServiceName is the gRPC service whose health Envoy and Kubernetes check.
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
-
-// upstreamHealthName is the health service name envoyproxy/ratelimit
-// serves, so probes and Envoy health checks written for it keep working.
-const upstreamHealthName = "ratelimit"
-
-// storeHealthName is the gRPC health service that reflects whether the store
-// answers; rls itself stays SERVING (degraded) while it does not.
-const storeHealthName = "rls.store"
-
-// liveHealthName is the gRPC health service of liveness: SERVING from start
-// to shutdown whatever the config and the store, so that a liveness probe
-// never restarts a replica that waits for its store (the chart's).
-const liveHealthName = "rls.live"
 
 func newLogger(cfg *Config, w io.Writer) *slog.Logger {
 	var level slog.Level
@@ -131,14 +113,11 @@ type app struct {
 	configReady  atomic.Bool
 	xdsConnected prometheus.Gauge
 
-	grpcLis   *connguard.Listener
-	conns     *connguard.Metrics // open, refused and closed connections per port
-	maxConns  int                // --max-conns, fitted to the file-descriptor limit
+	srv       *server.Servers // the ports: gRPC, admin, HTTP, debug
 	grpcSrv   *grpc.Server
-	admin     *service.AdminServer // --admin-addr; nil when off
+	admin     *server.AdminServer // --admin-addr; nil when off
 	healthSrv *health.Server
 	health    *telemetry.Health // the services' health, from the config and the store
-	httpSrvs  []*http.Server    // the HTTP and debug servers started
 
 	watches *telemetry.BoundedWatch // healthSrv as served: Watch streams bounded
 
@@ -147,8 +126,6 @@ type app struct {
 	probe        *telemetry.StoreProbe
 	shuttingDown atomic.Bool
 
-	servers    sync.WaitGroup // the gRPC and HTTP servers' goroutines
-	errc       chan error     // a server that failed
 	background sync.WaitGroup // readiness probe, fleet heartbeats, config watcher
 	stopBg     context.CancelFunc
 }
@@ -271,7 +248,7 @@ func (a *app) buildStore() error {
 		if raw, ready, a.redisClient, err = openStore(a.cfg, tc, a.log); err != nil {
 			return err
 		}
-		ready = a.lateTwemproxy(ready, tc)
+		ready = a.lateTwemproxy(ready, tc, a.fatal)
 	}
 	a.rawStore = raw // closed by closeStore from here on
 	st := raw
@@ -284,7 +261,7 @@ func (a *app) buildStore() error {
 	}
 	a.st = telemetry.NewMeteredStore(st, a.reg)
 	if rs, ok := raw.(*redisstore.Store); ok {
-		telemetry.RegisterBreakers(a.reg, rs, a.cfg.redisNode())
+		telemetry.RegisterBreakers(a.reg, rs, redisclient.Node(a.cfg.redisOptions()))
 		telemetry.RegisterScriptMode(a.reg, rs)
 		telemetry.RegisterRoutes(a.reg, rs)
 		// Evictions of counters are a silent fail-open: made loud.
@@ -354,79 +331,36 @@ func (a *app) closeStore() {
 }
 
 // buildGRPC listens on --grpc-addr and makes the gRPC server, with TLS
-// when --grpc-tls-cert is set. Services are registered on it later.
+// when --grpc-tls-cert is set, and the admin API's. Services are
+// registered on them later.
 func (a *app) buildGRPC() error {
-	var err error
 	addrs := []string{a.cfg.GRPCAddr, a.cfg.HTTPAddr, a.cfg.DebugAddr}
-	if a.maxConns, err = connguard.Fit(flagRef("max-conns"), a.cfg.MaxConns, addrs, a.log); err != nil {
+	maxConns, err := connguard.Fit(flagRef("max-conns"), a.cfg.MaxConns, addrs, a.log)
+	if err != nil {
 		return err // caps fitted to the file-descriptor limit, so that idle connections can make room
 	}
 	lis, port, err := compat.ListenGRPC(a.cfg.GRPCUDS, a.cfg.GRPCAddr)
 	if err != nil {
 		return err
 	}
-	a.conns = connguard.NewMetrics(a.reg)
+	a.srv = server.New(server.Options{MaxConns: maxConns, FirstCall: a.cfg.FirstCallTimeout, Idle: a.cfg.IdleTimeout,
+		ShutdownTimeout: a.cfg.ShutdownTimeout, Metrics: connguard.NewMetrics(a.reg), Log: a.log})
 	a.svcMetrics = service.NewMetrics(a.reg, a.cfg.DetailedMetricMax)
 	creds, err := grpcCreds(a.cfg, a.log)
 	if err != nil {
 		lis.Close()
 		return err
 	}
-	a.grpcLis = connguard.Limit(lis, connguard.LimitOptions{Port: port, Max: a.maxConns, MaxStreams: streamsPerConnCap * a.maxConns,
-		FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
-	guard := connguard.NewRefusedStreams(connguard.RefusedOptions{Limit: connguard.RefusedLimit(grpcMaxStreams),
-		Port: port, Metrics: a.conns, Log: a.log})
 	// Each server's own listener learns which of its connections have a
 	// call in flight from its outermost interceptors.
-	opts := append([]grpc.ServerOption{grpc.Creds(guard.Creds(creds)), grpc.ChainUnaryInterceptor(a.upstream.Unary)},
-		grpcOptions(a.cfg, a.svcMetrics, a.log)...)
+	opts := append([]grpc.ServerOption{grpc.Creds(a.srv.Creds(port, creds)), grpc.ChainUnaryInterceptor(a.upstream.Unary)},
+		server.GRPCOptions(a.cfg.IdleTimeout, a.cfg.GRPCMaxConnAge, a.svcMetrics, a.log)...)
 	if a.cfg.fromXDS() {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.configGate))
 	}
-	a.grpcSrv = grpc.NewServer(append(a.grpcLis.ServerOptions(), opts...)...)
-	adminConns := connguard.LimitOptions{Port: "admin-addr", Max: a.cfg.MaxConns, Metrics: a.conns, Log: a.log}
-	a.admin, err = service.ListenAdmin(a.cfg.AdminAddr, adminConns, opts...) // nil when off; errors name --admin-addr
+	a.grpcSrv = a.srv.NewGRPC(lis, port, opts...)
+	a.admin, err = a.srv.ListenAdmin(a.cfg.AdminAddr, a.cfg.MaxConns, opts...) // nil when off; errors name --admin-addr
 	return err
-}
-
-// grpcOptions are the gRPC server's options besides TLS.
-//
-// Bounds against a hostile or broken peer: at most grpcMaxStreams calls at
-// once per connection (a peer that opens streams and never reads their
-// answers holds at most that many); a connection must finish its TLS
-// handshake and HTTP/2 preface within handshakeTimeout; one with no call
-// for --idle-timeout, or older than GRPCMaxConnAge, is sent a GOAWAY (Envoy
-// opens a new connection for its next call) and closed once its calls
-// end, or after grpcMaxConnAgeGrace.
-func grpcOptions(cfg *Config, m *service.Metrics, log *slog.Logger) []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionIdle:     cfg.IdleTimeout,
-			MaxConnectionAge:      cfg.GRPCMaxConnAge,
-			MaxConnectionAgeGrace: grpcMaxConnAgeGrace,
-		}),
-		grpc.MaxConcurrentStreams(grpcMaxStreams),
-		grpc.ConnectionTimeout(handshakeTimeout),
-		grpc.MaxRecvMsgSize(grpcMaxRecvBytes),
-		// Static flow-control windows: grpc-go otherwise estimates bandwidth
-		// with a PING per burst of received data, an extra frame to write
-		// and read for nearly every request at moderate load. Requests are
-		// small; the windows only bound what a peer may have in flight.
-		grpc.InitialWindowSize(streamWindow),
-		grpc.InitialConnWindowSize(connWindow),
-		// Reuse handler goroutines (whose stacks have already grown to the
-		// depth of a decision) rather than start one per call. A handler
-		// waits on Redis for most of its call, so a worker per core would
-		// be busy nearly always and calls would start goroutines anyway
-		// (grpc-go does when no worker is free): keep enough for the
-		// calls usually in flight.
-		grpc.NumStreamWorkers(uint32(streamWorkers)),
-		grpc.ChainUnaryInterceptor(service.RecoverUnary(m, log)),
-		// Protobuf, but RateLimitRequests may carry strings that are not UTF-8
-		// (Envoy forwards header bytes as they come): see service.DecodeRequest.
-		grpc.ForceServerCodecV2(service.Codec()),
-	}
 }
 
 // buildDecisions makes what decides: the fleet-size source, the limiter on
@@ -447,7 +381,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) error {
 		Reserve: cfg.Reserve && cfg.Store != "memory", ReserveBytes: cfg.LocalMaxBytes / 16,
 		Log: a.log,
 	})
-	telemetry.RegisterLimiter(a.reg, a.lim, a.fleet)
+	telemetry.RegisterLimiter(a.reg, a.lim, a.fleet.Size)
 	a.svc = service.New(rules, a.lim, service.Options{
 		FailClosed:       cfg.OnStoreError == "fail_closed",
 		ResponseHeaders:  cfg.ResponseHeaders,
@@ -496,23 +430,32 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		Upstream:         loadOptions(a.cfg).Upstream,
 		IgnoreDotFiles:   loadOptions(a.cfg).IgnoreDotFiles,
 		Check:            a.checkTwemproxy,
-		Apply: func(c *descriptors.Config) {
-			a.svc.SetConfig(c)
-			a.rlqs.Reconfigure() // open RLQS buckets follow the new rules at once
-			a.cfgMetrics.Set(c)
-		},
-		Report: func(r reload.Result, _ *descriptors.Config) { a.cfgMetrics.Report(r); a.upstream.Loaded(string(r)) },
-		Log:    a.log,
+		Apply:            a.applyConfig,
+		Report:           func(r reload.Result, _ *descriptors.Config) { a.reportLoad(r) },
+		Log:              a.log,
 	})
 }
 
-// registerGRPC registers RateLimitService, health and reflection.
-// Readiness: serving once the store has answered since start-up (with
-// --config-source xds, and a valid config has come), until SIGTERM. A
-// later store outage does not make rls unready (it decides in fallback);
-// it shows as degraded on /healthcheck and as NOT_SERVING of the gRPC
-// health service "rls.store". A refusal of rls's credentials does
-// (telemetry.Health).
+// applyConfig puts c in force: in the service, the open RLQS buckets (at
+// once) and the config metrics.
+func (a *app) applyConfig(c *descriptors.Config) {
+	a.svc.SetConfig(c)
+	a.rlqs.Reconfigure()
+	a.cfgMetrics.Set(c)
+}
+
+// reportLoad counts a load of the config in rls's metrics and upstream's
+// (config_load_success, config_load_error).
+func (a *app) reportLoad(r reload.Result) {
+	a.cfgMetrics.Report(r)
+	a.upstream.Loaded(string(r))
+}
+
+// registerGRPC registers RateLimitService, RLQS, health and reflection.
+// rls is ready once the store has answered and a config is in force, until
+// SIGTERM (telemetry.Health). A later outage leaves it ready: it decides
+// in fallback, and shows it on /healthcheck and on "rls.store". A refusal
+// of rls's credentials makes it unready.
 func (a *app) registerGRPC() {
 	a.svc.Register(a.grpcSrv) // decodes requests leniently: see service.Codec
 	a.rlqs.Register(a.grpcSrv)
@@ -521,8 +464,9 @@ func (a *app) registerGRPC() {
 	healthpb.RegisterHealthServer(a.grpcSrv, a.watches)
 	reflection.Register(a.grpcSrv)
 	// The store's health follows it; rls's, the config and the store's credentials.
-	a.health = telemetry.NewHealth(a.healthSrv, a.log, storeHealthName, append([]string{"", rlsServiceName, upstreamHealthName}, a.rlqs.HealthNames()...)...)
-	a.healthSrv.SetServingStatus(liveHealthName, healthpb.HealthCheckResponse_SERVING) // NOT_SERVING only on shutdown
+	a.health = telemetry.NewHealth(a.healthSrv, a.log, telemetry.StoreHealth,
+		append([]string{"", rlsServiceName, telemetry.UpstreamHealth}, a.rlqs.HealthNames()...)...)
+	a.healthSrv.SetServingStatus(telemetry.LiveHealth, healthpb.HealthCheckResponse_SERVING) // NOT_SERVING only on shutdown
 	a.health.SetReady(a.configReady.Load())
 }
 
@@ -536,28 +480,17 @@ func (a *app) start(ctx context.Context) error {
 	learnCtx, cancel := context.WithTimeout(ctx, a.cfg.RedisTimeout)
 	a.fleet.Learn(learnCtx)
 	cancel()
-	a.errc = make(chan error, 4) // one per server
-	a.servers.Go(func() {
-		if err := a.grpcSrv.Serve(a.grpcLis); err != nil {
-			a.errc <- fmt.Errorf("grpc server: %w", err)
-		}
-	})
-	a.log.Info("grpc listening", "addr", a.grpcLis.Addr().String())
-	if a.admin != nil { // a port of its own: whoever reaches the admin API can reset counters
-		a.servers.Go(func() { a.errc <- a.admin.Serve() }) // nil only after Stop, once wait has returned
-		a.log.Info("admin API listening: rls.admin.v1.AdminService reads and resets counters", "addr", a.admin.Addr().String())
-		warnPublic(a.log, a.admin.Addr(), "--admin-addr", "the admin API (no authentication) lets whoever reaches it read and reset every counter")
-	}
-	if err := a.startHTTP("http-addr", a.cfg.HTTPAddr, a.httpHandler()); err != nil {
-		a.stopServers()
+	a.srv.Serve()
+	if err := a.srv.ServeHTTP("http-addr", a.cfg.HTTPAddr, a.httpHandler()); err != nil {
+		a.srv.Close()
 		return err
 	}
-	if err := a.startHTTP("debug-addr", a.cfg.DebugAddr, a.debugHandler()); err != nil {
-		a.stopServers()
+	if err := a.srv.ServeHTTP("debug-addr", a.cfg.DebugAddr, server.DebugHandler(func(w io.Writer) error { return a.svc.Config().Dump(w) })); err != nil {
+		a.srv.Close()
 		return err
 	}
 	if err := a.startUpstreamPrometheus(); err != nil {
-		a.stopServers()
+		a.srv.Close()
 		return err
 	}
 	bgCtx, stopBg := context.WithCancel(ctx)
@@ -580,75 +513,17 @@ func (a *app) start(ctx context.Context) error {
 	return nil
 }
 
-// startHTTP serves h on addr (the value of --name) unless addr is empty.
-func (a *app) startHTTP(name, addr string, h http.Handler) error {
-	if addr == "" {
-		return nil
-	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("--%s: %w", name, err)
-	}
-	capped := connguard.Limit(lis, connguard.LimitOptions{Port: name, Max: a.maxConns, FirstCall: a.cfg.FirstCallTimeout, Metrics: a.conns, Log: a.log})
-	srv := &http.Server{
-		ConnState:         capped.ConnState, // which connections are busy: the idle make room at the cap
-		Handler:           h,
-		ReadHeaderTimeout: handshakeTimeout,
-		ReadTimeout:       httpReadTimeout,
-		WriteTimeout:      httpWriteTimeout,
-		IdleTimeout:       a.cfg.IdleTimeout,
-	}
-	if name == "debug-addr" {
-		// /debug/pprof/profile and /trace write after ?seconds= (30 by
-		// default); pprof refuses a duration beyond WriteTimeout.
-		srv.WriteTimeout = debugWriteTimeout
-	}
-	a.httpSrvs = append(a.httpSrvs, srv)
-	a.servers.Go(func() {
-		if err := srv.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.errc <- fmt.Errorf("%s: %w", name, err)
-		}
-	})
-	a.log.Info("http listening", "flag", name, "addr", capped.Addr().String())
-	if name == "debug-addr" {
-		warnPublic(a.log, capped.Addr(), "--"+name, "the debug port serves /debug/pprof (heap dumps, CPU profiles) and /rlconfig to whoever reaches it")
-	}
-	return nil
-}
-
-// warnPublic logs at WARN that flag listens on addr, not a loopback
-// address, and what that exposes: rls's defaults keep such ports on
-// loopback, so one elsewhere was asked for and should be behind a network
-// policy.
-func warnPublic(log *slog.Logger, addr net.Addr, flag, what string) {
-	if a, ok := addr.(*net.TCPAddr); ok && a.IP.IsLoopback() {
-		return
-	}
-	log.Warn(flag+" listens beyond loopback: "+what+"; keep it on 127.0.0.1, or restrict who reaches it (a NetworkPolicy, a firewall)",
-		"addr", addr.String())
-}
-
-// stopServers closes every server at once, when start fails.
-func (a *app) stopServers() {
-	a.grpcSrv.Stop()
-	a.admin.Stop(0)
-	for _, h := range a.httpSrvs {
-		h.Close()
-	}
-	a.servers.Wait()
-}
-
 // httpHandler serves --http-addr: /healthcheck and /metrics.
 func (a *app) httpHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthcheck", a.healthcheck)
+	mux.Handle("GET /healthcheck", telemetry.HealthcheckHandler(a.healthState))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	a.addJSON(mux)
 	return mux
 }
 
-// healthcheck answers /healthcheck (telemetry.HealthcheckAnswer).
-func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
+// healthState is what /healthcheck reports (telemetry.HealthcheckAnswer).
+func (a *app) healthState() telemetry.HealthState {
 	ps := a.probe.State()
 	hs := telemetry.HealthState{ShuttingDown: a.shuttingDown.Load(), ConfigReady: a.configReady.Load(), AuthRefused: a.health.Auth(),
 		Degraded: !ps.OK || a.lim.Degraded(degradedWindow)}
@@ -658,28 +533,7 @@ func (a *app) healthcheck(w http.ResponseWriter, _ *http.Request) {
 			hs.Waiting = fmt.Sprintf("%s: %v", a.storeAddr(), ps.Err)
 		}
 	}
-	code, body := telemetry.HealthcheckAnswer(hs)
-	if code != http.StatusOK {
-		http.Error(w, body, code)
-		return
-	}
-	io.WriteString(w, body+"\n")
-}
-
-// redisNode names the Redis node outside cluster mode: --redis-url's
-// host:port, or its socket's path; a Sentinel's master is "master" and the
-// master name.
-func (c *Config) redisNode() string {
-	u, err := url.Parse(c.RedisURL)
-	switch {
-	case err != nil:
-		return "unknown"
-	case c.redisMode() == "sentinel":
-		return "master " + cmp.Or(c.RedisMasterName, u.Query().Get("master_name"))
-	case u.Scheme == "unix":
-		return u.Path
-	}
-	return u.Host
+	return hs
 }
 
 // storeAddr names the store in messages: its URL without the password.
@@ -690,38 +544,23 @@ func (a *app) storeAddr() string {
 	return redisclient.RedactURL(a.cfg.RedisURL)
 }
 
-// debugHandler serves --debug-addr: /rlconfig and /debug/pprof.
-func (a *app) debugHandler() http.Handler {
-	dbg := http.NewServeMux()
-	dbg.HandleFunc("GET /rlconfig", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_ = a.svc.Config().Dump(w) // the client's connection is gone
-	})
-	dbg.HandleFunc("/debug/pprof/", pprof.Index)
-	dbg.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	dbg.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	dbg.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	dbg.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return dbg
-}
-
 // wait blocks until ctx is cancelled (nil) or a server fails (its error).
 func (a *app) wait(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 		a.log.Info("shutdown requested")
 		return nil
-	case err := <-a.errc:
+	case err := <-a.srv.Err():
 		a.log.Error("server failed; shutting down", "err", err)
 		return err
 	}
 }
 
-// shutdown stops in order: the background loops; health NOT_SERVING on
-// every gRPC service and /healthcheck; this replica's fleet entry; the
-// drain (--shutdown-drain, skipped after a server failure); gRPC, then the
-// HTTP servers, each bounded by ShutdownTimeout. serve closes the store
-// after it.
+// shutdown stops in order: the background loops; health (NOT_SERVING
+// everywhere); this replica's fleet entry; the drain (--shutdown-drain,
+// not after a server failure); RLQS and Watch streams; gRPC, then HTTP,
+// each within ShutdownTimeout; the limiter's work. serve then closes the
+// store.
 func (a *app) shutdown(runErr error) {
 	a.stopBg()
 	a.background.Wait()
@@ -735,17 +574,14 @@ func (a *app) shutdown(runErr error) {
 	}
 	a.rlqs.ShutdownWithin(a.cfg.ShutdownTimeout) // TTL 0 to every Envoy, then its streams end
 	a.watches.Stop()                             // NOT_SERVING to every Watch, then it ends: GracefulStop need not wait for them
-	a.stopGRPC()
-	a.stopHTTP()
-	a.servers.Wait()
+	a.srv.Stop()                                 // gRPC, then HTTP
 	a.writeBack()
 }
 
 // writeBack stops the limiter's background work (refund retries and
-// write-backs: what is not done is counted lost), then returns the unused
-// hits of reserved slices, so other replicas can use them in the same
-// window, and hands the hits admitted locally while the store could not
-// answer to the store before it is closed, each step within
+// write-backs; what is not done is counted lost). Then it hands the store
+// the unused hits of leases, for other replicas in the same window, and
+// the hits admitted locally during an outage. Each step takes at most
 // ShutdownTimeout.
 func (a *app) writeBack() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
@@ -760,123 +596,32 @@ func (a *app) writeBack() {
 	}
 }
 
-// stopGRPC lets in-flight calls finish, closing the connections if they
-// take longer than ShutdownTimeout; connections without a unary call in
-// flight are closed after stopIdleGrace.
-func (a *app) stopGRPC() {
-	t := time.AfterFunc(a.cfg.ShutdownTimeout, func() {
-		a.log.Warn("graceful stop timed out; closing connections", "timeout", a.cfg.ShutdownTimeout)
-		a.grpcSrv.Stop()
-	})
-	// The streams have ended (RLQS, Watch): connections without a unary
-	// call in flight by then are closed, not waited for (connguard.CloseIdle).
-	idle := time.AfterFunc(stopIdleGrace, func() {
-		if n := a.grpcLis.CloseIdle(); n > 0 {
-			a.log.Info("graceful stop: closed connections without a call in flight", "conns", n)
-		}
-	})
-	a.grpcSrv.GracefulStop()
-	t.Stop()
-	idle.Stop()
-	a.admin.Stop(a.cfg.ShutdownTimeout)
-	a.log.Info("grpc stopped")
-}
-
-// stopHTTP shuts the HTTP servers down within ShutdownTimeout, then
-// closes any still open.
-func (a *app) stopHTTP() {
-	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
-	defer cancel()
-	for _, h := range a.httpSrvs {
-		if err := h.Shutdown(ctx); err != nil {
-			h.Close()
-		}
-	}
-}
-
 // degradedWindow is how long after its last fallback decision /healthcheck
 // still says DEGRADED. Short, so health is OK again within about a second of
 // the store answering; during an outage the failing readiness probe keeps
 // it DEGRADED however sparse the traffic.
 const degradedWindow = time.Second
 
-// HTTP servers' timeouts besides ReadHeaderTimeout (handshakeTimeout) and
-// IdleTimeout (--idle-timeout): a request is a GET without a body; the
-// largest answer is /metrics (Prometheus's own scrape timeout is 10 s by
-// default). The debug port allows pprof's profiles and traces up to 5 min.
-const (
-	httpReadTimeout   = 10 * time.Second
-	httpWriteTimeout  = 30 * time.Second
-	debugWriteTimeout = 5 * time.Minute
-)
-
-// stopIdleGrace is how long a graceful stop lets connections without a
-// unary call in flight close by themselves (GOAWAY, the peer's PING
-// answer) before it closes them.
-const stopIdleGrace = time.Second
-
 // watchMaxAge bounds the age of a health Watch stream: its client watches
 // again on a new one (telemetry.BoundedWatch).
 const watchMaxAge = 10 * time.Minute
-
-// grpcMaxConnAgeGrace is how long calls in flight on a connection past
-// GRPCMaxConnAge may take before it is closed.
-const grpcMaxConnAgeGrace = 10 * time.Second
-
-// handshakeTimeout bounds how long a new connection may take to send its
-// HTTP request headers (http.Server.ReadHeaderTimeout) or to finish the TLS
-// handshake and the HTTP/2 preface (grpc.ConnectionTimeout): a connection
-// that sends nothing is closed after it and frees its --max-conns slot.
-const handshakeTimeout = 5 * time.Second
-
-// Fixed bounds of the gRPC server: the concurrent calls of one connection
-// (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: Envoy opens another connection
-// beyond it; a connection refused twice as many streams within a second is
-// closed, see connguard.RefusedStreams), and the largest request message
-// (larger is ResourceExhausted). Requests are a few hundred bytes; the
-// bounds of what one may ask are service.DefaultLimits.
-const (
-	grpcMaxStreams   = 256
-	grpcMaxRecvBytes = 1 << 20
-)
-
-// streamsPerConnCap bounds the streaming calls (RLQS streams, health
-// Watch, reflection) open at once over the whole gRPC port: this many per
-// --max-conns (none when --max-conns is 0). A stream does not hold its
-// connection busy (connguard.Listener): at the connection cap, connections
-// whose only calls are streams are evicted like idle ones.
-const streamsPerConnCap = 4
 
 // traceFlushTimeout bounds the export of the spans still queued at
 // shutdown.
 const traceFlushTimeout = 5 * time.Second
 
-// Flow-control windows of the gRPC server (see grpc.InitialWindowSize).
-const (
-	streamWindow = 1 << 20
-	connWindow   = 16 << 20
-)
-
-// streamWorkers is the number of goroutines kept to run gRPC calls; a call
-// that finds none free runs on a goroutine of its own.
-const streamWorkers = 128
-
-// grpcCreds returns the gRPC server's TLS credentials when --grpc-tls-cert
-// is set (nil: plaintext): certificates (and the client CA of mutual TLS) are re-read from disk
-// when the files change, for new connections. The HTTP ports stay plaintext.
+// grpcCreds returns the gRPC port's TLS credentials (server.TLSCreds) when
+// --grpc-tls-cert is set; nil (plaintext) otherwise.
 func grpcCreds(cfg *Config, log *slog.Logger) (credentials.TransportCredentials, error) {
 	if cfg.GRPCTLSCert == "" {
 		return nil, nil
 	}
-	r, err := tlsconfig.NewReloader(tlsconfig.Files{Cert: cfg.GRPCTLSCert, Key: cfg.GRPCTLSKey, ClientCA: cfg.GRPCTLSClientCA,
+	creds, err := server.TLSCreds(tlsconfig.Files{Cert: cfg.GRPCTLSCert, Key: cfg.GRPCTLSKey, ClientCA: cfg.GRPCTLSClientCA,
 		ClientSAN: cfg.GRPCTLSClientSAN}, log)
 	if err != nil {
 		return nil, fmt.Errorf("--grpc-tls-cert: %w", err)
 	}
-	leaf := r.Certificate().Leaf
-	log.Info("grpc TLS on", "mutual", cfg.GRPCTLSClientCA != "", "subject", leaf.Subject.String(),
-		"serial", leaf.SerialNumber.String(), "not_after", leaf.NotAfter.UTC().Format(time.RFC3339))
-	return credentials.NewTLS(r.ServerConfig()), nil
+	return creds, nil
 }
 
 // openStore builds the configured store and its readiness probe.

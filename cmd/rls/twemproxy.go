@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/redisclient"
@@ -12,16 +11,10 @@ import (
 	"github.com/rls-project/rls/pkg/store/upstream"
 )
 
-// Behind twemproxy (nutcracker), envoyproxy/ratelimit's documented sharding
-// proxy, rls counts what upstream counts with the commands upstream sends
-// (pkg/store/upstream): fixed windows of one unit, in upstream's keys,
-// with INCRBY, EXPIRE and DECRBY. twemproxy proxies no script, HELLO or
-// TIME, so every other rule is refused at start (and in a reload or an
-// xDS update), naming twemproxy and the rule: a rule is enforced exactly
-// or not at all. rls tells twemproxy from Redis by itself, with no
-// setting: at start (upstream.Detect on a single Redis's redis:// or
-// unix:// address), and, for a twemproxy not reachable then, by the
-// readiness probe until the store first answers, which stops rls.
+// Behind twemproxy, which proxies no script, HELLO or TIME, rls counts
+// only fixed windows of one unit in upstream's keys (pkg/store/upstream)
+// and refuses other rules at start, reload or xDS update. It detects
+// twemproxy with no setting: at start, and until the store first answers.
 
 // upstreamClient is the client of upstream's keys on --redis-url (behind
 // twemproxy when tw), with the Redis store's settings.
@@ -48,72 +41,31 @@ func (a *app) detectTwemproxy(tc *tls.Config) bool {
 
 // lateTwemproxy wraps the store's readiness probe: until the store first
 // answers, a failing probe asks whether --redis-url is a twemproxy after
-// all (one that was not reachable at start, to which rls speaks as to
-// Redis, in vain), and if so stops rls with why: it is not serving yet,
-// and a restart finds the twemproxy.
-func (a *app) lateTwemproxy(ready func(context.Context) error, tc *tls.Config) func(context.Context) error {
+// all (upstream.DetectLate), and if so calls stop with why: rls is not
+// serving yet, and a restart finds the twemproxy.
+func (a *app) lateTwemproxy(ready func(context.Context) error, tc *tls.Config, stop func(error)) func(context.Context) error {
 	if a.cfg.Store != "redis" || tc != nil {
 		return ready
 	}
-	var answered atomic.Bool
-	opts := a.cfg.upstreamClient(false, tc)
-	return func(ctx context.Context) error {
-		err := ready(ctx)
-		if err == nil || answered.Load() {
-			answered.Store(err == nil || answered.Load())
-			return err
-		}
-		if tw, _ := upstream.Detect(ctx, opts); tw {
-			a.fatal(fmt.Errorf("twemproxy at %s: it was not reachable when rls started, so rls spoke to it as to Redis (HELLO, scripts), which twemproxy refuses; "+
-				"restart rls: it detects twemproxy at start", redisclient.RedactURL(a.cfg.RedisURL)))
-		}
-		return err
-	}
+	return upstream.DetectLate(ready, a.cfg.upstreamClient(false, tc), func() {
+		stop(fmt.Errorf("twemproxy at %s: it was not reachable when rls started, so rls spoke to it as to Redis (HELLO, scripts), which twemproxy refuses; "+
+			"restart rls: it detects twemproxy at start", redisclient.RedactURL(a.cfg.RedisURL)))
+	})
 }
 
-// fatal stops rls with err, once it serves (wait receives it); before
-// that it is dropped (a later probe says it again).
+// fatal stops rls with err once it serves (wait receives it); before,
+// it is dropped (a later probe says it again).
 func (a *app) fatal(err error) {
-	select {
-	case a.errc <- err:
-	default:
+	if a.srv != nil {
+		a.srv.Fail(err)
 	}
 }
 
-// checkTwemproxy refuses rules that behind twemproxy rls cannot count: any
-// but a fixed window of one unit, not split (service.UpstreamKeyed). The
-// error is one line naming twemproxy and the first such rule by its file
-// and line, domain and descriptor, and how many others there are.
+// checkTwemproxy refuses, behind twemproxy, rules that rls cannot count
+// there (service.CheckUpstreamKeyed).
 func (a *app) checkTwemproxy(rules *descriptors.Config) error {
 	if !a.twemproxy {
 		return nil
 	}
-	var bad []*descriptors.Rule
-	for _, r := range rules.Rules() {
-		if !r.Unlimited && !service.UpstreamKeyed(r) {
-			bad = append(bad, r)
-		}
-	}
-	if len(bad) == 0 {
-		return nil
-	}
-	r := bad[0]
-	why := "a " + r.Algorithm.String()
-	switch {
-	case r.Splits() > 1:
-		why = fmt.Sprintf("a rule split over %d keys", r.Splits())
-	case r.UnitMultiplier > 1:
-		why = fmt.Sprintf("a window of %d units", r.UnitMultiplier)
-	}
-	where := r.File
-	if r.Line > 0 {
-		where = fmt.Sprintf("%s:%d", r.File, r.Line)
-	}
-	more := ""
-	if len(bad) > 1 {
-		more = fmt.Sprintf(" (and %d more rules like it)", len(bad)-1)
-	}
-	return fmt.Errorf("twemproxy at %s cannot count rule %s (domain %q, %s)%s: %s needs Redis scripts, which twemproxy does not proxy; "+
-		"behind twemproxy rls counts only fixed windows of one unit, as envoyproxy/ratelimit does (algorithm: fixed_window)",
-		redisclient.RedactURL(a.cfg.RedisURL), where, r.Domain, r.Path, more, why)
+	return service.CheckUpstreamKeyed(rules, "twemproxy at "+redisclient.RedactURL(a.cfg.RedisURL))
 }

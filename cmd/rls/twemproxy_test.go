@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/integration/redistest"
-	"github.com/rls-project/rls/pkg/descriptors"
 )
 
 // TestLateTwemproxy: a twemproxy that was not reachable at start, found by
@@ -26,7 +25,14 @@ func TestLateTwemproxy(t *testing.T) {
 	}{{"never answered", false, true}, {"answered before", true, false}} {
 		t.Run(c.name, func(t *testing.T) {
 			a := &app{cfg: &Config{Store: "redis", RedisURL: tw.URL(), RedisTimeout: time.Second},
-				log: slog.New(slog.NewTextHandler(io.Discard, nil)), errc: make(chan error, 1)}
+				log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			errc := make(chan error, 1)
+			stop := func(err error) {
+				select {
+				case errc <- err:
+				default:
+				}
+			}
 			fail := errors.New("redis ping: EOF")
 			answered := c.answered
 			ready := a.lateTwemproxy(func(context.Context) error {
@@ -35,14 +41,14 @@ func TestLateTwemproxy(t *testing.T) {
 					return nil
 				}
 				return fail
-			}, nil)
+			}, nil, stop)
 			for range 2 {
 				if err := ready(t.Context()); err != nil && !errors.Is(err, fail) {
 					t.Fatal(err)
 				}
 			}
 			select {
-			case err := <-a.errc:
+			case err := <-errc:
 				if !c.want || !strings.Contains(err.Error(), "twemproxy at "+tw.URL()) {
 					t.Errorf("stopped with %v; want %v", err, c.want)
 				}
@@ -52,40 +58,5 @@ func TestLateTwemproxy(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestCheckTwemproxy: behind twemproxy a config with a rule that needs
-// scripts is refused in one line naming the first such rule and how many
-// more; fixed windows of one unit and unlimited rules pass.
-func TestCheckTwemproxy(t *testing.T) {
-	cfg, err := descriptors.Parse(map[string][]byte{"t.yaml": []byte(`
-domain: d
-descriptors:
-  - key: ok
-    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
-  - key: free
-    rate_limit: {unlimited: true}
-  - key: tb
-    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: token_bucket}
-  - key: sw
-    rate_limit: {unit: minute, requests_per_unit: 5}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &app{cfg: &Config{RedisURL: "redis://127.0.0.1:22121"}, twemproxy: true}
-	err = a.checkTwemproxy(cfg)
-	if err == nil || strings.Contains(err.Error(), "\n") {
-		t.Fatalf("error %v, want one line", err)
-	}
-	for _, want := range []string{"twemproxy at redis://127.0.0.1:22121", "t.yaml:9", `domain "d"`, "tb", "a token_bucket", "and 1 more"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("%q lacks %q", err, want)
-		}
-	}
-	a.twemproxy = false
-	if err := a.checkTwemproxy(cfg); err != nil {
-		t.Errorf("without twemproxy: %v", err)
 	}
 }

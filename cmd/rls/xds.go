@@ -21,11 +21,10 @@ import (
 )
 
 // With --config-source xds the descriptor config comes from an xDS
-// management server: rls serves no decision and reports NOT_SERVING until
-// the first valid config arrives (with --allow-empty-config it serves at
-// once, every descriptor without a rule, as upstream's
-// FORCE_START_WITHOUT_INITIAL_CONFIG), then keeps the last valid config
-// through rejected updates and disconnections.
+// management server. rls is NOT_SERVING and decides nothing until the
+// first valid config; with --allow-empty-config it serves at once, without
+// rules (upstream's FORCE_START_WITHOUT_INITIAL_CONFIG). It keeps the last
+// valid config through rejected updates and disconnections.
 
 // buildXDS makes the xDS client; applyXDS receives its updates.
 func (a *app) buildXDS() error {
@@ -68,11 +67,10 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// applyXDS validates one response's resources and puts the config they
-// make in force, or returns why not (the response is NACKed and the config
-// in force stays). The first valid config makes rls serve. A response
-// without any domain is refused unless --allow-empty-config, as a config
-// directory without one is.
+// applyXDS puts the config of one response's resources in force, or
+// returns why not: the response is NACKed and the config in force stays.
+// A response without a domain is refused unless --allow-empty-config. The
+// first valid config makes rls serve.
 func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 	cfg, err := xds.Build(res, descriptors.ParseOptions{MergeDomains: a.cfg.MergeDomains, DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm})
 	if err == nil && len(cfg.Domains()) == 0 && !a.cfg.AllowEmptyConfig {
@@ -82,8 +80,7 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 		err = a.checkTwemproxy(cfg)
 	}
 	if err != nil {
-		a.cfgMetrics.Report(reload.Failure)
-		a.upstream.Loaded("failure") // upstream's config_load_error
+		a.reportLoad(reload.Failure)
 		return err
 	}
 	if a.configReady.Load() && cfg.Hash() == a.svc.Config().Hash() {
@@ -91,11 +88,8 @@ func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
 		a.log.Debug("xds: config unchanged", "version", version, "hash", cfg.Hash())
 		return nil
 	}
-	a.svc.SetConfig(cfg)
-	a.rlqs.Reconfigure() // open RLQS buckets follow the new rules at once
-	a.cfgMetrics.Set(cfg)
-	a.cfgMetrics.Report(reload.Success)
-	a.upstream.Loaded("success") // upstream's config_load_success, as a file reload counts it
+	a.applyConfig(cfg)
+	a.reportLoad(reload.Success) // as a file reload counts it
 	a.log.Info("xds: config applied", "version", version, "domains", cfg.Domains(), "hash", cfg.Hash())
 	if !a.configReady.Swap(true) {
 		a.health.SetReady(true)

@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/rls-project/rls/pkg/telemetry"
 	"github.com/rls-project/rls/pkg/testkit"
 	"github.com/rls-project/rls/pkg/tlsconfig/tlstest"
 	"github.com/rls-project/rls/pkg/xds"
@@ -149,7 +150,7 @@ func TestServeFromXDS(t *testing.T) {
 	conn, httpAddr, log := xdsServe(t, cp.Addr, "--statsd-addr", "udp://"+statsd.LocalAddr().String()+"?flush_interval=100ms")
 
 	testkit.WaitFor(t, "stream open", 5*time.Second, func() bool { return cp.Streams() > 0 })
-	for _, svc := range []string{"", rlsServiceName, upstreamHealthName} {
+	for _, svc := range []string{"", rlsServiceName, telemetry.UpstreamHealth} {
 		if s := healthOf(t, conn, svc); s != healthpb.HealthCheckResponse_NOT_SERVING {
 			t.Errorf("health %q before any config: %v", svc, s)
 		}

@@ -24,11 +24,19 @@ type Admin struct {
 	adminv1.UnimplementedAdminServiceServer
 	svc *Service
 	st  store.Store
-	lim *limiter.Limiter
+	lim LocalState
 }
 
-// NewAdmin returns the admin API of svc.
-func NewAdmin(svc *Service, st store.Store, lim *limiter.Limiter) *Admin {
+// LocalState is the limiter's local state the admin API reads and clears
+// (pkg/limiter's Limiter): the over-limit cache's denial of a check, and every
+// local table's entries of keys.
+type LocalState interface {
+	CachedDenial(c *store.Check) (time.Duration, bool)
+	Forget(keys ...string)
+}
+
+// NewAdmin returns the admin API of svc, reading counters from st.
+func NewAdmin(svc *Service, st store.Store, lim LocalState) *Admin {
 	return &Admin{svc: svc, st: st, lim: lim}
 }
 
@@ -91,10 +99,9 @@ func (res *resolution) note(i int) string {
 }
 
 // Explain implements AdminService.Explain. A split rule's counter is read
-// on every sub-key: the state's remaining is their sum (exact, unlike the
-// estimate ShouldRateLimit reports from the one sub-key a request counts
-// on), it is over limit when every sub-key is, and the note says how many
-// are; the key shown is sub-key 0's.
+// on every sub-key: remaining is their sum (exact, unlike ShouldRateLimit's
+// estimate), it is over limit when every sub-key is, and the note says how
+// many are. The key shown is sub-key 0's.
 func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*adminv1.ExplainResponse, error) {
 	rreq, res, err := a.resolve(req.Domain, req.Descriptors)
 	if err != nil {

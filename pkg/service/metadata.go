@@ -3,6 +3,7 @@ package service
 import (
 	"strconv"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -33,22 +34,7 @@ func responseMetadata(req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.
 	fields := map[string]*structpb.Value{"domain": structpb.NewStringValue(printable(req.Domain))}
 	ds := make([]*structpb.Value, 0, len(req.Descriptors))
 	for _, d := range req.Descriptors {
-		entries := make([]*structpb.Value, len(d.Entries))
-		for i, e := range d.Entries {
-			entries[i] = structpb.NewStringValue(printable(e.Key + "=" + e.Value))
-		}
-		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
-		if l := d.Limit; l != nil {
-			text := "requests_per_unit:" + strconv.FormatUint(uint64(l.RequestsPerUnit), 10) + " unit:" + l.Unit.String()
-			if u := l.GetUnitMultiplier(); u != nil {
-				text += " unit_multiplier:{value:" + strconv.FormatUint(uint64(u.Value), 10) + "}"
-			}
-			f["limit"] = structpb.NewStringValue(text)
-		}
-		if h := d.HitsAddend; h != nil {
-			f["hitsAddend"] = structpb.NewNumberValue(float64(h.Value))
-		}
-		ds = append(ds, structpb.NewStructValue(&structpb.Struct{Fields: f}))
+		ds = append(ds, descriptorMetadata(d))
 	}
 	fields["descriptors"] = structpb.NewListValue(&structpb.ListValue{Values: ds})
 	if req.HitsAddend != 0 {
@@ -64,6 +50,33 @@ func responseMetadata(req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.
 	if len(passed.Fields) > 0 {
 		fields["metadata"] = structpb.NewStructValue(passed)
 	}
+	quotaMetadata(fields, res, resp, quota)
+	return &structpb.Struct{Fields: fields}
+}
+
+// descriptorMetadata is one descriptor's entry of "descriptors".
+func descriptorMetadata(d *rlcommon.RateLimitDescriptor) *structpb.Value {
+	entries := make([]*structpb.Value, len(d.Entries))
+	for i, e := range d.Entries {
+		entries[i] = structpb.NewStringValue(printable(e.Key + "=" + e.Value))
+	}
+	f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+	if l := d.Limit; l != nil {
+		text := "requests_per_unit:" + strconv.FormatUint(uint64(l.RequestsPerUnit), 10) + " unit:" + l.Unit.String()
+		if u := l.GetUnitMultiplier(); u != nil {
+			text += " unit_multiplier:{value:" + strconv.FormatUint(uint64(u.Value), 10) + "}"
+		}
+		f["limit"] = structpb.NewStringValue(text)
+	}
+	if h := d.HitsAddend; h != nil {
+		f["hitsAddend"] = structpb.NewNumberValue(float64(h.Value))
+	}
+	return structpb.NewStructValue(&structpb.Struct{Fields: f})
+}
+
+// quotaMetadata sets quotaModeViolations (when there are any) and
+// quotaModeEnabled in fields.
+func quotaMetadata(fields map[string]*structpb.Value, res *resolution, resp *rlsv3.RateLimitResponse, quota func(*descriptors.Rule) bool) {
 	var violations []*structpb.Value
 	enabled := false
 	for i, r := range res.rules {
@@ -79,7 +92,6 @@ func responseMetadata(req *rlsv3.RateLimitRequest, res *resolution, resp *rlsv3.
 		fields["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: violations})
 	}
 	fields["quotaModeEnabled"] = structpb.NewBoolValue(enabled)
-	return &structpb.Struct{Fields: fields}
 }
 
 // mergeMetadata adds src's fields to dst: a field dst already has is kept,

@@ -26,20 +26,19 @@ type resolution struct {
 }
 
 // item returns descriptor i's limiter item, or nil when it is not counted.
-func (r *resolution) item(i int) *limiter.Item {
-	if r.index[i] < 0 {
+func (res *resolution) item(i int) *limiter.Item {
+	if res.index[i] < 0 {
 		return nil
 	}
-	return &r.items[r.index[i]]
+	return &res.items[res.index[i]]
 }
 
-// resolve validates req against the request bounds and resolves it against
-// cfg: the rule each descriptor matches (a descriptor's limit override
-// makes its own rule), the replaces between them, and the store check of
-// every counted descriptor (unlimited rules count nothing). It is the one
-// path from a request to checks, for ShouldRateLimit and the admin API
-// alike. A request that breaks a bound or cannot be decided gives a
-// badRequest error.
+// resolve checks req against the request bounds and resolves it against
+// cfg: each descriptor's rule (a limit override makes its own), the
+// replaces between them, and the store check of each counted descriptor.
+// It is the one path from a request to checks, for ShouldRateLimit and the
+// admin API. A request beyond a bound, or that cannot be decided, is a
+// badRequest.
 func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, res *resolution) error {
 	if err := validateRequest(req, &s.opts.Limits); err != nil {
 		return badRequest{err}
@@ -155,14 +154,12 @@ func ruleCheck(r *descriptors.Rule, key string, sub int) store.Check {
 	}
 }
 
-// wholeRemaining returns what a split rule r reports as the whole key's
-// remaining budget, given rem, the remaining of the sub-key its check c
-// counted on: rem scaled by the whole capacity over the sub-key's share of
-// it (requests_per_unit, or a token bucket's burst), so a sub-key with its
-// whole share left reports the whole limit. It is an estimate, exact when
-// every sub-key has as much left as this one (which the round robin keeps
-// them close to); reading every sub-key would cost N store calls. Without
-// split it is rem.
+// wholeRemaining is the whole key's remaining budget that a split rule r
+// reports, from rem, the remaining of the sub-key check c counted on: rem
+// scaled by the whole capacity over the sub-key's share (requests_per_unit,
+// or a token bucket's burst). It is exact when every sub-key has as much
+// left, which the round robin keeps close; reading them all would cost N
+// store calls. Without split it is rem.
 func wholeRemaining(r *descriptors.Rule, c *store.Check, rem uint64) uint64 {
 	if r.Splits() <= 1 {
 		return rem

@@ -39,7 +39,7 @@ type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 
 	snap    atomic.Pointer[snapshot]
-	lim     *limiter.Limiter
+	lim     Decider
 	opts    Options
 	nearPPM uint64    // NearLimitRatio in millionths
 	pool    sync.Pool // *resolution
@@ -201,8 +201,14 @@ func (l Limits) withDefaults() Limits {
 	return d
 }
 
+// Decider decides a request's items, filling each item's Result, or
+// returns why it could not (pkg/limiter's Limiter).
+type Decider interface {
+	Decide(ctx context.Context, items []limiter.Item) error
+}
+
 // New returns a Service deciding with cfg through lim.
-func New(cfg *descriptors.Config, lim *limiter.Limiter, opts Options) *Service {
+func New(cfg *descriptors.Config, lim Decider, opts Options) *Service {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -292,11 +298,10 @@ func (s *Service) toStatus(err error) error {
 }
 
 // respond builds the response to a decided request and counts its outcomes.
-// The request is OVER_LIMIT when a descriptor that is neither shadow nor
-// quota is over its limit, or when it has quota descriptors and every one of
-// them is over (envoyproxy/ratelimit's quota_mode, the limiter's rule, which
-// refunded what such a request consumed); the global shadow mode then still
-// answers OK.
+// The request is OVER_LIMIT when a descriptor neither shadow nor quota is
+// over, or when every one of its quota descriptors is (quota_mode; the
+// limiter has refunded such a request). The global shadow mode answers OK
+// all the same.
 func (s *Service) respond(snap *snapshot, req *rlsv3.RateLimitRequest, res *resolution) *rlsv3.RateLimitResponse {
 	resp, sts, lims, durs := newResponse(len(req.Descriptors))
 	var v verdict

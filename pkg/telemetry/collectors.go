@@ -1,20 +1,29 @@
 package telemetry
 
 import (
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rls-project/rls/pkg/breaker"
 	"github.com/rls-project/rls/pkg/descriptors"
-	"github.com/rls-project/rls/pkg/fleet"
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/reload"
-	"github.com/rls-project/rls/pkg/store/redisstore"
 )
 
-// RegisterLimiter exposes the limiter's and the fleet's state on reg, read
-// at scrape time: the checks by source, the fallback decisions and their
-// causes, the write-backs and refunds, the fleet size and the local tables.
-func RegisterLimiter(reg prometheus.Registerer, lim *limiter.Limiter, fleet *fleet.Fleet) {
+// LimiterState is what RegisterLimiter reads of the limiter at scrape time
+// (pkg/limiter's Limiter).
+type LimiterState interface {
+	Counters() limiter.Counters
+	Count(limiter.Source) uint64
+	Tables() [3]limiter.Table
+}
+
+// RegisterLimiter exposes the limiter's state and the fleet's size on reg,
+// read at scrape time: the checks by source, the fallback decisions and
+// their causes, the write-backs and refunds, the fleet size and the local
+// tables.
+func RegisterLimiter(reg prometheus.Registerer, lim LimiterState, fleetSize func() int) {
 	counter := func(name, help string, labels prometheus.Labels, v func(limiter.Counters) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
 			func() float64 { return float64(v(lim.Counters())) })
@@ -34,7 +43,7 @@ func RegisterLimiter(reg prometheus.Registerer, lim *limiter.Limiter, fleet *fle
 			src(limiter.FromCache)),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rls_fleet_size", Help: "Replicas sharing the limits, as used for the fail-open share."},
-			func() float64 { return float64(fleet.Size()) }),
+			func() float64 { return float64(fleetSize()) }),
 		counter("rls_writeback_hits_total", writebackHelp, prometheus.Labels{"result": "written"},
 			func(c limiter.Counters) uint64 { return c.WrittenBack }),
 		counter("rls_writeback_hits_total", writebackHelp, prometheus.Labels{"result": "lost"},
@@ -71,7 +80,7 @@ func RegisterLimiter(reg prometheus.Registerer, lim *limiter.Limiter, fleet *fle
 }
 
 // tablesCollector reports the limiter's local tables, read once per scrape.
-type tablesCollector struct{ lim *limiter.Limiter }
+type tablesCollector struct{ lim LimiterState }
 
 var (
 	tableEntriesDesc = prometheus.NewDesc("rls_local_table_entries",
@@ -101,31 +110,55 @@ func (c *tablesCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// Breakers reports each Redis node's circuit breaker state, the node
+// outside cluster mode named "" (the Redis store).
+type Breakers interface {
+	BreakerStates() map[string]breaker.State
+}
+
 // RegisterBreakers exposes each Redis node's circuit breaker state as
 // rls_redis_breaker_state, the node outside cluster mode named addr.
-func RegisterBreakers(reg prometheus.Registerer, st *redisstore.Store, addr string) {
+func RegisterBreakers(reg prometheus.Registerer, st Breakers, addr string) {
 	reg.MustRegister(&breakerCollector{st: st, addr: addr, desc: prometheus.NewDesc("rls_redis_breaker_state",
 		"1 for the current state of each Redis node's circuit breaker, by node address (outside cluster mode, --redis-url's).",
 		[]string{"node", "state"}, nil)})
 }
 
+// ScriptModes counts the Redis nodes running decide.lua in each mode; its
+// map has every mode as a key, counted or not (the Redis store).
+type ScriptModes interface {
+	ScriptModes() map[string]int
+}
+
 // RegisterScriptMode exposes how many Redis nodes run decide.lua as a
 // Function library (FCALL) and how many as a script (EVALSHA, where
 // FUNCTION is missing or refused), as rls_redis_script_mode{mode}: outside
-// cluster mode, 1 for the mode in use.
-func RegisterScriptMode(reg prometheus.Registerer, st *redisstore.Store) {
+// cluster mode, 1 for the mode in use. The modes are the keys of
+// st.ScriptModes() when it registers.
+func RegisterScriptMode(reg prometheus.Registerer, st ScriptModes) {
 	const help = "Redis nodes running the decision script in each mode: function (a Redis Function library, FCALL) or eval (EVALSHA, where FUNCTION is missing or refused)."
-	for _, mode := range []string{redisstore.ScriptFunction, redisstore.ScriptEval} {
+	modes := make([]string, 0, 2)
+	for mode := range st.ScriptModes() {
+		modes = append(modes, mode)
+	}
+	slices.Sort(modes)
+	for _, mode := range modes {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "rls_redis_script_mode", Help: help,
 			ConstLabels: prometheus.Labels{"mode": mode}}, func() float64 { return float64(st.ScriptModes()[mode]) }))
 	}
+}
+
+// Routes counts the hash slots' parts of requests the Redis store decided
+// by each route: plain, plain then the script, the script.
+type Routes interface {
+	Routes() [3]uint64
 }
 
 // RegisterRoutes exposes how the Redis store decided each hash slot's part
 // of a request, as rls_redis_decisions_total{route}: plain (commands on
 // window-named keys), plain_then_script (taken back, then the script, in
 // one more round trip), script.
-func RegisterRoutes(reg prometheus.Registerer, st *redisstore.Store) {
+func RegisterRoutes(reg prometheus.Registerer, st Routes) {
 	const help = "Hash slots' parts of requests the Redis store decided, by route: plain (INCRBY on window-named keys), plain_then_script (the INCRBYs taken back and the script run in one more round trip), script (decide.lua alone)."
 	for i, route := range []string{"plain", "plain_then_script", "script"} {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "rls_redis_decisions_total", Help: help,
@@ -135,7 +168,7 @@ func RegisterRoutes(reg prometheus.Registerer, st *redisstore.Store) {
 
 // breakerCollector reports each Redis node's circuit breaker state.
 type breakerCollector struct {
-	st   *redisstore.Store
+	st   Breakers
 	addr string // the node outside cluster mode, which the store names ""
 	desc *prometheus.Desc
 }

@@ -1,10 +1,10 @@
 // Package telemetry is what rls reports about itself besides the decision
-// metrics of pkg/service: the store decorators that time its calls
-// (MeteredStore) and trace them (Tracing.Store), the OTLP trace exporter
-// and its bounded span queue (NewTracing, configured from OpenTelemetry's
-// variables by ReadOTLPEnv), and the Prometheus collectors of the
-// limiter's tables, the fleet size, the Redis breakers and the config in
-// force. The registry is made by the caller; nothing here registers
-// globally, except OpenTelemetry's logger and error handler while tracing
-// is on.
+// metrics of pkg/service. It holds the store decorators that time and
+// trace calls (MeteredStore, Tracing.Store), the OTLP exporter and its
+// bounded span queue (NewTracing, ReadOTLPEnv), health (Health,
+// HealthcheckHandler), and the collectors of the limiter, the fleet size,
+// the Redis store and the config in force, read through interfaces
+// declared here. The caller makes the registry; nothing registers
+// globally but OpenTelemetry's logger and error handler, while tracing is
+// on.
 package telemetry

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -14,12 +15,24 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Health sets rls's gRPC health services from what it knows: the rate
-// limit service's names are SERVING while a config is in force (SetReady),
-// once the store has answered since start, and while it does not refuse
-// rls's credentials (a later outage leaves them SERVING: rls decides in
-// fallback); the store's name follows the store's readiness probe
-// (SetStore). It is safe for concurrent use.
+// gRPC health services besides the rate limit service's own name.
+// UpstreamHealth is envoyproxy/ratelimit's, for probes written for it.
+// StoreHealth follows the store; rls stays SERVING (degraded) while it
+// does not answer. LiveHealth is SERVING from start to shutdown whatever
+// the config and the store: a liveness probe never restarts a replica
+// that waits for its store.
+const (
+	UpstreamHealth = "ratelimit"
+	StoreHealth    = "rls.store"
+	LiveHealth     = "rls.live"
+)
+
+// Health sets rls's gRPC health services. The rate limit service's names
+// are SERVING while a config is in force (SetReady), once the store has
+// answered since start, and while the store accepts rls's credentials; a
+// later outage leaves them SERVING, as rls decides in fallback. The
+// store's name follows its readiness probe (SetStore). Health is safe for
+// concurrent use.
 type Health struct {
 	srv   *health.Server
 	store string   // the store's health service name
@@ -89,11 +102,22 @@ type HealthState struct {
 	Degraded bool // the store does not answer now, or rules fell back lately
 }
 
-// HealthcheckAnswer is the status and body of /healthcheck: 503 once
+// HealthcheckHandler answers /healthcheck with HealthcheckAnswer(state()).
+func HealthcheckHandler(state func() HealthState) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		code, body := HealthcheckAnswer(state())
+		if code != http.StatusOK {
+			http.Error(w, body, code)
+			return
+		}
+		io.WriteString(w, body+"\n")
+	})
+}
+
+// HealthcheckAnswer is the status and body of /healthcheck. It is 503 once
 // shutdown began, before a config is in force, while the store refuses
-// rls's credentials, or until it has answered once since start; else
-// 200 OK, or 200 DEGRADED while the store does not answer and rules
-// decide locally.
+// rls's credentials, and until the store has answered once. Otherwise it
+// is 200: OK, or DEGRADED while rules decide locally.
 func HealthcheckAnswer(s HealthState) (int, string) {
 	switch {
 	case s.ShuttingDown:
@@ -110,13 +134,12 @@ func HealthcheckAnswer(s HealthState) (int, string) {
 	return http.StatusOK, "OK"
 }
 
-// BoundedWatch is grpc-go's health server with its Watch streams bounded:
-// each ends Unavailable after its age passes MaxAge (within a tenth more,
-// so that streams opened together do not all come back at once), and
-// every one ends when Stop is called, after sending the status in force
-// (NOT_SERVING once shutdown began). A Watch otherwise lasts as long as its
-// client likes: its client watches again on a new stream, as gRPC's
-// client-side health checking does. Check and List are the server's.
+// BoundedWatch is grpc-go's health server with its Watch streams bounded
+// in age. Each ends Unavailable past MaxAge, within a tenth more so that
+// streams opened together do not return together; its client watches
+// again, as gRPC's client-side health checking does. Stop ends every
+// stream after sending the status in force. Check and List are the
+// server's.
 type BoundedWatch struct {
 	*health.Server
 	maxAge time.Duration

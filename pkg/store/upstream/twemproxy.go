@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -115,4 +116,22 @@ func resp(args ...string) []byte {
 		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
 	}
 	return []byte(b.String())
+}
+
+// DetectLate wraps ready, a Redis store's readiness probe: until ready
+// first succeeds, each failure asks Detect whether o.URL is a twemproxy
+// after all (one not reachable at start), and calls found if it is.
+func DetectLate(ready func(context.Context) error, o ClientOptions, found func()) func(context.Context) error {
+	var answered atomic.Bool
+	return func(ctx context.Context) error {
+		err := ready(ctx)
+		if err == nil || answered.Load() {
+			answered.Store(err == nil || answered.Load())
+			return err
+		}
+		if tw, _ := Detect(ctx, o); tw {
+			found()
+		}
+		return err
+	}
 }

@@ -1,4 +1,4 @@
-package service
+package server
 
 import (
 	"errors"
@@ -13,23 +13,21 @@ import (
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
-// AdminServer serves rls.admin.v1.AdminService (and reflection, for
-// grpcurl) on a listener and gRPC server of its own, apart from the
-// RateLimitService's port: whoever reaches the admin API can read and reset
-// every counter, so it belongs on loopback or a private interface, never
-// on the port Envoy and every other client reach. A nil *AdminServer is the
-// admin API off: its methods do nothing.
+// AdminServer serves rls.admin.v1.AdminService, and reflection for
+// grpcurl, on a listener and gRPC server of its own. Whoever reaches it can
+// read and reset every counter: it belongs on loopback or a private
+// interface, never on the RateLimitService's port. A nil *AdminServer is
+// the admin API off: its methods do nothing.
 type AdminServer struct {
 	srv *grpc.Server
 	lis net.Listener
 }
 
-// ListenAdmin listens on addr (TCP), with at most conns.Max connections
-// open at once (connguard.Limit), and makes the admin API's server with
-// opts (the gRPC port's TLS, interceptors) after the listener's own
-// interceptors, which tell it the connections with a call in flight. It serves nothing until
-// Register and Serve. An empty addr is the admin API off: nil, nil. An
-// error names the listener as --conns.Port (the flag that set addr).
+// ListenAdmin listens on addr (TCP) with at most conns.Max connections
+// open at once (connguard.Limit). Its gRPC server takes the listener's
+// interceptors, then opts (the gRPC port's TLS and interceptors). It serves
+// nothing until Register and Serve. An empty addr is the admin API off:
+// nil, nil. An error names the listener as --conns.Port.
 func ListenAdmin(addr string, conns connguard.LimitOptions, opts ...grpc.ServerOption) (*AdminServer, error) {
 	if addr == "" {
 		return nil, nil
@@ -44,8 +42,8 @@ func ListenAdmin(addr string, conns connguard.LimitOptions, opts ...grpc.ServerO
 	return &AdminServer{srv: srv, lis: limited}, nil
 }
 
-// Register serves a's API on s.
-func (s *AdminServer) Register(a *Admin) {
+// Register serves a on s.
+func (s *AdminServer) Register(a adminv1.AdminServiceServer) {
 	if s != nil {
 		adminv1.RegisterAdminServiceServer(s.srv, a)
 	}
@@ -59,8 +57,8 @@ func (s *AdminServer) Addr() net.Addr {
 	return s.lis.Addr()
 }
 
-// Serve serves until Stop; it returns nil at once when s is nil, and nil
-// after Stop.
+// Serve serves until Stop, then returns nil; it returns nil at once when s
+// is nil.
 func (s *AdminServer) Serve() error {
 	if s == nil {
 		return nil
@@ -72,7 +70,7 @@ func (s *AdminServer) Serve() error {
 }
 
 // Stop lets calls in flight finish for up to timeout, then closes every
-// connection (at once with timeout 0), and closes the listener when Serve
+// connection (at once with timeout 0). It closes the listener when Serve
 // was never called.
 func (s *AdminServer) Stop(timeout time.Duration) {
 	if s == nil {

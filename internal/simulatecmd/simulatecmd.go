@@ -1,4 +1,6 @@
-package main
+// Package simulatecmd is rls simulate: its flags, help and errors, around
+// pkg/simulate.
+package simulatecmd
 
 import (
 	"context"
@@ -80,8 +82,9 @@ without entries counts against --rule's descriptor.
 
 `
 
-// runSimulate is rls simulate.
-func runSimulate(ctx context.Context, args []string, stdout io.Writer) error {
+// Run is rls simulate with args, writing its output and help to stdout. A
+// help request returns flag.ErrHelp; other errors name the flag at fault.
+func Run(ctx context.Context, args []string, stdout io.Writer) error {
 	var f simulateFlags
 	fs := newSimulateFlagSet(&f)
 	fs.Usage = func() {}

@@ -1,4 +1,4 @@
-package service
+package server
 
 import (
 	"context"
@@ -11,8 +11,30 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/rls-project/rls/pkg/connguard"
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/service"
+	"github.com/rls-project/rls/pkg/store/memory"
 	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
+
+// newTestAdmin is the admin API of a service with one rule, on the memory
+// store.
+func newTestAdmin(t *testing.T) *service.Admin {
+	t.Helper()
+	cfg, err := descriptors.Parse(map[string][]byte{"test.yaml": []byte(`
+domain: test
+descriptors:
+  - key: api_key
+    rate_limit: {name: per-key, unit: minute, requests_per_unit: 5}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := memory.New(memory.Options{})
+	lim := limiter.New(st, limiter.Options{})
+	return service.NewAdmin(service.New(cfg, lim, service.Options{}), st, lim)
+}
 
 // TestAdminServer: an empty address is the admin API off (a nil server
 // whose methods do nothing); otherwise the API answers on its own
@@ -34,7 +56,7 @@ func TestAdminServer(t *testing.T) {
 		t.Errorf("ListenAdmin on an invalid address: %v, want an error naming --admin-addr", err)
 	}
 
-	a, _ := newTestAdmin(t, Options{})
+	a := newTestAdmin(t)
 	s, err := ListenAdmin("127.0.0.1:0", guard())
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +71,8 @@ func TestAdminServer(t *testing.T) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ex, err := adminv1.NewAdminServiceClient(conn).Explain(ctx, &adminv1.ExplainRequest{Domain: "test", Descriptors: []*adminv1.Descriptor{adminDesc("api_key", "a")}})
+	ex, err := adminv1.NewAdminServiceClient(conn).Explain(ctx, &adminv1.ExplainRequest{Domain: "test", Descriptors: []*adminv1.Descriptor{
+		{Entries: []*adminv1.Entry{{Key: "api_key", Value: "a"}}}}})
 	if err != nil || len(ex.GetExplanations()) != 1 || !ex.Explanations[0].Matched {
 		t.Fatalf("Explain on the admin server: %v %v", ex, err)
 	}

@@ -1,4 +1,4 @@
-package main
+package simulatecmd
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 func simulateCmd(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
-	err := run(context.Background(), append([]string{"simulate"}, args...), func(string) string { return "" }, &out, &out)
+	err := Run(context.Background(), args, &out)
 	return out.String(), err
 }
 
