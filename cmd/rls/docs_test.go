@@ -70,17 +70,7 @@ var pendingDocs = map[string]bool{"docs/bench/one-path.md": true}
 // anchors, or an <a id>), so moving a section cannot leave a link to
 // nothing.
 func TestDocLinks(t *testing.T) {
-	var files []string
-	files = append(files, "../../README.md")
-	err := filepath.WalkDir("../../docs", func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
-			files = append(files, p)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := docFiles(t, true)
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	links := 0
 	for _, f := range files {
@@ -172,4 +162,79 @@ func anchorsOf(t *testing.T, file string) map[string]bool {
 		seen[s]++
 	}
 	return anchors
+}
+
+// docFiles returns README.md and docs/**.md, with or without the dated
+// history (docs/bench/HISTORY.md), which names files and tests of its day.
+func docFiles(t *testing.T, history bool) []string {
+	files := []string{"../../README.md"}
+	err := filepath.WalkDir("../../docs", func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") && (history || !strings.HasSuffix(p, "HISTORY.md")) {
+			files = append(files, p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// TestDocNamesRealFilesAndTests: every repository path the docs show in
+// backticks exists, and every test, fuzz target or benchmark they name is
+// one (a -run prefix of one, or a name the upstream suite runs).
+func TestDocNamesRealFilesAndTests(t *testing.T) {
+	var defined []string
+	quoted := map[string]bool{}
+	err := filepath.WalkDir("../..", func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		for _, m := range regexp.MustCompile(`(?m)^func ((?:Test|Fuzz|Benchmark)\w+)\(`).FindAllSubmatch(b, -1) {
+			defined = append(defined, string(m[1]))
+		}
+		for _, m := range regexp.MustCompile(`"((?:Test|Fuzz|Benchmark)\w+)`).FindAllSubmatch(b, -1) {
+			quoted[string(m[1])] = true
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	isTest := func(name string) bool {
+		for _, d := range defined {
+			if strings.HasPrefix(d, name) {
+				return true
+			}
+		}
+		return quoted[name]
+	}
+	pathRE := regexp.MustCompile("`((?:pkg|cmd|lua|integration|scripts|envoy|deploy|bench|config|examples|proto|docs)/[A-Za-z0-9_./-]*)`")
+	testRE := regexp.MustCompile(`\b((?:Test|Fuzz|Benchmark)[A-Z]\w*)`)
+	paths, tests := 0, 0
+	for _, f := range docFiles(t, false) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.TrimPrefix(f, "../../")
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, m := range pathRE.FindAllStringSubmatch(line, -1) {
+				paths++
+				if _, err := os.Stat("../../" + strings.TrimSuffix(m[1], "/")); err != nil {
+					t.Errorf("%s:%d: %s does not exist", name, i+1, m[1])
+				}
+			}
+			for _, m := range testRE.FindAllStringSubmatch(line, -1) {
+				tests++
+				if !isTest(m[1]) {
+					t.Errorf("%s:%d: no test, fuzz target or benchmark %s", name, i+1, m[1])
+				}
+			}
+		}
+	}
+	if paths < 50 || tests < 50 {
+		t.Errorf("found %d paths and %d test names in the docs; the patterns must have broken", paths, tests)
+	}
 }
