@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -236,5 +237,42 @@ func TestDocNamesRealFilesAndTests(t *testing.T) {
 	}
 	if paths < 50 || tests < 50 {
 		t.Errorf("found %d paths and %d test names in the docs; the patterns must have broken", paths, tests)
+	}
+}
+
+// TestDocRedisACL: the ACL docs/redis.md gives rls's Redis user is the one
+// TestACLRules (pkg/store/redis) runs the store with, rule for rule.
+func TestDocRedisACL(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/redis.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(doc), "ACL SETUSER rls on >PASSWORD ")
+	block, _, _ = strings.Cut(block, "```")
+	if !ok {
+		t.Fatal("docs/redis.md: no ACL SETUSER rls block")
+	}
+	documented := strings.Fields(strings.ReplaceAll(block, "\\", " "))
+	files, _ := filepath.Glob("../../pkg/store/redis/*_test.go")
+	var tested []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, lit, ok := strings.Cut(string(b), "\nvar ACLRules = []string{"); ok {
+			lit, _, _ = strings.Cut(lit, "}") // the rules hold no brace
+			for _, m := range regexp.MustCompile(`"([^"]+)"`).FindAllStringSubmatch(lit, -1) {
+				tested = append(tested, m[1])
+			}
+		}
+	}
+	if len(tested) == 0 {
+		t.Fatal("no var ACLRules in pkg/store/redis's tests")
+	}
+	slices.Sort(documented)
+	slices.Sort(tested)
+	if !slices.Equal(documented, tested) {
+		t.Errorf("docs/redis.md's ACL is not TestACLRules' ACLRules:\n doc:  %v\n test: %v", documented, tested)
 	}
 }
