@@ -276,3 +276,67 @@ func TestDocRedisACL(t *testing.T) {
 		t.Errorf("docs/redis.md's ACL is not TestACLRules' ACLRules:\n doc:  %v\n test: %v", documented, tested)
 	}
 }
+
+// TestDocReadmeFlagsAndTargets: every --flag README.md gives rls is one of
+// rls serve's (or --help, --version), and every make target it names is
+// one of the Makefile's.
+func TestDocReadmeFlagsAndTargets(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^([a-z-]+):.*## `).FindAllSubmatch(mk, -1) {
+		targets[string(m[1])] = true
+	}
+	flags := rlsFlags()
+	flags["help"], flags["version"] = true, true
+	fenced := false
+	nflags, ntargets := 0, 0
+	for i, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+			continue
+		}
+		code := strings.TrimSpace(regexp.MustCompile(`^(?:[A-Z_]+=\S+ )*`).ReplaceAllString(line, ""))
+		if !fenced || strings.HasPrefix(code, "rls ") {
+			for _, m := range flagRE.FindAllStringSubmatch(line, -1) {
+				nflags++
+				if !flags[m[1]] {
+					t.Errorf("README.md:%d: --%s is not an rls flag", i+1, m[1])
+				}
+			}
+		}
+		var named []string
+		if fenced && strings.HasPrefix(code, "make ") {
+			named = append(named, strings.Fields(code)[1])
+		}
+		for _, m := range regexp.MustCompile("`make ([a-z-]+)").FindAllStringSubmatch(line, -1) {
+			named = append(named, m[1])
+		}
+		for _, n := range named {
+			ntargets++
+			if !targets[n] {
+				t.Errorf("README.md:%d: make %s is not a target of the Makefile", i+1, n)
+			}
+		}
+	}
+	_, list, ok := strings.Cut(string(b), "`make help` lists\nthe other targets (")
+	if !ok {
+		t.Error("README.md: no \"`make help` lists the other targets (...)\"")
+	}
+	list, _, _ = strings.Cut(list, ")")
+	for _, m := range regexp.MustCompile("`([a-z-]+)`").FindAllStringSubmatch(list, -1) {
+		ntargets++
+		if !targets[m[1]] {
+			t.Errorf("README.md: make help's list names %s, which is not a target of the Makefile", m[1])
+		}
+	}
+	if nflags < 10 || ntargets < 15 {
+		t.Errorf("found %d flags and %d make targets in README.md; the patterns must have broken", nflags, ntargets)
+	}
+}
