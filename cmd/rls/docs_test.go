@@ -340,3 +340,49 @@ func TestDocReadmeFlagsAndTargets(t *testing.T) {
 		t.Errorf("found %d flags and %d make targets in README.md; the patterns must have broken", nflags, ntargets)
 	}
 }
+
+// TestDocMetricsExist: every rls_* metric the docs name is one rls
+// registers (named in a string of its non-test Go, whole or as the prefix
+// of a histogram's series).
+func TestDocMetricsExist(t *testing.T) {
+	known := map[string]bool{}
+	err := filepath.WalkDir("../..", func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		for _, m := range regexp.MustCompile(`"(rls_[a-z0-9_]+)"`).FindAllSubmatch(b, -1) {
+			known[string(m[1])] = true
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A metric's name; not a release file (rls_vX.Y.Z_..., read as rls_v)
+	// or a Function library (rls_<16 hex digits>).
+	metricRE := regexp.MustCompile(`\b(rls_[a-z][a-z0-9_]*[a-z])\b`)
+	n := 0
+	for _, f := range docFiles(t, false) {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, m := range metricRE.FindAllStringSubmatch(line, -1) {
+				name := m[1]
+				if regexp.MustCompile(`^rls_[0-9a-f]{16}$`).MatchString(name) || name == "rls_v" {
+					continue
+				}
+				n++
+				base := regexp.MustCompile(`_(bucket|sum|count)$`).ReplaceAllString(name, "")
+				if !known[name] && !known[base] {
+					t.Errorf("%s:%d: no metric %s in rls's code", strings.TrimPrefix(f, "../../"), i+1, name)
+				}
+			}
+		}
+	}
+	if n < 30 {
+		t.Errorf("found %d metric names in the docs; the pattern must have broken", n)
+	}
+}
