@@ -291,7 +291,8 @@ var otherTools = map[string]bool{"report-only": true, "print-config": true, // s
 
 // TestDocFlags: every --flag the docs give rls (in prose and on rls
 // command lines) is one of rls serve's or rls simulate's (or --help,
-// --version; --x-* where some flag starts with --x-). docs/flags.md and
+// --version; --x-* where some flag starts with --x-), and every RLS_*
+// variable they name is a flag's twin. docs/flags.md and
 // docs/MIGRATING.md, which also name flags that were removed, have tests
 // of their own.
 func TestDocFlags(t *testing.T) {
@@ -311,6 +312,10 @@ func TestDocFlags(t *testing.T) {
 		}
 		return false
 	}
+	twins := map[string]bool{redisPasswordEnv: true} // the one RLS_* variable without a flag
+	for name := range rlsFlags() {
+		twins[envName(name)] = true
+	}
 	envPrefix := regexp.MustCompile(`^(?:[A-Z_]+=\S+ )*`)
 	nflags := 0
 	for _, f := range docFiles(t, false) {
@@ -323,6 +328,11 @@ func TestDocFlags(t *testing.T) {
 		}
 		fenced := false
 		for i, line := range strings.Split(string(b), "\n") {
+			for _, v := range twinRE.FindAllString(line, -1) {
+				if !twins[v] {
+					t.Errorf("%s:%d: %s is not the environment twin of any rls flag", strings.TrimPrefix(f, "../../"), i+1, v)
+				}
+			}
 			if strings.HasPrefix(strings.TrimSpace(line), "```") {
 				fenced = !fenced
 				continue
