@@ -437,3 +437,69 @@ func TestDocMetricsExist(t *testing.T) {
 		t.Errorf("found %d metric names in the docs; the pattern must have broken", n)
 	}
 }
+
+// stringsIn returns the string literals of the first match of re's group
+// in the non-test Go files of dir: a table of labels, read from the source
+// so that a renamed table fails this test rather than the build.
+func stringsIn(t *testing.T, dir string, re *regexp.Regexp) []string {
+	files, _ := filepath.Glob(filepath.Join("../..", dir, "*.go"))
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := re.FindSubmatch(b); m != nil {
+			var out []string
+			for _, s := range regexp.MustCompile(`"([^"]*)"`).FindAllSubmatch(m[1], -1) {
+				out = append(out, string(s[1]))
+			}
+			return out
+		}
+	}
+	t.Fatalf("%s: no %s", dir, re)
+	return nil
+}
+
+// TestDocLabels: where the docs list a metric's or a span attribute's
+// values, they list exactly the values the code gives it.
+func TestDocLabels(t *testing.T) {
+	sources := stringsIn(t, "pkg/limiter", regexp.MustCompile(`\[\.\.\.\]string\{("store"[^}]*)\}`))
+	outcomes := stringsIn(t, "pkg/service", regexp.MustCompile(`outcomeNames = \[numOutcomes\]string\{([^}]*)\}`))
+	kinds := stringsIn(t, "pkg/telemetry", regexp.MustCompile(`var ErrorKinds = \[\]string\{([^}]*)\}`))
+	for _, c := range []struct {
+		doc, after, until string
+		want              []string
+	}{
+		{"docs/tracing.md", "| `rls.descriptor.sources` |", "\n", append(slices.Clone(sources), "none")},
+		{"docs/tracing.md", "| `rls.descriptor.outcomes` |", "\n", outcomes},
+		{"docs/operations.md", "`rls_decisions_total{domain,rule,outcome}` (outcome", "; `rule`", outcomes},
+		{"docs/failure.md", "`rls_checks_total{source}`", ")", sources},
+		{"docs/failure.md", "`rls_store_errors_total{op,kind}`", ")", kinds},
+	} {
+		b, err := os.ReadFile("../../" + c.doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, list, ok := strings.Cut(string(b), c.after)
+		if !ok {
+			t.Errorf("%s: no %q", c.doc, c.after)
+			continue
+		}
+		list, _, _ = strings.Cut(list, c.until)
+		var got []string
+		for _, m := range regexp.MustCompile("`([a-z_]+)`").FindAllStringSubmatch(list, -1) {
+			if !strings.HasPrefix(m[1], "rls_") { // a metric named beside its values
+				got = append(got, m[1])
+			}
+		}
+		want := slices.Clone(c.want)
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s lists %v after %q; the code has %v", c.doc, got, c.after, want)
+		}
+	}
+}
