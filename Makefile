@@ -100,10 +100,10 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck (pinned, installed into bi
 	cd bench && ../$(STATICCHECK) ./...
 	cd deploy && ../$(STATICCHECK) ./...
 
-bench: deps ## micro-benchmarks, end-to-end scenarios (memory, Cluster; Redis side by side with envoyproxy/ratelimit) into docs/BENCHMARKS.md (~10 min)
+bench: deps ## micro-benchmarks, end-to-end scenarios (memory, Cluster; Redis side by side with envoyproxy/ratelimit) into docs/BENCHMARKS.md and docs/bench/ (~12 min)
 	bash scripts/bench.sh
 
-bench-quick: deps ## rls and envoyproxy/ratelimit side by side on one Redis, 3 s runs, one round, into bin/bench-quick/ (~2 min)
+bench-quick: deps ## rls and envoyproxy/ratelimit side by side on one Redis, 3 s runs, one round, into bin/bench-quick/ (~3 min)
 	BENCH_QUICK=1 bash scripts/bench.sh
 
 proto: ## regenerate proto/ Go code with buf and local plugins, and lint it

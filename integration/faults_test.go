@@ -7,7 +7,7 @@ package integration
 //
 // They assert codes, counts, that nothing is lost and that no call outlives
 // its deadline by more than ftOutlive; how fast rls answers during a fault
-// is a figure, logged here (p99, max) and recorded in docs/BENCHMARKS.md,
+// is a figure, logged here (p99, max) and recorded in docs/bench/HISTORY.md,
 // not a bound a busy machine could break. The kill and pause tests are not
 // parallel, so they run alone in this package's binary; the others are.
 

@@ -22,7 +22,7 @@ const rlqsCostSeconds = 4
 // the Redis commands each protocol costs per 1,000 admitted requests
 // (INFO commandstats, every command). RLQS pays a reservation per grant
 // and a refund per report, whatever the request rate; ShouldRateLimit at
-// least one command per request. The figures go to docs/BENCHMARKS.md;
+// least one command per request. The figures are in docs/bench/HISTORY.md;
 // the test asserts counts only.
 func TestRLQSRedisCost(t *testing.T) {
 	srv := redistest.StartServer(t)

@@ -31,7 +31,7 @@ import (
 // would take), each with an xDS server of its own.
 
 // Bounds of the tests, generous against what they measure on a 2-core
-// machine (see docs/BENCHMARKS.md): a breach means the config was built
+// machine (see docs/bench/HISTORY.md): a breach means the config was built
 // before it was refused, not a busy machine.
 const (
 	deepPeakLimit      = 100 << 20 // VmHWM with a 9,000-deep resource NACKed

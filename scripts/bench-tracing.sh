@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cost of tracing in process, for docs/BENCHMARKS.md's
+# The cost of tracing in process, for docs/bench/HISTORY.md's
 # "Tracing": pkg/service's BenchmarkHandler at BASE (default 8e491a3, main
 # before tracing) against this tree with tracing off, and this tree's
 # BenchmarkHandlerTracing (every call sampled; every call sampled out), in

@@ -10,9 +10,11 @@
 # The peer is installed with `go install` into a cache directory (not into
 # go.mod) the first time. Everything runs on 127.0.0.1 and stops by itself;
 # every process started is stopped by PID. Raw results go to $BENCH_OUT
-# (docs/bench), the summary to $BENCH_DOC (docs/BENCHMARKS.md, the part
-# between the BEGIN/END markers).
+# (docs/bench), the summary to $BENCH_DOC (docs/BENCHMARKS.md) and every
+# table to $BENCH_RESULTS (docs/bench/RESULTS.md), each between its
+# BEGIN/END markers.
 #
+#   scripts/bench.sh --report-only   # render both from $BENCH_OUT's JSON again, measuring nothing
 #   BENCH_DURATION=10s BENCH_ROUNDS=1 BENCH_STORES="memory redis cluster" BENCH_MICRO_COUNT=5 make bench
 #   BENCH_QUICK=1 make bench      # = make bench-quick: 3 s runs, one round, single Redis only, into bin/bench-quick/
 #   BENCH_PEER_ENV="REDIS_PIPELINE_WINDOW=150us" make bench   # extra env for the peer, recorded in the report
@@ -53,11 +55,15 @@ QUICK=${BENCH_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
   DUR=${BENCH_DURATION:-3s}; WARMUP=${BENCH_WARMUP:-1s}; ROUNDS=${BENCH_ROUNDS:-1}
   STORES=${BENCH_STORES:-redis}; MICRO_COUNT=${BENCH_MICRO_COUNT:-0}
-  OUT=${BENCH_OUT:-bin/bench-quick}; DOC=${BENCH_DOC:-$OUT/BENCHMARKS.md}
+  OUT=${BENCH_OUT:-bin/bench-quick}; DOC=${BENCH_DOC:-$OUT/BENCHMARKS.md}; RESULTS=${BENCH_RESULTS:-$OUT/RESULTS.md}
 else
   DUR=${BENCH_DURATION:-10s}; WARMUP=${BENCH_WARMUP:-2s}; ROUNDS=${BENCH_ROUNDS:-1}
   STORES=${BENCH_STORES:-memory redis cluster}; MICRO_COUNT=${BENCH_MICRO_COUNT:-5}
-  OUT=${BENCH_OUT:-docs/bench}; DOC=${BENCH_DOC:-docs/BENCHMARKS.md}
+  OUT=${BENCH_OUT:-docs/bench}; DOC=${BENCH_DOC:-docs/BENCHMARKS.md}; RESULTS=${BENCH_RESULTS:-docs/bench/RESULTS.md}
+fi
+if [ "${1:-}" = --report-only ]; then
+  python3 scripts/bench_report.py "$OUT" "$DOC" "$RESULTS"
+  echo "== wrote $DOC and $RESULTS from $OUT"; exit 0
 fi
 PEER_ENV=${BENCH_PEER_ENV:-}
 read -r -a RLS_ARGS <<<"${BENCH_RLS_ARGS:-}"
@@ -78,8 +84,9 @@ command -v redis-server >/dev/null || { echo "redis-server missing: run make dep
 go build -o bin/rls ./cmd/rls
 (cd bench && go build -o ../bin/rls-bench .)
 mkdir -p "$OUT"
-# A quick run renders into a copy of BENCHMARKS.md: its short runs never replace the committed figures.
+# A quick run renders into copies of the documents: its short runs never replace the committed figures.
 if [ "$QUICK" = 1 ] && [ -z "${BENCH_DOC:-}" ]; then cp docs/BENCHMARKS.md "$DOC"; fi
+if [ "$QUICK" = 1 ] && [ -z "${BENCH_RESULTS:-}" ]; then cp docs/bench/RESULTS.md "$RESULTS"; fi
 if [[ " $STORES " == *" redis "* ]] && [ ! -x "$PEER_BIN" ]; then
   echo "== installing $PEER_MOD@$PEER_VERSION into $(dirname "$PEER_BIN") (once)"
   mkdir -p "$(dirname "$PEER_BIN")"
@@ -230,16 +237,19 @@ scenarios=(
 # BENCH_SCENARIOS: run only these scenarios (their names' letters, e.g. "c e f g"; all when empty).
 ONLY=${BENCH_SCENARIOS:-}
 
-# meta STORE: how this store's results were taken, for the report.
+# meta STORE: how this store's results were taken, and on what, for the report.
 meta() {
   python3 - "$OUT/meta-$1.json" "$1" "$DUR" "$WARMUP" "$ROUNDS" "$QUICK" "$PEER_VERSION" "$PEER_ENV" \
     "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs' || echo +changes)" "$CMD" "${PEER_FIXED_ENV[*]//"$WORK"/\$WORK}" \
-    "${RLS_ARGS[*]}" <<'PY'
-import json, sys, time
-f, store, dur, warm, rounds, quick, pv, penv, commit, cmd, fixed, rargs = sys.argv[1:]
+    "${RLS_ARGS[*]}" "$(redis-server --version)" <<'PY'
+import json, os, platform, sys, time
+f, store, dur, warm, rounds, quick, pv, penv, commit, cmd, fixed, rargs, redis = sys.argv[1:]
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
 json.dump({"store": store, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "duration": dur, "warmup": warm,
            "rounds": int(rounds), "quick": quick == "1", "commit": commit, "command": cmd, "peer_version": pv,
-           "peer_env": fixed, "peer_extra_env": penv, "rls_extra_args": rargs}, open(f, "w"), indent=1)
+           "peer_env": fixed, "peer_extra_env": penv, "rls_extra_args": rargs,
+           "machine": f"{os.cpu_count()} vCPU ({cpu}), {platform.system()} {platform.release()}", "redis_version": redis},
+          open(f, "w"), indent=1)
 PY
 }
 bench_run() { # OUTFILE ARGS...: one measured run, its one-line summary on stdout
@@ -307,5 +317,5 @@ for st in $STORES; do
   meta "$st"
 done
 
-BENCH_REPORT_PRINT=${BENCH_REPORT_PRINT:-$QUICK} python3 scripts/bench_report.py "$OUT" "$DOC"
-echo "== wrote $DOC in $(( $(date +%s) - START )) s"
+BENCH_REPORT_PRINT=${BENCH_REPORT_PRINT:-$QUICK} python3 scripts/bench_report.py "$OUT" "$DOC" "$RESULTS"
+echo "== wrote $DOC and $RESULTS in $(( $(date +%s) - START )) s"

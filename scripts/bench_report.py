@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
-"""Render make bench's raw results (rls-bench and ghz JSON) into the
-generated part of docs/BENCHMARKS.md, between the BEGIN/END markers.
+"""Render make bench's raw results (rls-bench and ghz JSON) into two
+documents, each between its BEGIN/END markers: a summary (the machine, the
+commit and command, the targets against the peer) into docs/BENCHMARKS.md,
+and every table (per scenario, memory store, Cluster, micro-benchmarks)
+into docs/bench/RESULTS.md.
+
+    python3 scripts/bench_report.py OUT_DIR SUMMARY_DOC RESULTS_DOC
 
 The single-Redis results are runs of rls and of envoyproxy/ratelimit (the
 peer) side by side: redis-<scenario>-<n>-<server>.json, n counting the runs
@@ -16,7 +21,7 @@ import statistics
 import subprocess
 import sys
 
-out_dir, doc = sys.argv[1], sys.argv[2]
+out_dir, doc, results_doc = sys.argv[1], sys.argv[2], sys.argv[3]
 STORES = [("memory", "memory store"), ("redis", "Redis, single node"), ("cluster", "Redis Cluster, 3 masters")]
 PEER_MOD = "github.com/envoyproxy/ratelimit"
 SCEN = [
@@ -194,7 +199,7 @@ def side_by_side(out_dir, meta):
                            key=lambda f: int(re.search(r"-(\d+)-" + srv + r"\.json$", f).group(1)))
             runs[key, srv] = [(os.path.basename(f), r) for f in files if (r := load(f))]
     if not any(runs.values()):
-        return []
+        return [], []
     out = []
     out.append("### Redis, single node: rls and envoyproxy/ratelimit side by side")
     out.append("")
@@ -213,13 +218,13 @@ def side_by_side(out_dir, meta):
                    "everything else at its defaults (`REDIS_TYPE=SINGLE`, `REDIS_POOL_SIZE=10`, `REDIS_PIPELINE_WINDOW=0`, "
                    "`EXPIRATION_JITTER_MAX_SECONDS=300`, `NEAR_LIMIT_RATIO=0.8`, stats flushed every 10 s to a logging sink, GOGC 100). "
                    "Its local over-limit cache is on (64 MiB).")
-        out.append("- rls: `bin/rls serve --store redis --redis-url redis://127.0.0.1:<port> --log-level warn --debug-addr ''` "
+        out.append("- rls: `bin/rls serve --store redis --redis-url redis://127.0.0.1:<port> --log-level warn --debug-addr '' --admin-addr ''` "
                    "built from this worktree, "
                    + (f"with `{meta['rls_extra_args']}`, " if meta.get('rls_extra_args') else "")
                    + "every other flag at its default.")
         out.append("- Every figure of this section comes from this run: none is compared with a figure of another day.")
         out.append("")
-    # Targets table.
+    # Targets table: the summary is this and what comes before it.
     out.append("#### The targets against the peer, measured")
     out.append("")
     out.append(f"| target (rls / peer) | scenario | peer | rls | rls / peer | met? | disturbed runs, peer / rls |")
@@ -253,10 +258,11 @@ def side_by_side(out_dir, meta):
     allruns = [r for v in runs.values() for _, r in v]
     nd = sum(disturbed(r) for r in allruns)
     out.append(f"A run is *disturbed* (†) when other processes used more than {DISTURBED_CORES} core of the machine during it "
-               f"(`host_cpu.other_cores`; † marks its decisions/s and latency below): {nd} of {len(allruns)} runs here. Its decisions/s and latency are not the servers' "
+               f"(`host_cpu.other_cores`; † marks its decisions/s and latency in the per-scenario tables): {nd} of {len(allruns)} runs here. Its decisions/s and latency are not the servers' "
                "alone, and one disturbed run of two moves a median a long way; CPU, commands and memory per decision or key "
                "hardly move. A target judged on disturbed runs wants `BENCH_ROUNDS=2` or more on a quieter machine before it is believed.")
     out.append("")
+    summary = list(out)
     # Per scenario.
     for key, lab in SCEN:
         peer, rls = runs[key, "peer"], runs[key, "rls"]
@@ -298,24 +304,46 @@ def side_by_side(out_dir, meta):
         out.append("")
         out.append("Raw: " + ", ".join(f"`{n}`" for n, _ in sorted(peer + rls, key=lambda x: int(re.search(r"-(\d+)-", x[0]).group(1)))) + ".")
         out.append("")
-    return out
+    return summary, out
+
+
+def machine(metas):
+    """The machine and Redis of the run, as its meta files recorded them
+    (else this machine's: older runs did not record them)."""
+    for m in metas.values():
+        if m and m.get("machine"):
+            return m["machine"], m.get("redis_version", "")
+    cpu = ""
+    try:
+        cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
+    except (OSError, IndexError):
+        pass
+    redis = ""
+    try:
+        redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    return f"{os.cpu_count()} vCPU ({cpu}), {platform.system()} {platform.release()}", redis
+
+
+def write_between(path, lines):
+    """Replace what lies between path's BEGIN and END make bench markers."""
+    text = open(path).read()
+    begin, end = "<!-- BEGIN make bench -->", "<!-- END make bench -->"
+    i, j = text.index(begin) + len(begin), text.index(end)
+    open(path, "w").write(text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:])
 
 
 lines = []
-cpu = ""
-try:
-    cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
-except (OSError, IndexError):
-    pass
-lines.append(f"Machine: {os.cpu_count()} vCPU ({cpu}), {platform.system()} {platform.release()}; "
-             f"server, Redis and load generator share it over loopback.")
-try:
-    lines.append("Redis: " + subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip())
-except OSError:
-    pass
-lines.append("")
 metas = {st: load(os.path.join(out_dir, f"meta-{st}.json")) for st, _ in STORES}
-lines.extend(side_by_side(out_dir, metas.get("redis")))
+host, redis_version = machine(metas)
+lines.append(f"Machine: {host}; server, Redis and load generator share it over loopback.")
+if redis_version:
+    lines.append("Redis: " + redis_version)
+lines.append("")
+head = list(lines)
+summary, full = side_by_side(out_dir, metas.get("redis"))
+lines.extend(full)
 for store, title in STORES:
     if store == "redis":
         continue
@@ -364,9 +392,17 @@ if os.path.exists(micro):
         lines.append(f"| {name} | {ns:,.0f} | {vals[0][1]} |")
     lines.append("")
 
-text = open(doc).read()
-begin, end = "<!-- BEGIN make bench -->", "<!-- END make bench -->"
-i, j = text.index(begin) + len(begin), text.index(end)
-open(doc, "w").write(text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:])
+# The summary: the machine, the side-by-side run's how and targets, and
+# when the other sections were taken.
+short = head + summary
+for store, title in STORES:
+    m = metas.get(store)
+    if store != "redis" and m:
+        short.append(f"{title[0].upper() + title[1:]}, rls only: taken {m['date']} at commit `{m['commit']}` by `{m['command']}`.")
+short.append("")
+short.append("Every scenario's table (medians and each run, commands by name), the memory store, Redis Cluster and the "
+             "micro-benchmarks: [bench/RESULTS.md](bench/RESULTS.md), written by the same run.")
+write_between(doc, short)
+write_between(results_doc, lines)
 if os.environ.get("BENCH_REPORT_PRINT") == "1":
     print("\n".join(lines))

@@ -32,8 +32,8 @@ const SpanName = "rls.ShouldRateLimit"
 // when the call failed), rls.fallback, and per descriptor in request order
 // the arrays rls.descriptor.outcomes (the outcome label of
 // rls_decisions_total), rls.descriptor.rules (the rule label), and
-// rls.descriptor.sources (store, local_cache, fail_open, fail_closed, or
-// none for a descriptor not counted). No descriptor value is recorded
+// rls.descriptor.sources (store, local_cache, reserved, fail_open,
+// fail_closed, or none for a descriptor not counted). No descriptor value is recorded
 // unless DescriptorValues is set, which adds rls.descriptor.entries to the
 // spans of valid requests (each descriptor as key=value pairs joined by
 // '|', bytes that are not UTF-8 written \xNN). Error messages, which may

@@ -57,7 +57,7 @@ const MaxPrecision = 60
 
 // Check is one counter to decide. Key is the counter's store key (see
 // descriptors.AppendKey); checks whose keys share a Redis hash slot are
-// decided in one atomic call.
+// decided together, all or nothing (docs/arithmetic.md, "Batches").
 type Check struct {
 	Key       string
 	Algorithm Algorithm

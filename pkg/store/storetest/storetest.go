@@ -6,7 +6,7 @@
 // microsecond precision, starting on T0, a Unix time that is a whole number
 // of hours. A store under test must take all its time from the clock it is
 // given. Keys share one Redis Cluster hash tag per vector run, so a Redis
-// store decides each batch in one script call, and carry a per-run nonce, so
+// store decides each batch in one hash slot, together, and carry a per-run nonce, so
 // state left by an earlier run of the suite never interferes.
 package storetest
 
