@@ -1,59 +1,11 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/rls-project/rls/integration/redistest"
 	"github.com/rls-project/rls/pkg/descriptors"
 )
-
-// TestLateTwemproxy: a twemproxy that was not reachable at start, found by
-// the readiness probe while the store has never answered, stops rls with
-// a message naming it; once the store has answered, a failing probe asks
-// nothing more.
-func TestLateTwemproxy(t *testing.T) {
-	tw := redistest.StartTwemproxy(t, redistest.StartServer(t))
-	for _, c := range []struct {
-		name     string
-		answered bool
-		want     bool
-	}{{"never answered", false, true}, {"answered before", true, false}} {
-		t.Run(c.name, func(t *testing.T) {
-			a := &app{cfg: &Config{Store: "redis", RedisURL: tw.URL(), RedisTimeout: time.Second},
-				log: slog.New(slog.NewTextHandler(io.Discard, nil)), errc: make(chan error, 1)}
-			fail := errors.New("redis ping: EOF")
-			answered := c.answered
-			ready := a.lateTwemproxy(func(context.Context) error {
-				if answered {
-					answered = false
-					return nil
-				}
-				return fail
-			}, nil)
-			for range 2 {
-				if err := ready(t.Context()); err != nil && !errors.Is(err, fail) {
-					t.Fatal(err)
-				}
-			}
-			select {
-			case err := <-a.errc:
-				if !c.want || !strings.Contains(err.Error(), "twemproxy at "+tw.URL()) {
-					t.Errorf("stopped with %v; want %v", err, c.want)
-				}
-			default:
-				if c.want {
-					t.Error("not stopped")
-				}
-			}
-		})
-	}
-}
 
 // TestCheckTwemproxy: behind twemproxy a config with a rule that needs
 // scripts is refused in one line naming the first such rule and how many
