@@ -25,6 +25,7 @@ import (
 // even when it is longer than the store's timeout; a call without one is
 // bounded by the store's timeout. Errors say which.
 func TestDeadlineBudget(t *testing.T) {
+	t.Parallel() // real time on servers of its own
 	const timeout = 50 * time.Millisecond
 	const deadline = 400 * time.Millisecond
 	srv := redistest.StartServer(t)
