@@ -146,17 +146,17 @@ func TestCrossShardUndoDuringPause(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // traffic before the pause: real time on purpose
 	bigMaster.Pause()
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(400 * time.Millisecond) // the pause lasts 400 ms: real time on purpose
 	bigMaster.Resume()
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // traffic after the resume: real time on purpose
 	close(stop)
 	wg.Wait()
 	// Background retries end within their backoff (3.75 s) plus a 1 s
 	// timeout per try.
 	if exMetric(t, p, "rls_undo_refunds_total", `result="retried"`) > 0 {
-		time.Sleep(9 * time.Second)
+		time.Sleep(9 * time.Second) // no state says the retries ended: their bound must pass
 	}
 	lost := exMetric(t, p, "rls_undo_refunds_total", `result="lost"`)
 	unknown := exMetric(t, p, "rls_undo_refunds_total", `result="unknown"`)
