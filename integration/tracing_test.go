@@ -391,6 +391,7 @@ const (
 // copies of a few hundred bytes, not its request, and the queue is bounded
 // in bytes.
 func TestTracingBigRequestsUnreachableCollector(t *testing.T) {
+	t.Parallel() // processes of its own; asserts counts and memory, not time
 	dir := writeConfig(t, map[string]string{"trace.yaml": traceConfig})
 	p := startRLSBinEnv(t, rlsFastBin, []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://" + freeAddr(t),
 		"OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=0"}, dir, "--trace-descriptor-values")
