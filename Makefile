@@ -67,21 +67,24 @@ deps: ## install what the tests need (redis-server and nutcracker from Debian) w
 # make test sets it, make unit does not, so that make unit needs neither.
 TEST_TAGS ?= redis
 
+# lint has run go vet (all its analyzers) on the main module, and bench/ and
+# deploy/ run it before their tests: go test's own vet pass (a subset) is
+# off, not repeated.
 test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit, Redis and integration tests with the race detector
-	$(GO) test -race -count=1 -timeout 15m -tags $(TEST_TAGS) $$($(GO) list ./... | grep -v /integration$$)
+	$(GO) test -vet=off -race -count=1 -timeout 15m -tags $(TEST_TAGS) $$($(GO) list ./... | grep -v /integration$$)
 	@# Allocation bounds, without the race detector (whose sync.Pool drops items at random).
-	$(GO) test -count=1 -run 'Allocation' ./pkg/service/
+	$(GO) test -vet=off -count=1 -run 'Allocation' ./pkg/service/
 	@# The load generator is its own module (bench/), which ./... above does not reach.
-	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...
+	cd bench && $(GO) vet ./... && $(GO) test -vet=off -race -count=1 -timeout 5m ./...
 	@# So is the Kubernetes kit's test (deploy/: the Helm chart rendered with Helm's
 	@# packages, decoded into k8s.io/api types, its command run by rls --dry-run;
 	@# the dashboard and alert rules parsed with Prometheus's PromQL parser and
 	@# checked against a real rls on a real Redis).
 	@# No -race: it runs no concurrent code (rls runs as its own process), and
 	@# building Helm and client-go twice (vet, race) costs ~2 min on a cold cache.
-	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
+	cd deploy && $(GO) vet ./... && $(GO) test -vet=off -count=1 -timeout 5m ./...
 	@# Last and alone (-p 1): its tests start real rls and redis-server processes.
-	$(GO) test -race -count=1 -timeout 15m -p 1 ./integration/
+	$(GO) test -vet=off -race -count=1 -timeout 15m -p 1 ./integration/
 
 unit: ## the tests outside integration/ without the redis tag: no redis-server, nutcracker or rls binary needed (make test runs the tagged ones too)
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
