@@ -63,23 +63,30 @@ deps: ## install what the tests need (redis-server and nutcracker from Debian) w
 	@command -v service_cmd >/dev/null || test -x "$(GOBIN)/service_cmd" || { echo "installing envoyproxy/ratelimit's service_cmd (the mixed-fleet test runs it beside rls)"; \
 	  $(GO) install github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36; }
 
-test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit and integration tests with the race detector
-	$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v /integration$$)
+# Tests that start redis-server (or nutcracker) carry the build tag "redis":
+# make test sets it, make unit does not, so that make unit needs neither.
+TEST_TAGS ?= redis
+
+# lint has run go vet (all its analyzers) on the main module, and bench/ and
+# deploy/ run it before their tests: go test's own vet pass (a subset) is
+# off, not repeated.
+test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit, Redis and integration tests with the race detector
+	$(GO) test -vet=off -race -count=1 -timeout 15m -tags $(TEST_TAGS) $$($(GO) list ./... | grep -v /integration$$)
 	@# Allocation bounds, without the race detector (whose sync.Pool drops items at random).
-	$(GO) test -count=1 -run 'Allocation' ./pkg/service/
+	$(GO) test -vet=off -count=1 -run 'Allocation' ./pkg/service/
 	@# The load generator is its own module (bench/), which ./... above does not reach.
-	cd bench && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...
+	cd bench && $(GO) vet ./... && $(GO) test -vet=off -race -count=1 -timeout 5m ./...
 	@# So is the Kubernetes kit's test (deploy/: the Helm chart rendered with Helm's
 	@# packages, decoded into k8s.io/api types, its command run by rls --dry-run;
 	@# the dashboard and alert rules parsed with Prometheus's PromQL parser and
 	@# checked against a real rls on a real Redis).
 	@# No -race: it runs no concurrent code (rls runs as its own process), and
 	@# building Helm and client-go twice (vet, race) costs ~2 min on a cold cache.
-	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
+	cd deploy && $(GO) vet ./... && $(GO) test -vet=off -count=1 -timeout 5m ./...
 	@# Last and alone (-p 1): its tests start real rls and redis-server processes.
-	$(GO) test -race -count=1 -timeout 15m -p 1 ./integration/
+	$(GO) test -vet=off -race -count=1 -timeout 15m -p 1 ./integration/
 
-unit: ## the tests outside integration/ (no rls binary; the Redis store's and a few others start redis-server)
+unit: ## the tests outside integration/ without the redis tag: no redis-server, nutcracker or rls binary needed (make test runs the tagged ones too)
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
 
 # staticcheck is pinned and installed into bin/tools, so that whether make
@@ -95,8 +102,8 @@ $(STATICCHECK):
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck (pinned, installed into bin/tools)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
-	$(STATICCHECK) ./...
+	$(GO) vet -tags $(TEST_TAGS) ./...
+	$(STATICCHECK) -tags $(TEST_TAGS) ./...
 	cd bench && ../$(STATICCHECK) ./...
 	cd deploy && ../$(STATICCHECK) ./...
 
@@ -130,10 +137,10 @@ FUZZ_TARGETS ?= ./pkg/descriptors:FuzzParse ./pkg/descriptors:FuzzKeyInjective \
 
 .PHONY: fuzz soak
 
-fuzz: ## fuzz each target for FUZZTIME (5m) in turn (FuzzDifferential needs redis-server)
+fuzz: ## fuzz each target for FUZZTIME (5m) in turn (FuzzDifferential needs redis-server: it is behind the redis tag)
 	@set -e; for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 	  echo "== $$name ($$pkg) for $(FUZZTIME)"; \
-	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -timeout 0 $$pkg; done
+	  $(GO) test -tags $(TEST_TAGS) -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -timeout 0 $$pkg; done
 
 soak: ## not in CI: SOAK_MINUTES (10) of load with Redis restarts and reloads, then 1M hostile keys and 4 KB values against byte budgets
 	./scripts/soak.sh

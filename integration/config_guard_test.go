@@ -42,7 +42,7 @@ func cgRSS(t *testing.T, pid int) string {
 func cgBusy(t *testing.T, pid int, d time.Duration) float64 {
 	t.Helper()
 	before := cgCPU(t, pid)
-	time.Sleep(d)
+	time.Sleep(d) // the period measured: real time on purpose
 	return float64(cgCPU(t, pid)-before) / float64(d)
 }
 

@@ -38,6 +38,7 @@ func csRemaining(t *testing.T, c rlsv3.RateLimitServiceClient, key, value string
 }
 
 func TestCrossShardDeniedConsumesNothing(t *testing.T) {
+	t.Parallel() // processes of its own; asserts counts and memory, not time
 	cl := redistest.StartCluster(t, 3, 0)
 	dir := writeConfig(t, map[string]string{"cs.yaml": crossConfig})
 	p := startRLS(t, dir, "--store", "redis-cluster", "--redis-url", cl.Seeds(), "--redis-timeout", "200ms",
@@ -106,6 +107,7 @@ func TestCrossShardDeniedConsumesNothing(t *testing.T) {
 // once it is back, its counter holds exactly the admitted requests plus
 // what rls_undo_refunds_total{result="lost"} says was lost.
 func TestCrossShardUndoDuringPause(t *testing.T) {
+	t.Parallel() // processes of its own; asserts counts and memory, not time
 	cl := redistest.StartCluster(t, 3, 0)
 	dir := writeConfig(t, map[string]string{"cs.yaml": crossConfig})
 	p := startRLS(t, dir, "--store", "redis-cluster", "--redis-url", cl.Seeds(), "--redis-timeout", "200ms",
@@ -146,17 +148,17 @@ func TestCrossShardUndoDuringPause(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // traffic before the pause: real time on purpose
 	bigMaster.Pause()
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(400 * time.Millisecond) // the pause lasts 400 ms: real time on purpose
 	bigMaster.Resume()
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // traffic after the resume: real time on purpose
 	close(stop)
 	wg.Wait()
 	// Background retries end within their backoff (3.75 s) plus a 1 s
 	// timeout per try.
 	if exMetric(t, p, "rls_undo_refunds_total", `result="retried"`) > 0 {
-		time.Sleep(9 * time.Second)
+		time.Sleep(9 * time.Second) // no state says the retries ended: their bound must pass
 	}
 	lost := exMetric(t, p, "rls_undo_refunds_total", `result="lost"`)
 	unknown := exMetric(t, p, "rls_undo_refunds_total", `result="unknown"`)

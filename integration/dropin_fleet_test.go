@@ -115,7 +115,7 @@ func TestDropinMixedFleet(t *testing.T) {
 	}
 	// One fixed window of a minute: do not start near its end.
 	if s := time.Now().Second(); s > 45 {
-		time.Sleep(time.Duration(61-s) * time.Second)
+		time.Sleep(time.Duration(61-s) * time.Second) // the next minute's window: real time on purpose
 	}
 	var admitted, denied atomic.Int64
 	var wg sync.WaitGroup

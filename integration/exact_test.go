@@ -194,7 +194,7 @@ func exPoisson(ps []*rlsProc, rate float64, dur time.Duration, d *rlcommon.RateL
 	next := start
 	for next.Sub(start) < dur {
 		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
-		time.Sleep(time.Until(next))
+		time.Sleep(time.Until(next)) // paced arrivals: real time on purpose
 		c := clients[rng.IntN(len(clients))]
 		sent := time.Now()
 		wg.Go(func() {
@@ -291,16 +291,16 @@ func TestStallKeepsTheLimit(t *testing.T) {
 				})
 			}
 			warm := start.Add(2 * time.Second)
-			time.Sleep(time.Until(start.Add(2500 * time.Millisecond)))
+			time.Sleep(time.Until(start.Add(2500 * time.Millisecond))) // the fault 2.5 s into the run: real time on purpose
 			faultAt := time.Now()
 			switch fault {
 			case "pause":
 				srv.Pause()
-				time.Sleep(1200 * time.Millisecond)
+				time.Sleep(1200 * time.Millisecond) // the pause lasts 1.2 s: real time on purpose
 				srv.Resume()
 			case "kill":
 				srv.Stop()
-				time.Sleep(1200 * time.Millisecond)
+				time.Sleep(1200 * time.Millisecond) // down for 1.2 s: real time on purpose
 				srv.Restart(t)
 			}
 			faultEnd := time.Now()
@@ -400,16 +400,16 @@ func TestShortStallFailClosed(t *testing.T) {
 	stalled := make(chan struct{})
 	go func() { // the stall, while the traffic goes on
 		defer close(stalled)
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) // traffic before the stall: real time on purpose
 		stallFrom = time.Now()
 		srv.Pause()
-		time.Sleep(30 * time.Millisecond)
+		time.Sleep(30 * time.Millisecond) // the stall lasts 30 ms: real time on purpose
 		srv.Resume()
 		stallTo = time.Now()
 	}()
 	stop := time.Now().Add(2 * time.Second)
 	for tick := time.Now(); tick.Before(stop); tick = tick.Add(2500 * time.Microsecond) { // 400 requests a second
-		time.Sleep(time.Until(tick))
+		time.Sleep(time.Until(tick)) // paced: real time on purpose
 		sent := time.Now()
 		wg.Go(func() {
 			// Envoy's default deadline.

@@ -415,6 +415,6 @@ func (l *fleetLoad) offeredIn(sec int64) int {
 func waitSecond() int64 {
 	now := time.Now()
 	next := now.Truncate(time.Second).Add(time.Second)
-	time.Sleep(next.Sub(now))
+	time.Sleep(next.Sub(now)) // the next second's start: real time on purpose
 	return next.Unix()
 }

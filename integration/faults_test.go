@@ -116,7 +116,7 @@ func ftStartLoad(p *rlsProc, n int, gap, deadline time.Duration, reqs ...*rlsv3.
 					s.code = r.OverallCode
 				}
 				l.per[g] = append(l.per[g], s)
-				time.Sleep(gap)
+				time.Sleep(gap) // paced: real time on purpose
 			}
 		}()
 	}
@@ -350,7 +350,7 @@ func TestFaultRedisKilled(t *testing.T) {
 	}
 
 	l := ftStartLoad(p, 8, 10*time.Millisecond, ftEnvoyDeadline, ftReq("open", "o"), ftReq("closed", "c"))
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // load before the kill: real time on purpose
 	killAt := time.Now()
 	rs.Stop() // SIGKILL by PID, waits for the exit
 	killed := time.Now()
@@ -387,7 +387,7 @@ func TestFaultRedisKilled(t *testing.T) {
 	}
 	// Keep Redis down 4 s in all: the fail-open window below is 1.5 s to
 	// 3.5 s after the kill.
-	time.Sleep(time.Until(killAt.Add(4 * time.Second)))
+	time.Sleep(time.Until(killAt.Add(4 * time.Second))) // Redis down 4 s: real time on purpose
 
 	restartAt := time.Now()
 	rs.Restart(t)
@@ -401,12 +401,12 @@ func TestFaultRedisKilled(t *testing.T) {
 			backAt = s
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll's interval
 	}
 	n1 := ftStoredCount(t, rs, closedKey)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the count must not move for 1 s: real time on purpose
 	n2 := ftStoredCount(t, rs, closedKey)
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // load after the return: real time on purpose
 	all := l.stop()
 
 	ftNoErrors(t, "whole run", ftEnvoyDeadline, all)
@@ -475,16 +475,16 @@ func TestFaultRedisPaused(t *testing.T) {
 		should(t, c, "faults", desc("closed", "p1"))
 	}
 	l := ftStartLoad(p, 8, 10*time.Millisecond, ftEnvoyDeadline, reqs...)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // warm-up load: real time on purpose
 	ftNoErrors(t, "warm-up", ftEnvoyDeadline, l.stop())
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // at rest before measuring: real time on purpose
 	gBefore, hBefore := ftGoroutines(t, dbg), ftHeapInuse(t, dbg)
 
 	l = ftStartLoad(p, 8, 10*time.Millisecond, ftEnvoyDeadline, reqs...)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // load before the pause: real time on purpose
 	pauseAt := time.Now()
 	rs.Pause()
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // the pause lasts 5 s: real time on purpose
 	resumeAt := time.Now()
 	rs.Resume()
 	// Redis decides again: the fail_closed rule answers OK.
@@ -495,9 +495,9 @@ func TestFaultRedisPaused(t *testing.T) {
 			backAt = s
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll's interval
 	}
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // load after the resume: real time on purpose
 	all := l.stop()
 
 	ftNoErrors(t, "whole run", ftEnvoyDeadline, all)
@@ -602,7 +602,7 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 	// shard's call has all of the 200 ms whatever the machine's load.
 	const clusterDeadline = time.Second
 	l := ftStartLoad(p, 4, 5*time.Millisecond, clusterDeadline, ftReq("tenant", others[0]), ftReq("tenant", others[1]), ftReq("tenant", vTenant))
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // load before the kill: real time on purpose
 	killAt := time.Now()
 	victim.Stop()
 
@@ -623,9 +623,9 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 			}
 			okRun++
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll's interval
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // load after the return: real time on purpose
 	all := l.stop()
 
 	ftNoErrors(t, "whole run", clusterDeadline, all)
@@ -717,7 +717,7 @@ func TestFaultFleetSizeFromHeartbeats(t *testing.T) {
 				}
 				t.Fatalf("%s: fleet sizes %v after %v, want all %d", what, got, within, want)
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // the poll's interval
 		}
 	}
 	start := time.Now()
@@ -750,7 +750,7 @@ func TestFaultFleetSizeFromHeartbeats(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("heartbeats in the restarted Redis: %d, want 3", n)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll's interval
 	}
 	waitFleet("after the Redis restart", ps, 3, 5*time.Second)
 	for i, p := range ps {
@@ -771,7 +771,7 @@ func TestFaultFleetSizeFromHeartbeats(t *testing.T) {
 				seen[i] = time.Since(killAt)
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the poll's interval
 	}
 	t.Logf("fleet: after SIGKILL of one replica, the others logged to=2 after %v and %v", seen[0].Round(time.Millisecond), seen[1].Round(time.Millisecond))
 	for i, d := range seen {

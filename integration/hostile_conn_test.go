@@ -298,14 +298,14 @@ func TestHostileZeroWindowFlood(t *testing.T) {
 	})
 
 	load := ftStartLoad(p, 4, 5*time.Millisecond, ftEnvoyDeadline, hcReq())
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // the load settles: real time on purpose
 	baseFrom := time.Now()
 	time.Sleep(baselineFor) // the good client alone: what this machine allows now
 	from := time.Now()
 	until := from.Add(floodFor)
 	opened, refused, dialed := hcRunFlood(t, p.GRPCAddr, floodConns, true, until)
 	to := time.Now()
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // load after the flood: real time on purpose
 	samples := load.stop()
 	close(stopRSS)
 	rssDone.Wait()
@@ -567,7 +567,10 @@ func TestHostileMaxConns(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	held := hcOpenIdle(t, p.GRPCAddr, "gRPC silent", capN+50, 15*time.Second, nil, &wg)
-	time.Sleep(300 * time.Millisecond)
+	testkit.WaitForEvery(t, "every idle connection accepted (open or evicted)", 5*time.Second, pollEvery, func() bool {
+		s := series(scrape(t, p))
+		return s[`rls_connections_open{port="grpc-addr"}`]+s[`rls_connections_closed_total{port="grpc-addr",reason="idle_evicted"}`] >= capN+50
+	})
 
 	callStart := time.Now()
 	err := hcFreshCall(p.GRPCAddr, time.Second)

@@ -108,7 +108,7 @@ func TestJSONBodiesBounded(t *testing.T) {
 		})
 	}
 	defer func() { close(stop); slow.Wait() }()
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // the slow bodies hold the port for a while: real time on purpose
 	failed := 0
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	for range 20 {
@@ -119,7 +119,7 @@ func TestJSONBodiesBounded(t *testing.T) {
 		if err == nil {
 			resp.Body.Close()
 		}
-		time.Sleep(25 * time.Millisecond)
+		time.Sleep(25 * time.Millisecond) // spaced checks: real time on purpose
 	}
 	if failed > 0 {
 		t.Errorf("/healthcheck failed %d of 20 times while 40 bodies were sent byte by byte", failed)

@@ -178,7 +178,7 @@ descriptors:
 		wg.Go(func() {
 			next := start.Add(time.Duration(g) * time.Second / rate)
 			for next.Before(end) {
-				time.Sleep(time.Until(next))
+				time.Sleep(time.Until(next)) // paced: real time on purpose
 				next = next.Add(callers * time.Second / rate)
 				sent := time.Now()
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -237,10 +237,10 @@ func TestHotReloadUnderTraffic(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("no %d× %q in the log:\n%s", n, substr, p.Log.String())
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // the poll's interval
 		}
 	}
-	time.Sleep(200 * time.Millisecond)
+	testkit.WaitForEvery(t, "traffic on the first config", 5*time.Second, 5*time.Millisecond, func() bool { return calls.Load() > 0 })
 	replace(file, limitYAML(2_000_000)) // edit
 	waitLog("config reloaded", 1)
 	replace(file, "domain: main\ndescriptors:\n  - key: k\n    bogus: true\n") // break
@@ -263,7 +263,7 @@ func TestHotReloadUnderTraffic(t *testing.T) {
 	if r := should(t, c, "extra", desc("k", "v")); r.Statuses[0].CurrentLimit != nil {
 		t.Errorf("removed domain still limits: %v", r)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // traffic after the last reload: real time on purpose
 	stop.Store(true)
 	wg.Wait()
 	if failures.Load() > 0 || wrong.Load() > 0 {
@@ -432,7 +432,7 @@ func TestGracefulShutdownDrains(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(200 * time.Millisecond)
+	testkit.WaitForEvery(t, "traffic answered", 5*time.Second, 5*time.Millisecond, func() bool { return ok.Load() > 0 })
 	if err := p.cmd.Process.Signal(sigterm); err != nil {
 		t.Fatal(err)
 	}
@@ -449,8 +449,7 @@ func TestGracefulShutdownDrains(t *testing.T) {
 		t.Errorf("health during drain: %v %v, want NOT_SERVING", h, err)
 	}
 	during := ok.Load()
-	time.Sleep(300 * time.Millisecond)
-	if ok.Load() <= during {
+	if !testkit.EventuallyEvery(300*time.Millisecond, 5*time.Millisecond, func() bool { return ok.Load() > during }) {
 		t.Error("no call answered during the drain")
 	}
 	if failed.Load() > 0 {

@@ -71,9 +71,9 @@ func periodSleepTo(t *testing.T, rc redis.Cmdable, w time.Duration, idx int64, p
 		case i > idx || (i == idx && at >= pos):
 			return
 		case i < idx:
-			time.Sleep(w - at + pos + 10*time.Millisecond)
+			time.Sleep(w - at + pos + 10*time.Millisecond) // to a window position: real time on purpose
 		default:
-			time.Sleep(pos - at + 10*time.Millisecond)
+			time.Sleep(pos - at + 10*time.Millisecond) // to a window position: real time on purpose
 		}
 	}
 }

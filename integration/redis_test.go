@@ -142,7 +142,7 @@ func rdAwayFromWindowEnd(t *testing.T, rc redis.Cmdable, window, margin time.Dur
 	if pos > window-margin {
 		wait := window - pos + 100*time.Millisecond
 		t.Logf("waiting %v for the next %v window", wait, window)
-		time.Sleep(wait)
+		time.Sleep(wait) // the next window: real time on purpose
 	}
 }
 
@@ -578,7 +578,7 @@ descriptors:
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %q still exist %v after the last write", n, perSecond, time.Since(lastWrite))
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll's interval
 	}
 	if n, _ := rc.Exists(context.Background(), hourKey).Result(); n != 1 {
 		t.Errorf("hourly key %q gone after seconds", hourKey)
@@ -633,7 +633,7 @@ descriptors:
 			if d < 0 {
 				d++
 			}
-			time.Sleep(time.Duration(d * float64(time.Second)))
+			time.Sleep(time.Duration(d * float64(time.Second))) // to a part of the second: real time on purpose
 		}
 		return -1
 	}
@@ -748,7 +748,7 @@ descriptors:
 	var evalBefore, evalAfter int64
 	for _, at := range []int64{300, 600, 800} {
 		for sent.Load() < at && ctx.Err() == nil {
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // the poll's interval
 		}
 		_, e := rdEvalCalls(t, srv)
 		if evalBefore == 0 {
@@ -845,7 +845,7 @@ descriptors:
 					return
 				}
 				for n > limit.Load() && ctx.Err() == nil {
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // the poll's interval
 				}
 				r, err := rdCall(cl, "reshard", d)
 				switch {
@@ -867,7 +867,7 @@ descriptors:
 	// 100 flow, then lets traffic go on to the next phase.
 	step := func(at int64, name string, f func()) {
 		for done() < at && ctx.Err() == nil {
-			time.Sleep(time.Millisecond)
+			time.Sleep(time.Millisecond) // the poll's interval
 		}
 		t.Logf("%s after %d answers (slot %d, %s -> %s)", name, done(), slot, src.Addr, dst.Addr)
 		f()
@@ -1003,7 +1003,7 @@ descriptors:
 						t.Errorf("background request during failover: %v %v", r, err)
 					}
 				}
-				time.Sleep(2 * time.Millisecond)
+				time.Sleep(2 * time.Millisecond) // paced: real time on purpose
 			}
 		})
 	}

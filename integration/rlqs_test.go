@@ -76,7 +76,7 @@ func fleetSteadySkewedStopped(t *testing.T, alg string, kill bool) (*fleetLoad, 
 	const windows = 10
 	var skewedAt, stoppedAt int64
 	for w := first; w < first+windows; w++ {
-		time.Sleep(time.Until(time.Unix(w+1, 0)))
+		time.Sleep(time.Until(time.Unix(w+1, 0))) // window by window: real time on purpose
 		switch w - first {
 		case 3: // skewed: the same total, one Envoy 70 % of it
 			skewedAt = w + 1
@@ -186,7 +186,7 @@ func TestRLQSFleetTokenBucket(t *testing.T) {
 	start := time.Now()
 	load := startLoad(es, id, 200, 200, 200, 200)
 	const secs = 6
-	time.Sleep(time.Until(time.Unix(first+secs, 0)))
+	time.Sleep(time.Until(time.Unix(first+secs, 0))) // the measured seconds: real time on purpose
 	load.end()
 	elapsed := time.Since(start).Seconds()
 	total := load.total.Load()
@@ -390,7 +390,7 @@ func TestRLQSRedisPaused(t *testing.T) {
 	defer load.end()
 	const pauseAt, resumeAt, windows = 3, 6, 11
 	for w := first; w < first+windows; w++ {
-		time.Sleep(time.Until(time.Unix(w, 0)))
+		time.Sleep(time.Until(time.Unix(w, 0))) // window by window: real time on purpose
 		switch w - first {
 		case pauseAt:
 			srv.Pause()
@@ -398,7 +398,7 @@ func TestRLQSRedisPaused(t *testing.T) {
 			srv.Resume()
 		}
 	}
-	time.Sleep(time.Until(time.Unix(first+windows, 0)))
+	time.Sleep(time.Until(time.Unix(first+windows, 0))) // the last window: real time on purpose
 	load.end()
 	for w := first; w < first+windows; w++ {
 		got, i := load.window(w), w-first

@@ -201,7 +201,7 @@ func (p *rlsProc) waitServing(t testing.TB, within time.Duration) {
 		if err == nil && r.Status == healthpb.HealthCheckResponse_SERVING {
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll's interval
 	}
 	t.Fatalf("rls not SERVING within %v\n%s", within, p.Log.String())
 }

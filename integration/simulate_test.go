@@ -355,7 +355,7 @@ func simDrive(t *testing.T, tr simulate.Trace, streams []*simStream, suffix stri
 	origin := time.Now().Truncate(time.Second).Add(time.Second)
 	var wg sync.WaitGroup
 	for _, e := range tr.Events {
-		time.Sleep(time.Until(origin.Add(time.Duration(e.At) * time.Microsecond)))
+		time.Sleep(time.Until(origin.Add(time.Duration(e.At) * time.Microsecond))) // the trace's times: real time on purpose
 		for _, st := range streams {
 			c := st.procs[rng.IntN(len(st.procs))].client()
 			req := &rlsv3.RateLimitRequest{Domain: "sim", Descriptors: []*rlcommon.RateLimitDescriptor{desc(st.rule, suffix)}}

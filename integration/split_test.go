@@ -109,7 +109,7 @@ func spDrive(t *testing.T, ps []*rlsProc, d *rlcommon.RateLimitDescriptor, rate 
 	interval := time.Duration(float64(time.Second) / rate)
 	for at := start; time.Since(start) < dur; at = at.Add(interval) {
 		if w := time.Until(at); w > 0 {
-			time.Sleep(w)
+			time.Sleep(w) // paced: real time on purpose
 		}
 		tokens <- at
 	}

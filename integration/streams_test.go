@@ -247,11 +247,11 @@ func TestRLQSReloadLowersLimit(t *testing.T) {
 	defer load.end()
 	const reloadAt, windows = 3, 5
 	lowered := strings.Replace(rlqsConfig("fixed_window")["d.yaml"], fmt.Sprintf("requests_per_unit: %d", rlqsLimit), "requests_per_unit: 40", 1)
-	time.Sleep(time.Until(time.Unix(first+reloadAt, 0).Add(50 * time.Millisecond)))
+	time.Sleep(time.Until(time.Unix(first+reloadAt, 0).Add(50 * time.Millisecond))) // the reload in window 3: real time on purpose
 	if err := os.WriteFile(filepath.Join(dir, "d.yaml"), []byte(lowered), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Until(time.Unix(first+windows, 0)))
+	time.Sleep(time.Until(time.Unix(first+windows, 0))) // the last window: real time on purpose
 	load.end()
 	for w := first + 1; w < first+windows; w++ {
 		got, i := load.window(w), w-first

@@ -209,7 +209,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 	next := f.ca.Server(t, "rls-2")
 	start := time.Now()
 	tlstest.WriteAtomic(t, f.dir, "tls.crt", next.CertPEM)
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // the pair mismatched a moment, as rotators do: real time on purpose
 	tlstest.WriteAtomic(t, f.dir, "tls.key", next.KeyPEM)
 	for {
 		if tlServedSerial(t, p.GRPCAddr, cfg).Cmp(next.Cert.SerialNumber) == 0 {
@@ -218,7 +218,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 		if time.Since(start) > 2500*time.Millisecond {
 			t.Fatalf("new certificate not served %v after rotation", time.Since(start))
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the poll's interval
 	}
 	t.Logf("rotated certificate served after %v", time.Since(start).Round(time.Millisecond))
 	// The connection made before the rotation still works, and new gRPC
@@ -242,7 +242,7 @@ func TestTLSCertificateRotation(t *testing.T) {
 	if err := tlShould(tlDial(t, p.GRPCAddr, cfg)); err != nil {
 		t.Fatalf("new connection with a broken file on disk: %v", err)
 	}
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond) // past the once-a-second look at the files: real time on purpose
 	tlServedSerial(t, p.GRPCAddr, cfg)
 	if n := strings.Count(p.Log.String(), "do not load"); n != 1 {
 		t.Errorf("broken TLS files logged %d times, want once:\n%s", n, p.Log.String())
@@ -333,7 +333,7 @@ func (r *tlRedis) waitPing(c *tls.Config) error {
 		if err == nil {
 			return nil
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // the poll's interval
 	}
 	return fmt.Errorf("no PONG over TLS within 10s: %v", err)
 }
@@ -411,7 +411,7 @@ func TestTLSRedis(t *testing.T) {
 				t.Errorf("/healthcheck with Redis over TLS: %q, want OK", h)
 				break
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // the poll's interval
 		}
 	})
 	t.Run("no client certificate", func(t *testing.T) {

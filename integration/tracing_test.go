@@ -303,7 +303,7 @@ func TestTracingOTLPHTTPValues(t *testing.T) {
 		"OTEL_SERVICE_NAME=rls-trace-test", "OTEL_RESOURCE_ATTRIBUTES=deployment.environment.name=test,service.namespace=edge",
 		"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://" + rcv.Addr}, dir, "--trace-descriptor-values")
 	traced(t, p, "", "secret-42")
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // no span may come: real time on purpose
 	if n := len(rcv.named("rls.ShouldRateLimit")); n != 0 {
 		t.Fatalf("%d spans exported before shutdown with OTEL_BSP_SCHEDULE_DELAY=600000", n)
 	}
@@ -391,6 +391,7 @@ const (
 // copies of a few hundred bytes, not its request, and the queue is bounded
 // in bytes.
 func TestTracingBigRequestsUnreachableCollector(t *testing.T) {
+	t.Parallel() // processes of its own; asserts counts and memory, not time
 	dir := writeConfig(t, map[string]string{"trace.yaml": traceConfig})
 	p := startRLSBinEnv(t, rlsFastBin, []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://" + freeAddr(t),
 		"OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=0"}, dir, "--trace-descriptor-values")

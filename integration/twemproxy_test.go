@@ -27,6 +27,7 @@ descriptors:
 // admit exactly the limit of a fixed window from 40 requests spread over
 // both, and nutcracker refuses none of their commands.
 func TestTwemproxyTwoReplicasExact(t *testing.T) {
+	t.Parallel() // processes of its own; asserts counts and memory, not time
 	tw := redistest.StartTwemproxy(t, redistest.StartServer(t), redistest.StartServer(t))
 	env := map[string]string{"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": tw.Socket, "USE_STATSD": "false", "LOG_LEVEL": "info"}
 	var reps []*rlsProc

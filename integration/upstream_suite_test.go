@@ -134,7 +134,7 @@ func TestUpstreamSuite(t *testing.T) {
 			t.Run("ConfigShadowMode", s.configShadowMode)
 			t.Run("ConfigWildcard", s.configWildcard)
 			t.Run("ConfigStatNames", s.configStatNames)
-			time.Sleep(time.Until(durStart.Add(2 * time.Second)))
+			time.Sleep(time.Until(durStart.Add(2 * time.Second))) // into the window: real time on purpose
 			dur2 := s.status(t, "another", desc(localKey("key4", false), "durTest")).GetDurationUntilReset()
 			if dur2.GetSeconds() >= dur1.GetSeconds() {
 				t.Errorf("DurationUntilReset 2 s apart: %v then %v, want fewer seconds", dur1.AsDuration(), dur2.AsDuration())
@@ -652,7 +652,7 @@ func testUpstreamFixtures(t *testing.T) {
 // burst of a minute's limit falls in one fixed window.
 func awayFromMinuteEdge() {
 	if into := time.Now().Second(); into >= 58 {
-		time.Sleep(time.Duration(61-into) * time.Second)
+		time.Sleep(time.Duration(61-into) * time.Second) // the next minute: real time on purpose
 	}
 }
 

@@ -180,7 +180,7 @@ func refused(t *testing.T, bad *rlsconf.RateLimitConfig, limit string, peakLimit
 	took := time.Since(start)
 	// The control plane sends it again at once: rls NACKs the repetitions
 	// after 1 s, 2 s, ... without building them.
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the repetitions' backoff: real time on purpose
 	calls, failed, late, slowest := stop()
 	peak := vmHWM(t, pid)
 	t.Logf("a resource of %d bytes NACKed in %v: VmHWM %s before, %s after; %d steady calls, %d failed, %d over their %v deadline, slowest %v",
@@ -334,7 +334,7 @@ func TestXDSHungControlPlane(t *testing.T) {
 	xdsAllows(t, p, "b", 3) // the config in force stays
 	// Still stopped: new connections reach its listen queue and no
 	// further; rls must not call that connected.
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // it stays stopped: real time on purpose
 	if c := connected(); c != 0 {
 		t.Errorf("rls_xds_connected %v while the control plane is still stopped", c)
 	}

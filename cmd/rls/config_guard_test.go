@@ -28,10 +28,9 @@ func TestServeRefusesAnEmptyConfigDir(t *testing.T) {
 	log := &testkit.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, testConfig(t, "--config-dir", dir, "--allow-empty-config"), log) }()
-	testkit.WaitFor(t, "serving with --allow-empty-config", 5*time.Second, func() bool {
-		return listening(log.String(), "debug-addr") != ""
-	})
+	cfg := testConfig(t, "--config-dir", dir, "--allow-empty-config")
+	go func() { done <- serve(ctx, cfg, log) }()
+	waitListening(t, "serving with --allow-empty-config", cfg.DebugAddr)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("serve with --allow-empty-config: %v", err)
@@ -66,8 +65,8 @@ func TestServeReloadGuards(t *testing.T) {
 	cfg := testConfig(t, "--config-dir", dir)
 	cfg.ConfigPoll, cfg.ConfigMaxBytes = 50*time.Millisecond, 4096 // fixed settings, shortened
 	go func() { done <- serve(ctx, cfg, log) }()
-	testkit.WaitFor(t, "serving", 5*time.Second, func() bool { return listening(log.String(), "debug-addr") != "" })
-	httpAddr, debugAddr := listening(log.String(), "http-addr"), listening(log.String(), "debug-addr")
+	waitListening(t, "serving", cfg.DebugAddr)
+	httpAddr, debugAddr := cfg.HTTPAddr, cfg.DebugAddr
 	domainKept := func() bool {
 		_, body := httpGet(t, "http://"+debugAddr+"/rlconfig")
 		return strings.Contains(body, "domains [d]")

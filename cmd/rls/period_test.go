@@ -56,14 +56,14 @@ func TestDefaultAlgorithmFiles(t *testing.T) {
 // algorithm field, every rule has the --default-algorithm.
 func TestDefaultAlgorithmXDS(t *testing.T) {
 	cp := xdstest.Start(t, "127.0.0.1:0")
-	_, _, log := xdsServe(t, cp.Addr, "--default-algorithm", "fixed_window")
+	_, cfg := xdsServe(t, cp.Addr, "--default-algorithm", "fixed_window")
 	testkit.WaitFor(t, "stream open", 5*time.Second, func() bool { return cp.Streams() > 0 })
 	cp.Set(t, "test", "1", xdstest.Limit("api", "api", "k", 4, rlsconf.RateLimitUnit_MINUTE))
 	if _, ack := cp.AnswerTo(t, "1", 5*time.Second); ack.GetErrorDetail() != nil {
 		t.Fatalf("NACKed: %v", ack.GetErrorDetail())
 	}
 	testkit.WaitFor(t, "the xDS rule in force", 5*time.Second, func() bool {
-		_, body := httpGet(t, "http://"+listening(log.String(), "debug-addr")+"/rlconfig")
+		_, body := httpGet(t, "http://"+cfg.DebugAddr+"/rlconfig")
 		return strings.Contains(body, "api: k 4/minute fixed_window (xds:api)")
 	})
 }

@@ -5,8 +5,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,11 +16,13 @@ import (
 
 // testConfig is a memory-store config on free loopback ports that leaves
 // the process's GC setting alone (GOGC set) and polls the config
-// directory only on file events.
+// directory only on file events. The test picks the ports (freeAddr), so
+// that it knows the server's addresses from the config: cfg.GRPCAddr,
+// cfg.HTTPAddr, cfg.DebugAddr, cfg.AdminAddr.
 func testConfig(t *testing.T, args ...string) *Config {
 	t.Helper()
-	all := append([]string{"--config-dir", "../../config", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--debug-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}, args...)
+	all := append([]string{"--config-dir", "../../config", "--grpc-addr", freeAddr(t, "127.0.0.1"), "--http-addr", freeAddr(t, "127.0.0.1"),
+		"--debug-addr", freeAddr(t, "127.0.0.1"), "--admin-addr", freeAddr(t, "127.0.0.1")}, args...)
 	cfg, err := parseConfig(all, func(k string) string { return map[string]string{"GOGC": "100"}[k] }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -28,17 +31,39 @@ func testConfig(t *testing.T, args ...string) *Config {
 	return cfg
 }
 
-// listening returns the address a "… listening" log line gives for flag
-// ("grpc" for the gRPC port), or "".
-func listening(log, flag string) string {
-	re := regexp.MustCompile(`msg="http listening" flag=` + flag + ` addr=(\S+)`)
-	if flag == "grpc" {
-		re = regexp.MustCompile(`msg="grpc listening" addr=(\S+)`)
+// handedOut holds the ports freeAddr returned, so that no two servers of
+// this test binary are given the same one.
+var handedOut sync.Map
+
+// freeAddr returns host:port for a port that was free a moment ago and
+// that freeAddr has not returned before.
+func freeAddr(t *testing.T, host string) string {
+	t.Helper()
+	for {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if _, taken := handedOut.LoadOrStore(port, true); !taken {
+			return net.JoinHostPort(host, strconv.Itoa(port))
+		}
 	}
-	if m := re.FindStringSubmatch(log); m != nil {
-		return m[1]
-	}
-	return ""
+}
+
+// waitListening waits until addr accepts connections (serve opens the
+// debug port last of its ports).
+func waitListening(t *testing.T, what, addr string) {
+	t.Helper()
+	testkit.WaitFor(t, what, 5*time.Second, func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
 }
 
 func httpGet(t *testing.T, url string) (int, string) {
@@ -61,17 +86,16 @@ func TestServeRunsAndShutsDownInOrder(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, testConfig(t), log) }()
+	cfg := testConfig(t)
+	go func() { done <- serve(ctx, cfg, log) }()
 
-	testkit.WaitFor(t, "both HTTP ports listening", 5*time.Second, func() bool {
-		return listening(log.String(), "debug-addr") != ""
-	})
-	httpAddr := listening(log.String(), "http-addr")
+	waitListening(t, "both HTTP ports listening", cfg.DebugAddr)
+	httpAddr := cfg.HTTPAddr
 	testkit.WaitFor(t, "/healthcheck OK", 5*time.Second, func() bool {
 		code, body := httpGet(t, "http://"+httpAddr+"/healthcheck")
 		return code == 200 && body == "OK\n"
 	})
-	if code, body := httpGet(t, "http://"+listening(log.String(), "debug-addr")+"/rlconfig"); code != 200 || !strings.HasPrefix(body, "# config ") {
+	if code, body := httpGet(t, "http://"+cfg.DebugAddr+"/rlconfig"); code != 200 || !strings.HasPrefix(body, "# config ") {
 		t.Errorf("/rlconfig: %d %q", code, body)
 	}
 
@@ -106,7 +130,8 @@ func TestServeStartFailureStopsEverything(t *testing.T) {
 	}
 	defer busy.Close()
 	log := &testkit.Buffer{}
-	err = serve(context.Background(), testConfig(t, "--http-addr", busy.Addr().String()), log)
+	cfg := testConfig(t, "--http-addr", busy.Addr().String())
+	err = serve(context.Background(), cfg, log)
 	if err == nil || !strings.HasPrefix(err.Error(), "--http-addr: ") {
 		t.Fatalf("serve with --http-addr in use: %v, want an error naming --http-addr", err)
 	}
@@ -114,9 +139,9 @@ func TestServeStartFailureStopsEverything(t *testing.T) {
 	if !strings.Contains(got, "store closed") {
 		t.Errorf("store not closed after the failed start:\n%s", got)
 	}
-	grpcAddr := listening(got, "grpc")
-	if grpcAddr == "" {
-		t.Fatalf("no gRPC address logged:\n%s", got)
+	grpcAddr := cfg.GRPCAddr
+	if !strings.Contains(got, `msg="grpc listening" addr=`+grpcAddr) {
+		t.Fatalf("gRPC not started on %s before the failure:\n%s", grpcAddr, got)
 	}
 	l, err := net.Listen("tcp", grpcAddr)
 	if err != nil {
@@ -135,10 +160,11 @@ func TestServeWarnsOfPublicPorts(t *testing.T) {
 		done := make(chan error, 1)
 		var args []string
 		if public {
-			args = []string{"--admin-addr", "0.0.0.0:0", "--debug-addr", "0.0.0.0:0"}
+			args = []string{"--admin-addr", freeAddr(t, "0.0.0.0"), "--debug-addr", freeAddr(t, "0.0.0.0")}
 		}
-		go func() { done <- serve(ctx, testConfig(t, args...), log) }()
-		testkit.WaitFor(t, "the debug port listening", 5*time.Second, func() bool { return listening(log.String(), "debug-addr") != "" })
+		cfg := testConfig(t, args...)
+		go func() { done <- serve(ctx, cfg, log) }()
+		waitListening(t, "the debug port listening", cfg.DebugAddr)
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)

@@ -85,8 +85,8 @@ func TestXDSFlags(t *testing.T) {
 }
 
 // xdsServe runs serve with --config-source xds against server (node
-// "test") and returns its gRPC connection, its HTTP address and its log.
-func xdsServe(t *testing.T, server string, args ...string) (*grpc.ClientConn, string, *testkit.Buffer) {
+// "test") and returns its gRPC connection and its config (its addresses).
+func xdsServe(t *testing.T, server string, args ...string) (*grpc.ClientConn, *Config) {
 	t.Helper()
 	log := &testkit.Buffer{}
 	cfg := testConfig(t, append([]string{"--config-source", "xds", "--xds-server", server, "--xds-node-id", "test"}, args...)...)
@@ -107,13 +107,13 @@ func xdsServe(t *testing.T, server string, args ...string) (*grpc.ClientConn, st
 			t.Logf("log:\n%s", log.String())
 		}
 	})
-	testkit.WaitFor(t, "ports listening", 5*time.Second, func() bool { return listening(log.String(), "debug-addr") != "" })
-	conn, err := grpc.NewClient(listening(log.String(), "grpc"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	waitListening(t, "ports listening", cfg.DebugAddr)
+	conn, err := grpc.NewClient(cfg.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return conn, listening(log.String(), "http-addr"), log
+	return conn, cfg
 }
 
 func healthOf(t *testing.T, conn *grpc.ClientConn, service string) healthpb.HealthCheckResponse_ServingStatus {
@@ -147,7 +147,8 @@ func TestServeFromXDS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer statsd.Close()
-	conn, httpAddr, log := xdsServe(t, cp.Addr, "--statsd-addr", "udp://"+statsd.LocalAddr().String()+"?flush_interval=100ms")
+	conn, cfg := xdsServe(t, cp.Addr, "--statsd-addr", "udp://"+statsd.LocalAddr().String()+"?flush_interval=100ms")
+	httpAddr := cfg.HTTPAddr
 
 	testkit.WaitFor(t, "stream open", 5*time.Second, func() bool { return cp.Streams() > 0 })
 	for _, svc := range []string{"", rlsServiceName, telemetry.UpstreamHealth} {
@@ -210,7 +211,7 @@ func TestServeFromXDS(t *testing.T) {
 	cp.Set(t, "test", "4", xdstest.Limit("api", "api", "k", 4, rlsconf.RateLimitUnit_MINUTE))
 	cp.AnswerTo(t, "4", 5*time.Second)
 	want("c", ok, ok, ok, ok, over)
-	if code, body := httpGet(t, "http://"+listening(log.String(), "debug-addr")+"/rlconfig"); code != 200 || !strings.Contains(body, "api: k 4/minute sliding_window (xds:api)") {
+	if code, body := httpGet(t, "http://"+cfg.DebugAddr+"/rlconfig"); code != 200 || !strings.Contains(body, "api: k 4/minute sliding_window (xds:api)") {
 		t.Errorf("/rlconfig: %d %q", code, body)
 	}
 
@@ -246,7 +247,7 @@ func TestServeFromXDS(t *testing.T) {
 // snapshot is a config: rls serves, limiting nothing.
 func TestServeFromXDSAllowEmpty(t *testing.T) {
 	cp := xdstest.Start(t, "127.0.0.1:0")
-	conn, _, _ := xdsServe(t, cp.Addr, "--allow-empty-config")
+	conn, _ := xdsServe(t, cp.Addr, "--allow-empty-config")
 	cp.Set(t, "test", "1")
 	if _, ack := cp.AnswerTo(t, "1", 5*time.Second); ack.GetErrorDetail() != nil {
 		t.Fatalf("empty snapshot NACKed: %v", ack.GetErrorDetail())

@@ -1,15 +1,12 @@
 package redisclient
 
 import (
-	"context"
 	"crypto/tls"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/rls-project/rls/integration/redistest"
 )
 
 func TestOptionsValidate(t *testing.T) {
@@ -111,16 +108,6 @@ func TestPasswordNeverShown(t *testing.T) {
 				t.Errorf("%s: error shows the password: %v", mode, err)
 			}
 		}
-	}
-	// Password overrides the URL's.
-	srv := redistest.StartServer(t, "--requirepass", "right")
-	c, err := New(Options{URL: "redis://:hunter2@" + srv.Addr, Password: "right", Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Errorf("Password overriding the URL's: %v", err)
 	}
 }
 

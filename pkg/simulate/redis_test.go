@@ -1,3 +1,5 @@
+//go:build redis
+
 package simulate
 
 import (
@@ -39,6 +41,7 @@ func layouts() []Candidate {
 // (what MEMORY USAGE leaves out: the tables' slots, the expiry) for
 // the first layouts and precisions 10 and 60.
 func TestRedisBytes(t *testing.T) {
+	t.Parallel() // a redis-server of its own: it measures that server's memory, not this process's
 	srv := redistest.StartServer(t)
 	rc := srv.Client()
 	defer rc.Close()

@@ -1,3 +1,5 @@
+//go:build redis
+
 package redisstore
 
 import (
@@ -20,6 +22,7 @@ import (
 // two tenants on different masters is one call on each, decided in
 // parallel, and one unavailable master leaves the other's results valid.
 func TestCluster(t *testing.T) {
+	t.Parallel() // real time on servers of its own
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
 	s, err := New(Options{Client: urlClient(t, redisclient.Options{URL: c.Seeds(), Mode: redisclient.ModeCluster, Timeout: time.Second}),

@@ -1,3 +1,5 @@
+//go:build redis
+
 package redisstore
 
 import (
@@ -193,6 +195,7 @@ func TestPipelineNoScript(t *testing.T) {
 // masters under traffic (MIGRATING, ASK, MOVED), on plain commands and the
 // script alike, fails no decision and loses or doubles no hit.
 func TestClusterReshard(t *testing.T) {
+	t.Parallel() // real time on servers of its own
 	c := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
 	var addrs []string

@@ -1,3 +1,5 @@
+//go:build redis
+
 package redisstore
 
 import (
@@ -19,6 +21,7 @@ import (
 // to its replica: decisions resume on the new master, whose script cache is
 // empty, with the counters replicated.
 func TestSentinel(t *testing.T) {
+	t.Parallel() // real time on servers of its own
 	ctx := context.Background()
 	master := redistest.StartServer(t)
 	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
