@@ -27,7 +27,7 @@ const (
 	migratingDoc = "../../docs/MIGRATING.md"
 	// upstreamSettings is upstream's src/settings/settings.go behind a
 	// header naming its module version; the header ends with headerEnd.
-	upstreamSettings = "testdata/envoyproxy-ratelimit/settings.go"
+	upstreamSettings = "testdata/envoyproxy-ratelimit/settings.go.txt" // .txt: upstream's code, not ours
 	headerEnd        = "// ---- end of header: upstream's file follows unchanged ----\n"
 	upstreamModule   = "github.com/envoyproxy/ratelimit"
 )
