@@ -900,7 +900,7 @@ func loadOptions(cfg *Config) descriptors.LoadOptions {
 	alg, _ := store.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg,
-		AllowEmpty: cfg.AllowEmptyConfig, AllowEmptyName: flagRef("allow-empty-config"),
+		AllowEmpty: cfg.AllowEmptyConfig, AllowEmptyName: flagRef("allow-empty-config"), Global: cfg.Global.on(),
 		// As ratelimit, the files upstream's runtime loader reads.
 		Upstream: cfg.EnvCompat == "upstream", IgnoreDotFiles: cfg.Compat.IgnoreDotFiles}
 }

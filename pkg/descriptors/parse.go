@@ -32,7 +32,7 @@ var (
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
 	rateLimitFields = []string{"unit", "unit_multiplier", "requests_per_unit", "name", "unlimited", "replaces",
-		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split", "reserve", "strict"}
+		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split", "reserve", "strict", "scope"}
 	replacesFields = []string{"name"}
 )
 
@@ -54,6 +54,9 @@ type ParseOptions struct {
 	// never changes what is valid: a file accepted with one default is
 	// accepted with any other.
 	DefaultAlgorithm store.Algorithm
+	// Global allows rules of scope: global (scope.go): rls serve's
+	// --region and --global-redis-url are set.
+	Global bool
 }
 
 // Parse is ParseWith with the default options: one domain per file.
@@ -93,7 +96,7 @@ func parse(srcs []source, opts ParseOptions) (*Config, error) {
 		fmt.Fprintf(h, "%s\x00%d\x00", name, len(data))
 		h.Write(data)
 
-		p := &parser{file: name, errs: &errs, budget: maxNodes, defaultAlg: opts.DefaultAlgorithm}
+		p := &parser{file: name, errs: &errs, budget: maxNodes, defaultAlg: opts.DefaultAlgorithm, global: opts.Global}
 		before := len(errs)
 		var domain string
 		var domainNode *yaml.Node
@@ -156,6 +159,7 @@ type parser struct {
 	rules    []*Rule
 	// defaultAlg is ParseOptions.DefaultAlgorithm.
 	defaultAlg store.Algorithm
+	global     bool // ParseOptions.Global
 }
 
 // field is one key/value pair of a YAML mapping.
@@ -669,6 +673,7 @@ func (p *parser) rateLimit(rf field) *Rule {
 	if f, ok := fs["reserve"]; ok {
 		r.NoReserve = !p.boolean(f, "reserve")
 	}
+	p.scope(fs, r)
 	return r
 }
 

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// GlobalConfig is the flags of limits across regions (scope: global rules,
+// pkg/global, docs/global.md). The exchange's settings are query
+// parameters of --global-redis-url, as go-redis's options are of
+// --redis-url: interval, lease, floor and max_keys (parseGlobalURL).
+type GlobalConfig struct {
+	Region   string // --region: this replica's region; "" without global rules
+	RedisURL string // --global-redis-url: where regions exchange shares, as given
+
+	ClientURL string        // RedisURL without rls's own parameters
+	Interval  time.Duration // interval: demand published, shares renewed [1s]
+	Lease     time.Duration // lease: how far ahead a region's shares reach [2s]
+	Floor     float64       // floor: each active region's standing share, a fraction of the limit [0.1]
+	MaxKeys   int           // max_keys: most keys exchanged per interval [10000]
+}
+
+// on reports whether scope: global rules are allowed: a region and a global store are named.
+func (g *GlobalConfig) on() bool { return g.Region != "" && g.RedisURL != "" }
+
+// globalFlags declares --region and --global-redis-url.
+func globalFlags(fs *flag.FlagSet, g *GlobalConfig) {
+	fs.StringVar(&g.Region, "region", "", "this replica's region, for scope: global rules")
+	fs.StringVar(&g.RedisURL, "global-redis-url", "", "Redis where regions exchange shares; never on a request's path")
+}
+
+// globalHelp is the help topic of globalFlags.
+var globalHelp = helpGroup{"Global limits across regions", []string{"region", "global-redis-url"}, nil}
+
+var regionName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+
+// validateGlobal checks the global flags: a region and a global store go
+// together, on a Redis store (a region's replicas share its counters), and
+// the URL's own parameters are valid.
+func (c *Config) validateGlobal() error {
+	g := &c.Global
+	switch {
+	case g.Region != "" && g.RedisURL == "":
+		return fmt.Errorf("%s needs %s: where regions exchange shares", flagRef("region"), flagRef("global-redis-url"))
+	case g.Region == "" && g.RedisURL != "":
+		return fmt.Errorf("%s needs %s: the region this replica decides for", flagRef("global-redis-url"), flagRef("region"))
+	case !g.on():
+		return nil
+	case !regionName.MatchString(g.Region):
+		return fmt.Errorf("%s %q: 1 to 64 letters, digits, '_', '.' or '-'", flagRef("region"), g.Region)
+	case c.storeKind() == "memory":
+		return fmt.Errorf("%s needs a Redis %s: the replicas of a region decide against one count", flagRef("region"), flagRef("store"))
+	}
+	return g.parseURL()
+}
+
+// parseURL takes rls's parameters out of RedisURL into g, leaving
+// ClientURL for the Redis client.
+func (g *GlobalConfig) parseURL() error {
+	g.Interval, g.Lease, g.Floor, g.MaxKeys = time.Second, 2*time.Second, 0.1, 10000
+	u, err := url.Parse(g.RedisURL)
+	if err != nil {
+		return fmt.Errorf("%s: %w", flagRef("global-redis-url"), err)
+	}
+	q := u.Query()
+	bad := func(name, want string) error {
+		return fmt.Errorf("%s: %s=%q: want %s", flagRef("global-redis-url"), name, q.Get(name), want)
+	}
+	var errs []error
+	if v := q.Get("interval"); v != "" {
+		if g.Interval, err = time.ParseDuration(v); err != nil || g.Interval < 100*time.Millisecond || g.Interval > time.Minute {
+			errs = append(errs, bad("interval", "a duration from 100ms to 1m"))
+		}
+	}
+	if v := q.Get("lease"); v != "" {
+		if g.Lease, err = time.ParseDuration(v); err != nil || g.Lease > time.Hour {
+			errs = append(errs, bad("lease", "a duration up to 1h"))
+		}
+	}
+	if g.Lease < g.Interval {
+		errs = append(errs, bad("lease", fmt.Sprintf("at least the interval (%v)", g.Interval)))
+	}
+	if v := q.Get("floor"); v != "" {
+		if g.Floor, err = strconv.ParseFloat(v, 64); err != nil || !(g.Floor >= 0 && g.Floor <= 0.5) {
+			errs = append(errs, bad("floor", "a fraction from 0 to 0.5"))
+		}
+	}
+	if v := q.Get("max_keys"); v != "" {
+		if g.MaxKeys, err = strconv.Atoi(v); err != nil || g.MaxKeys < 1 {
+			errs = append(errs, bad("max_keys", "at least 1"))
+		}
+	}
+	for _, k := range []string{"interval", "lease", "floor", "max_keys"} {
+		q.Del(k)
+	}
+	u.RawQuery = q.Encode()
+	g.ClientURL = u.String()
+	return errors.Join(errs...)
+}
