@@ -1,13 +1,21 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"net/url"
+	"os"
 	"regexp"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/pkg/global"
+	"github.com/rls-project/rls/pkg/redisclient"
+	"github.com/rls-project/rls/pkg/service"
 )
 
 // GlobalConfig is the flags of limits across regions (scope: global rules,
@@ -100,5 +108,48 @@ func (g *GlobalConfig) parseURL() error {
 	}
 	u.RawQuery = q.Encode()
 	g.ClientURL = u.String()
+	if _, err := redisclient.New(redisclient.Options{URL: g.ClientURL}); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", flagRef("global-redis-url"), err))
+	}
 	return errors.Join(errs...)
+}
+
+// globalShares is a replica's part in global limits: its region's shares
+// (pkg/global's Table) and the client of the global store, which only the
+// background exchange uses.
+type globalShares struct {
+	table  *global.Table
+	client redis.UniversalClient
+}
+
+// buildGlobal makes the share table when --region is set and returns it
+// as the service's Shares; nil (no global rules) otherwise.
+func (a *app) buildGlobal() service.Shares {
+	g := &a.cfg.Global
+	if !g.on() {
+		return nil
+	}
+	client, err := redisclient.New(redisclient.Options{URL: g.ClientURL, Timeout: g.Interval})
+	if err != nil { // validateGlobal parsed the URL: this is a bug
+		a.log.Error("global store: cannot make its client; scope: global rules admit nothing", "err", err)
+		return nil
+	}
+	host, _ := os.Hostname()
+	replica := fmt.Sprintf("%s-%d-%d", host, os.Getpid(), time.Now().UnixNano()%1_000_000)
+	a.global = &globalShares{client: client, table: global.NewTable(client, global.Settings{Region: g.Region, Replica: replica,
+		Interval: g.Interval, Lease: g.Lease, Floor: g.Floor, MaxKeys: g.MaxKeys}, a.log.With("component", "global"))}
+	a.global.table.Register(a.reg)
+	a.log.Info("global limits on: this region's shares are exchanged in the background", "region", g.Region,
+		"global_store", redisclient.RedactURL(g.ClientURL), "interval", g.Interval, "lease", g.Lease, "floor", g.Floor)
+	return a.global.table
+}
+
+// run exchanges until ctx ends, then closes the global store's client.
+// A nil globalShares (no --region) returns at once.
+func (gs *globalShares) run(ctx context.Context) {
+	if gs == nil {
+		return
+	}
+	gs.table.Run(ctx)
+	_ = gs.client.Close()
 }

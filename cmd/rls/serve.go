@@ -119,6 +119,7 @@ type app struct {
 	upstream *upstreamstats.Stats // envoyproxy/ratelimit's stats; nil when off
 
 	fleet   *fleet.Fleet
+	global  *globalShares // --region: shares of scope: global rules (global.go); nil otherwise
 	lim     *limiter.Limiter
 	svc     *service.Service
 	rlqs    *rlqs.Server    // --rlqs; nil when off
@@ -465,6 +466,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) error {
 		Observer:         a.upstream.Observer(),
 		KeyPrefix:        cfg.KeyPrefix,
 		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis" || a.twemproxy,
+		Shares:           a.buildGlobal(),
 	})
 	a.admin.Register(service.NewAdmin(a.svc, a.st, a.lim))
 	o := rlqs.Options{Store: a.tracing.Store(a.st), Resolver: a.svc, Fleet: a.fleet.Size, Log: a.log}
@@ -567,6 +569,7 @@ func (a *app) start(ctx context.Context) error {
 		a.background.Go(func() { a.evictions.Run(bgCtx) })
 	}
 	a.background.Go(func() { a.fleet.Run(bgCtx) })
+	a.background.Go(func() { a.global.run(bgCtx) })
 	a.background.Go(func() { <-a.upstream.Start(bgCtx) })
 	if a.xds != nil {
 		a.background.Go(func() { a.runXDS(bgCtx) })

@@ -96,6 +96,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		// descriptor denies the request only with all the others (the
 		// limiter's rule; it refunds what a denied request consumed).
 		c.Shadow = c.Shadow || s.opts.ShadowMode
+		s.share(r, &c) // scope: global: the region's share (global.go)
 		res.index = append(res.index, len(res.items))
 		// Upstream's keys count as upstream does (INCRBY), which a reservation's
 		// shadow check does not fit: they are decided request by request.

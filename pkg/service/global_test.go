@@ -1,0 +1,73 @@
+package service
+
+import (
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/rls-project/rls/pkg/descriptors"
+	"github.com/rls-project/rls/pkg/limiter"
+	"github.com/rls-project/rls/pkg/store"
+	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
+)
+
+// fixedShares gives every global check the same share and records what it
+// was told.
+type fixedShares struct {
+	share uint64
+	told  []string
+	hits  uint64
+}
+
+func (f *fixedShares) Share(domain, rule string, c *store.Check) {
+	f.told = append(f.told, domain+"/"+rule)
+	f.hits += c.Hits
+	c.Limit = f.share
+}
+
+// TestGlobalRuleDecidesOnShare: a scope: global rule's request is decided
+// against the share Shares gives it (3 of 10 here), not the limit, and its
+// hits reach Shares as demand; a regional rule is untouched; without
+// Shares a global rule admits nothing; over RLQS a global bucket's check
+// admits nothing.
+func TestGlobalRuleDecidesOnShare(t *testing.T) {
+	cfg, err := descriptors.ParseWith(map[string][]byte{"g.yaml": []byte(`domain: test
+descriptors:
+  - key: world
+    rate_limit: {name: world, unit: second, requests_per_unit: 10, algorithm: fixed_window, scope: global}
+  - key: here
+    rate_limit: {name: here, unit: second, requests_per_unit: 10, algorithm: fixed_window}
+`)}, descriptors.ParseOptions{Global: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	newSvc := func(sh Shares) *Service {
+		return New(cfg, limiter.New(memory.New(memory.Options{Now: clk.Now}), limiter.Options{Now: clk.Now}), Options{Shares: sh})
+	}
+	sh := &fixedShares{share: 3}
+	s := newSvc(sh)
+	admitted := map[string]int{}
+	for range 10 {
+		for _, k := range []string{"world", "here"} {
+			if r := call(t, s, 0, d(k, "x")); r.OverallCode == rlsv3.RateLimitResponse_OK {
+				admitted[k]++
+			}
+		}
+	}
+	if admitted["world"] != 3 || admitted["here"] != 10 {
+		t.Errorf("admitted %v, want world 3 (its share) and here 10", admitted)
+	}
+	if len(sh.told) != 10 || sh.told[0] != "test/world" || sh.hits != 10 {
+		t.Errorf("Shares told %v with %d hits, want test/world 10 times", sh.told, sh.hits)
+	}
+	if r := call(t, newSvc(nil), 0, d("world", "y")); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("without Shares: %v, want OVER_LIMIT", r.OverallCode)
+	}
+	c, rule, _, err := s.BucketCheck("test", d("world", "z").Entries)
+	if err != nil || rule == nil || c.Limit != 0 {
+		t.Errorf("RLQS bucket of a global rule: limit %d, rule %v, %v; want 0", c.Limit, rule, err)
+	}
+}
