@@ -28,7 +28,7 @@ type GlobalConfig struct {
 
 	ClientURL string        // RedisURL without rls's own parameters
 	Interval  time.Duration // interval: demand published, shares renewed [1s]
-	Lease     time.Duration // lease: how far ahead a region's shares reach [2s]
+	Lease     time.Duration // lease: how far ahead a region's shares reach [1s]
 	Floor     float64       // floor: each active region's standing share, a fraction of the limit [0.1]
 	MaxKeys   int           // max_keys: most keys exchanged per interval [10000]
 }
@@ -70,7 +70,7 @@ func (c *Config) validateGlobal() error {
 // parseURL takes rls's parameters out of RedisURL into g, leaving
 // ClientURL for the Redis client.
 func (g *GlobalConfig) parseURL() error {
-	g.Interval, g.Lease, g.Floor, g.MaxKeys = time.Second, 2*time.Second, 0.1, 10000
+	g.Interval, g.Lease, g.Floor, g.MaxKeys = time.Second, time.Second, 0.1, 10000
 	u, err := url.Parse(g.RedisURL)
 	if err != nil {
 		return fmt.Errorf("%s: %w", flagRef("global-redis-url"), err)

@@ -497,6 +497,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
 		Upstream:         loadOptions(a.cfg).Upstream,
 		IgnoreDotFiles:   loadOptions(a.cfg).IgnoreDotFiles,
+		Global:           a.cfg.Global.on(),
 		Check:            a.checkTwemproxy,
 		Apply: func(c *descriptors.Config) {
 			a.svc.SetConfig(c)

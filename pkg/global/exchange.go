@@ -31,7 +31,7 @@ type Settings struct {
 	Region   string        // this replica's region
 	Replica  string        // this replica's name, unique in its region
 	Interval time.Duration // demand published and shares renewed [1s]
-	Lease    time.Duration // how far ahead a region's shares reach [2s]
+	Lease    time.Duration // how far ahead a region's shares reach [the interval]
 	Floor    float64       // each active region's standing share, a fraction of the limit
 	MaxKeys  int           // most keys exchanged per interval [10000]
 	// Margin is the clock error allowed between this replica, its region's
@@ -47,7 +47,7 @@ func (s *Settings) defaults() {
 		s.Interval = time.Second
 	}
 	if s.Lease < s.Interval {
-		s.Lease = max(2*time.Second, s.Interval)
+		s.Lease = s.Interval
 	}
 	if s.MaxKeys <= 0 {
 		s.MaxKeys = 10000

@@ -59,7 +59,7 @@ for i = 1, #raw, 2 do
       d, t = tonumber(d), tonumber(t)
       if t < now - 10 * ival then
         redis.call('HDEL', meta, k) -- a replica gone
-      elseif t >= now - 3 * ival then
+      elseif t >= now - 2 * ival then
         x.d = x.d + d
       end
     end
@@ -133,21 +133,26 @@ if not mine.fl then
 end
 
 -- Targets: the capacity not held as floors by regions without demand,
--- filled up to each demanding region's demand, smallest first, each at
--- least its floor; what no one demands is split among them.
-local act, cap = {}, L
+-- in proportion to the demanding regions' demands (so the busy region gets
+-- most), or when it covers them all, each its demand and an equal part of
+-- the rest (capacity no one demands goes to whoever asks); each at least
+-- its floor.
+local act, cap, D = {}, L, 0
 for q, x in pairs(R) do
-  if x.d > 0 or q == me then table.insert(act, q) else cap = cap - (x.fl or 0) end
+  if x.d > 0 or q == me then
+    table.insert(act, q)
+    D = D + x.d
+  else
+    cap = cap - (x.fl or 0)
+  end
 end
-table.sort(act, function(a, b) return R[a].d < R[b].d end)
-local tgt, left = {}, cap
-for i, q in ipairs(act) do
-  local t = math.max(math.min(R[q].d, left / (#act - i + 1)), R[q].fl or 0)
-  tgt[q], left = t, left - t
+local t
+if D <= cap then
+  t = mine.d + (cap - D) / #act
+else
+  t = cap * mine.d / D
 end
-local t = tgt[me]
-if left > 0 then t = t + left / #act end
-t = math.floor(t)
+t = math.floor(math.max(t, mine.fl or 0))
 
 -- Shares from the current window to the new lease end: each only rises,
 -- into what no other region holds.

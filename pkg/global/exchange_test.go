@@ -124,7 +124,7 @@ func share(g Grant, v int64) uint64 {
 }
 
 // TestExchangeFollowsDemand: three regions get shares by demand (600, 150,
-// 150 of 300: 100 each; the busy one alone: all but the others' floors),
+// 150 of 300: 200, 50, 50; the busy one alone: all but the others' floors),
 // never lowered in a window they were granted, and the shares of every
 // window never sum over the limit.
 func TestExchangeFollowsDemand(t *testing.T) {
@@ -145,8 +145,8 @@ func TestExchangeFollowsDemand(t *testing.T) {
 	}
 	at := t0 + 4*sec + 100_000
 	g := call("eu", 600, at)
-	if s := share(g, g.Current+1); s != 100 {
-		t.Errorf("eu's share of the next window with demands 600, 150, 150: %d, want 100 (grant %+v)", s, g)
+	if s := share(g, g.Current+2); s != 200 {
+		t.Errorf("eu's share of its last window with demands 600, 150, 150: %d, want 200, in proportion (grant %+v)", s, g)
 	}
 	if g.Floor != 30 {
 		t.Errorf("floor %d, want 30 (0.1 of 300)", g.Floor)

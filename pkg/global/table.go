@@ -49,6 +49,7 @@ type entry struct {
 
 	mu        sync.Mutex
 	hits      uint64 // asked this interval (admitted and denied)
+	mark      uint64 // hits when the interval's window boundary passed (markHits)
 	demand    uint64 // last interval's, per window
 	lastHit   int64  // local Unix ns
 	granted   bool
@@ -157,24 +158,60 @@ func (e *entry) shareLocked(v, g int64, lease time.Duration) uint64 {
 // Run exchanges every interval (and at once for a key never granted)
 // until ctx ends.
 func (t *Table) Run(ctx context.Context) {
-	tick := time.NewTicker(t.s.Interval)
-	defer tick.Stop()
+	timer := time.NewTimer(t.untilTick())
+	defer timer.Stop()
+	mark := time.NewTimer(t.untilTick() - t.s.Interval/4)
+	defer mark.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-mark.C:
+			t.markHits()
+			mark.Reset(t.untilTick() - t.s.Interval/4 + t.s.Interval)
+		case <-timer.C:
 			t.exchange(ctx, true)
+			timer.Reset(t.untilTick())
 		case <-t.kick:
 			t.exchange(ctx, false)
 		}
 	}
 }
 
+// markHits notes each key's hits at the interval's boundary, a quarter
+// interval before the exchange: the demand published is the rate of the
+// hits since, so an exchange sees a shift of demand that happened at the
+// boundary before it, rather than an interval later.
+func (t *Table) markHits() {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, e := range t.keys {
+		e.mu.Lock()
+		e.mark = e.hits
+		e.mu.Unlock()
+	}
+}
+
+// untilTick returns the time to the next exchange: a quarter into the
+// next interval on the global store's clock, so that each exchange
+// extends the shares to the window after the current one well before it
+// starts (with a lease of one window) and every replica measures its
+// demand over the same intervals.
+func (t *Table) untilTick() time.Duration {
+	var off int64
+	if fix := t.clock.Load(); fix != nil {
+		off = fix.off
+	}
+	iv := t.s.Interval.Microseconds()
+	g := t.now().UnixMicro() + off
+	next := (g-iv/4)/iv*iv + iv + iv/4
+	return time.Duration(next-g) * time.Microsecond
+}
+
 // exchange exchanges the keys with demand in the last 3 intervals (all),
-// or only the keys never granted; it turns each key's hits of the
-// interval into its demand per window, and drops keys idle for 10
-// intervals whose leases have ended.
+// or only the keys never granted; it turns each key's hits of the last
+// quarter interval (since markHits) into its demand per window, and drops
+// keys idle for 10 intervals whose leases have ended.
 func (t *Table) exchange(ctx context.Context, all bool) {
 	now := t.now()
 	var es []*entry
@@ -183,8 +220,9 @@ func (t *Table) exchange(ctx context.Context, all bool) {
 		e.mu.Lock()
 		idle := now.UnixNano() - e.lastHit
 		if all {
-			e.demand = (e.hits*uint64(e.window) + uint64(t.s.Interval) - 1) / uint64(t.s.Interval)
-			e.hits = 0
+			q := uint64(t.s.Interval / 4)
+			e.demand = ((e.hits-min(e.mark, e.hits))*uint64(e.window) + q - 1) / q
+			e.hits, e.mark = 0, 0
 		}
 		gone := idle > 10*int64(t.s.Interval) && (!e.granted || e.leaseEnd < e.seen/e.window.Microseconds())
 		want := (all && idle <= 3*int64(t.s.Interval)) || !e.granted

@@ -133,9 +133,11 @@ func (s *Service) quotaMode(r *descriptors.Rule) bool {
 }
 
 // failClosed reports whether r denies, rather than falls back to the local
-// share, when the store cannot answer.
+// share, when the store cannot answer. A scope: global rule that sets no
+// on_error fails closed: what a local bucket admits is counted only later,
+// outside the share the world's bound rests on (docs/global.md).
 func (s *Service) failClosed(r *descriptors.Rule) bool {
-	return r.OnError == descriptors.OnErrorFailClosed || (r.OnError == descriptors.OnErrorDefault && s.opts.FailClosed)
+	return r.OnError == descriptors.OnErrorFailClosed || (r.OnError == descriptors.OnErrorDefault && (s.opts.FailClosed || r.Global))
 }
 
 // ruleCheck returns the store check of rule r at key, the key of its
