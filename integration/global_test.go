@@ -157,6 +157,10 @@ type globalLoad struct {
 	mu   sync.Mutex
 	outs []outcome
 	rate [3]int
+	// compare also sends each request to a regional rule of the same
+	// limit, and lat holds both rules' latencies: [0] global, [1] regional.
+	compare bool
+	lat     [2][]time.Duration
 }
 
 func (l *globalLoad) setRates(r [3]int) { l.mu.Lock(); l.rate = r; l.mu.Unlock() }
@@ -181,6 +185,18 @@ func (l *globalLoad) run(ctx context.Context, regions []*region, key string) *sy
 					} else if d < -100*time.Millisecond {
 						next = time.Now() // behind: do not burst
 					}
+					if l.compare {
+						began := time.Now()
+						cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+						_, err := c.ShouldRateLimit(cctx, &rlsv3.RateLimitRequest{Domain: "g", Descriptors: []*rlcommon.RateLimitDescriptor{desc("local_key", key)}})
+						cancel()
+						if err == nil {
+							l.mu.Lock()
+							l.lat[1] = append(l.lat[1], time.Since(began))
+							l.mu.Unlock()
+						}
+					}
+					began := time.Now()
 					cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 					resp, err := c.ShouldRateLimit(cctx, &rlsv3.RateLimitRequest{Domain: "g", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", key)}})
 					cancel()
@@ -189,6 +205,7 @@ func (l *globalLoad) run(ctx context.Context, regions []*region, key string) *sy
 					}
 					l.mu.Lock()
 					l.outs = append(l.outs, outcome{time.Now(), i, resp.OverallCode == rlsv3.RateLimitResponse_OK})
+					l.lat[0] = append(l.lat[0], time.Since(began))
 					l.mu.Unlock()
 				}
 			}()
@@ -312,7 +329,8 @@ func TestGlobalShiftSliding(t *testing.T) {
 	testGlobalShift(t, "sliding_window")
 }
 
-const globalYAML = "domain: g\ndescriptors:\n  - key: api_key\n    rate_limit: {name: world, unit: second, requests_per_unit: 300, algorithm: %s, scope: global}\n"
+const globalYAML = "domain: g\ndescriptors:\n  - key: api_key\n    rate_limit: {name: world, unit: second, requests_per_unit: 300, algorithm: %[1]s, scope: global}\n" +
+	"  - key: local_key\n    rate_limit: {name: here, unit: second, requests_per_unit: 300, algorithm: %[1]s}\n"
 
 func testGlobalShift(t *testing.T, alg string) {
 	g, regions := globalWorld(t, fmt.Sprintf(globalYAML, alg))
@@ -320,7 +338,7 @@ func testGlobalShift(t *testing.T, alg string) {
 	defer gc.Close()
 	phase := globalPhase()
 	ctx, cancel := context.WithCancel(context.Background())
-	load := &globalLoad{}
+	load := &globalLoad{compare: alg == "fixed_window"}
 	load.setRates([3]int{600, 150, 150})
 	wg := load.run(ctx, regions, "k1")
 	rows := sampleWindows(ctx, t, regions, gc, 300)
@@ -350,6 +368,14 @@ func testGlobalShift(t *testing.T, alg string) {
 		}
 		return 0
 	}, shift1.Unix(), shift2.Add(phase).Unix())
+	if load.compare { // a figure, not asserted: docs/bench/global.md
+		p := func(d []time.Duration, q float64) time.Duration {
+			slices.Sort(d)
+			return d[min(len(d)-1, int(q*float64(len(d))))]
+		}
+		t.Logf("latency, global rule: p50 %v p99 %v (%d calls); regional rule: p50 %v p99 %v (%d calls)",
+			p(load.lat[0], 0.5), p(load.lat[0], 0.99), len(load.lat[0]), p(load.lat[1], 0.5), p(load.lat[1], 0.99), len(load.lat[1]))
+	}
 	adm := load.admitted()
 	for _, r := range all {
 		if b := busy(r.w); b >= 0 && r.w < shift2.Add(phase).Unix() && adm[r.w][b] < 150 {

@@ -123,13 +123,17 @@ local function free(v)
   return math.max(x, 0)
 end
 
--- A floor is granted once, from the next window, out of what no region
--- holds in any window from then on (past maxE+2 only floors are held).
+-- A floor is granted once, out of what no region holds in any window from
+-- its first on (past maxE+2 only floors are held): as much of the floor
+-- asked as the other floors leave, from the earliest window after which
+-- there is room for it in every window (a region joining while others
+-- hold the whole limit gets its floor when their leases end).
 if not mine.fl then
-  local g = math.floor(floorWant)
-  for v = c + 1, maxE + 2 do g = math.min(g, free(v)) end
-  mine.fl, mine.ff = g, c + 1
-  redis.call('HSET', meta, 'f|' .. me, g, 'ff|' .. me, c + 1)
+  local g = math.max(math.min(math.floor(floorWant), free(maxE + 2)), 0)
+  local ff = maxE + 2
+  while ff > c + 1 and free(ff - 1) >= g do ff = ff - 1 end
+  mine.fl, mine.ff = g, ff
+  redis.call('HSET', meta, 'f|' .. me, g, 'ff|' .. me, ff)
 end
 
 -- Targets: the capacity not held as floors by regions without demand,

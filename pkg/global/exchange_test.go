@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -170,6 +171,25 @@ func TestExchangeFollowsDemand(t *testing.T) {
 	checkSums(t, held(t, c, MetaKey(a.Key, 300, time.Second), g.Current-8, g.LeaseEnd+3), g.Current-8, 300, false)
 }
 
+// TestExchangeFloorAfterLeases: a region joining while another holds the
+// whole limit gets its whole floor, from the window after the other's
+// lease; the shares of every window stay within the limit.
+func TestExchangeFloorAfterLeases(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	t0 := testEpoch()
+	a := Ask{Key: "rl:{d:k=f}:k", Limit: 300, Window: time.Second, Demand: 600, Now: t0 + 100_000}
+	g := exchange1(t, c, settings("eu", "p1"), a)
+	if s := share(g, g.LeaseEnd); s != 300 {
+		t.Fatalf("eu alone: %d, want 300", s)
+	}
+	a.Now = t0 + 200_000
+	u := exchange1(t, c, settings("us", "p1"), a)
+	if u.Floor != 30 || u.FloorFrom <= g.LeaseEnd {
+		t.Errorf("us's floor %d from window %d, want 30 after eu's lease end %d", u.Floor, u.FloorFrom, g.LeaseEnd)
+	}
+	checkSums(t, held(t, c, MetaKey(a.Key, 300, time.Second), g.Current-1, g.LeaseEnd+5), g.Current-1, 300, false)
+}
+
 // TestExchangeLeaseThenFloorThenNothing: a region that stops calling keeps
 // its shares to its lease end and its floor for 10 leases; others grow
 // into its share only after its lease end, into its floor only after that.
@@ -265,4 +285,10 @@ func TestExchangeRacingRegionsNeverOverLimit(t *testing.T) {
 			checkSums(t, held(t, c, meta, now-60, now+6), now-60, 97, sliding)
 		})
 	}
+}
+
+// readDoc returns docs/global.md.
+func readDoc() (string, error) {
+	b, err := os.ReadFile("../../docs/global.md")
+	return string(b), err
 }

@@ -2,9 +2,12 @@ package global
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/integration/redistest"
@@ -66,5 +69,45 @@ func TestTableLimitAtEdges(t *testing.T) {
 	}
 	if l := at((base+25)*sec + 500_000); l != 0 {
 		t.Errorf("10 leases past the last grant: %d, want 0", l)
+	}
+}
+
+// TestTableMetrics: the table's series by region and rule, as
+// docs/global.md and the RLSGlobalShareStale alert name them: the age of
+// the last exchange is -1 before any, then small; the rule's share and
+// keys follow its grants.
+func TestTableMetrics(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	tb := NewTable(c, settings("eu", "p1"), nil)
+	reg := prometheus.NewRegistry()
+	tb.Register(reg)
+	age := func() float64 {
+		return testutil.ToFloat64(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
+			mfs, _ := reg.Gather()
+			for _, mf := range mfs {
+				if mf.GetName() == "rls_global_exchange_age_seconds" {
+					ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, mf.GetMetric()[0].GetGauge().GetValue(), "eu")
+				}
+			}
+		}))
+	}
+	if a := age(); a != -1 {
+		t.Errorf("age before any exchange: %v, want -1", a)
+	}
+	check := store.Check{Key: "rl:{d:k=m}:k", Algorithm: store.FixedWindow, Limit: 50, Window: time.Second, Hits: 1}
+	tb.Share("d", "per_key", &check)
+	tb.exchange(context.Background(), false)
+	if a := age(); a < 0 || a > 5 {
+		t.Errorf("age after an exchange: %v", a)
+	}
+	want := `# HELP rls_global_keys Keys of scope: global rules this replica holds shares of.
+# TYPE rls_global_keys gauge
+rls_global_keys{domain="d",region="eu",rule="per_key"} 1
+# HELP rls_global_share This region's shares of the current window, summed over the rule's keys.
+# TYPE rls_global_share gauge
+rls_global_share{domain="d",region="eu",rule="per_key"} 50
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "rls_global_keys", "rls_global_share"); err != nil {
+		t.Error(err)
 	}
 }
