@@ -79,32 +79,36 @@ func (g *GlobalConfig) parseURL() error {
 	bad := func(name, want string) error {
 		return fmt.Errorf("%s: %s=%q: want %s", flagRef("global-redis-url"), name, q.Get(name), want)
 	}
-	var errs []error
-	if v := q.Get("interval"); v != "" {
-		if g.Interval, err = time.ParseDuration(v); err != nil || g.Interval < 100*time.Millisecond || g.Interval > time.Minute {
-			errs = append(errs, bad("interval", "a duration from 100ms to 1m"))
-		}
+	params := []struct {
+		name, want string
+		parse      func(string) bool
+	}{
+		{"interval", "a duration from 100ms to 1m", func(v string) bool {
+			g.Interval, err = time.ParseDuration(v)
+			return err == nil && g.Interval >= 100*time.Millisecond && g.Interval <= time.Minute
+		}},
+		{"lease", "a duration up to 1h", func(v string) bool {
+			g.Lease, err = time.ParseDuration(v)
+			return err == nil && g.Lease <= time.Hour
+		}},
+		{"floor", "a fraction from 0 to 0.5", func(v string) bool {
+			g.Floor, err = strconv.ParseFloat(v, 64)
+			return err == nil && g.Floor >= 0 && g.Floor <= 0.5
+		}},
+		{"max_keys", "at least 1", func(v string) bool {
+			g.MaxKeys, err = strconv.Atoi(v)
+			return err == nil && g.MaxKeys >= 1
+		}},
 	}
-	if v := q.Get("lease"); v != "" {
-		if g.Lease, err = time.ParseDuration(v); err != nil || g.Lease > time.Hour {
-			errs = append(errs, bad("lease", "a duration up to 1h"))
+	var errs []error
+	for _, p := range params {
+		if v := q.Get(p.name); v != "" && !p.parse(v) {
+			errs = append(errs, bad(p.name, p.want))
 		}
+		q.Del(p.name)
 	}
 	if g.Lease < g.Interval {
-		errs = append(errs, bad("lease", fmt.Sprintf("at least the interval (%v)", g.Interval)))
-	}
-	if v := q.Get("floor"); v != "" {
-		if g.Floor, err = strconv.ParseFloat(v, 64); err != nil || !(g.Floor >= 0 && g.Floor <= 0.5) {
-			errs = append(errs, bad("floor", "a fraction from 0 to 0.5"))
-		}
-	}
-	if v := q.Get("max_keys"); v != "" {
-		if g.MaxKeys, err = strconv.Atoi(v); err != nil || g.MaxKeys < 1 {
-			errs = append(errs, bad("max_keys", "at least 1"))
-		}
-	}
-	for _, k := range []string{"interval", "lease", "floor", "max_keys"} {
-		q.Del(k)
+		errs = append(errs, fmt.Errorf("%s: lease %v: want at least the interval (%v)", flagRef("global-redis-url"), g.Lease, g.Interval))
 	}
 	u.RawQuery = q.Encode()
 	g.ClientURL = u.String()

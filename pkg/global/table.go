@@ -208,14 +208,13 @@ func (t *Table) untilTick() time.Duration {
 	return time.Duration(next-g) * time.Microsecond
 }
 
-// exchange exchanges the keys with demand in the last 3 intervals (all),
-// or only the keys never granted; it turns each key's hits of the last
-// quarter interval (since markHits) into its demand per window, and drops
-// keys idle for 10 intervals whose leases have ended.
-func (t *Table) exchange(ctx context.Context, all bool) {
+// pick returns the keys to exchange (see exchange), taking each key's
+// demand when all, and drops the keys gone idle.
+func (t *Table) pick(all bool) []*entry {
 	now := t.now()
 	var es []*entry
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	for k, e := range t.keys {
 		e.mu.Lock()
 		idle := now.UnixNano() - e.lastHit
@@ -234,7 +233,15 @@ func (t *Table) exchange(ctx context.Context, all bool) {
 			es = append(es, e)
 		}
 	}
-	t.mu.Unlock()
+	return es
+}
+
+// exchange exchanges the keys with demand in the last 3 intervals (all),
+// or only the keys never granted; it turns each key's hits of the last
+// quarter interval (since markHits) into its demand per window, and drops
+// keys idle for 10 intervals whose leases have ended.
+func (t *Table) exchange(ctx context.Context, all bool) {
+	es := t.pick(all)
 	if len(es) == 0 {
 		return
 	}
