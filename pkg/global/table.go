@@ -3,6 +3,7 @@ package global
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -307,4 +308,28 @@ func (e *entry) apply(g *Grant) {
 	e.seen = max(e.seen, g.Now)
 	e.leaseEnd = max(e.leaseEnd, g.LeaseEnd)
 	e.granted = true
+}
+
+// Describe says what this replica holds of key's shares (the admin API's
+// Explain): its share of the current window and of the next, its floor,
+// the last window leased, and the age of the last grant.
+func (t *Table) Describe(key string, limit uint64, window time.Duration) string {
+	t.mu.RLock()
+	e := t.keys[MetaKey(key, limit, window)]
+	t.mu.RUnlock()
+	fix := t.clock.Load()
+	if e == nil || fix == nil {
+		return fmt.Sprintf("scope: global, region %s: no share of this key yet (denied until its first exchange, which its first request starts)", t.s.Region)
+	}
+	now := t.now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.granted {
+		return fmt.Sprintf("scope: global, region %s: no share of this key yet (denied until its first exchange, which its first request starts)", t.s.Region)
+	}
+	g := now.UnixMicro() + fix.off
+	v := g / window.Microseconds()
+	return fmt.Sprintf("scope: global, region %s: share %d of %d in the current window (next window: %d), floor %d, leased to window %d (%d windows on), last grant %.1fs ago",
+		t.s.Region, e.shareLocked(v, g, t.s.Lease), limit, e.shareLocked(v+1, g, t.s.Lease), e.floor, e.leaseEnd, e.leaseEnd-v,
+		float64(g-e.seen)/1e6)
 }

@@ -111,3 +111,19 @@ rls_global_share{domain="d",region="eu",rule="per_key"} 50
 		t.Error(err)
 	}
 }
+
+// TestTableDescribe: Explain's note says there is no share before the
+// first exchange, then the region's share, floor and lease.
+func TestTableDescribe(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	tb := NewTable(c, settings("eu", "p1"), nil)
+	if d := tb.Describe("rl:{d:k=e}:k", 40, time.Second); !strings.Contains(d, "region eu: no share of this key yet") {
+		t.Errorf("before any exchange: %q", d)
+	}
+	check := store.Check{Key: "rl:{d:k=e}:k", Algorithm: store.FixedWindow, Limit: 40, Window: time.Second, Hits: 1}
+	tb.Share("d", "r", &check)
+	tb.exchange(context.Background(), false)
+	if d := tb.Describe("rl:{d:k=e}:k", 40, time.Second); !strings.Contains(d, "region eu: share 40 of 40 in the current window (next window: 40), floor 4, leased to window") {
+		t.Errorf("after an exchange: %q", d)
+	}
+}

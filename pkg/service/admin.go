@@ -149,6 +149,9 @@ func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*admi
 			e.State.OverLimit = true
 			e.State.RetryAfter = durationpb.New(retry)
 		}
+		if n := a.svc.shareNote(res.rules[i], checks[lo].Key); n != "" { // scope: global (global.go)
+			e.Note = n
+		}
 	}
 	return resp, nil
 }

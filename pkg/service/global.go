@@ -1,9 +1,27 @@
 package service
 
 import (
+	"time"
+
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/store"
 )
+
+// shareDescriber is a Shares that can say what a key's shares are (the
+// admin API's Explain).
+type shareDescriber interface {
+	Describe(key string, limit uint64, window time.Duration) string
+}
+
+// shareNote returns Explain's note on the shares of key of a scope: global
+// rule r ("" for another rule, or a Shares that cannot say).
+func (s *Service) shareNote(r *descriptors.Rule, key string) string {
+	d, ok := s.opts.Shares.(shareDescriber)
+	if !ok || r == nil || !r.Global {
+		return ""
+	}
+	return d.Describe(key, uint64(r.RequestsPerUnit), r.Window())
+}
 
 // Shares gives a scope: global rule's check its region's share of the
 // limit (pkg/global's Table): Share sets c.Limit to the share of the window

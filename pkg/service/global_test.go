@@ -1,6 +1,9 @@
 package service
 
 import (
+	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/rls-project/rls/pkg/store"
 	"github.com/rls-project/rls/pkg/store/memory"
 	"github.com/rls-project/rls/pkg/testkit"
+	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
 // fixedShares gives every global check the same share and records what it
@@ -69,5 +73,32 @@ descriptors:
 	c, rule, _, err := s.BucketCheck("test", d("world", "z").Entries)
 	if err != nil || rule == nil || c.Limit != 0 {
 		t.Errorf("RLQS bucket of a global rule: limit %d, rule %v, %v; want 0", c.Limit, rule, err)
+	}
+}
+
+func (f *fixedShares) Describe(key string, limit uint64, window time.Duration) string {
+	return fmt.Sprintf("share %d of %d per %v for %s", f.share, limit, window, key)
+}
+
+// TestExplainGlobalShares: the admin API's Explain of a global rule's key
+// says its region's share (Shares.Describe), and its remaining counts
+// against that share.
+func TestExplainGlobalShares(t *testing.T) {
+	cfg, err := descriptors.ParseWith(map[string][]byte{"g.yaml": []byte("domain: test\ndescriptors:\n  - key: world\n    rate_limit: {name: world, unit: second, requests_per_unit: 10, algorithm: fixed_window, scope: global}\n")},
+		descriptors.ParseOptions{Global: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	st := memory.New(memory.Options{Now: clk.Now})
+	lim := limiter.New(st, limiter.Options{Now: clk.Now})
+	s := New(cfg, lim, Options{Shares: &fixedShares{share: 3}})
+	resp, err := NewAdmin(s, st, lim).Explain(context.Background(), &adminv1.ExplainRequest{Domain: "test", Descriptors: []*adminv1.Descriptor{{Entries: []*adminv1.Entry{{Key: "world", Value: "x"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := resp.Explanations[0]
+	if !strings.HasPrefix(e.Note, "share 3 of 10 per 1s for ") || e.State.GetRemaining() != 3 {
+		t.Errorf("note %q, remaining %d; want the share 3 of 10", e.Note, e.State.GetRemaining())
 	}
 }
