@@ -149,9 +149,7 @@ func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*admi
 			e.State.OverLimit = true
 			e.State.RetryAfter = durationpb.New(retry)
 		}
-		if n := a.svc.shareNote(res.rules[i], checks[lo].Key); n != "" { // scope: global (global.go)
-			e.Note = n
-		}
+		a.svc.shareNote(e, res.rules[i], checks[lo].Key) // scope: global (global.go)
 	}
 	return resp, nil
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/rls-project/rls/pkg/descriptors"
 	"github.com/rls-project/rls/pkg/store"
+	adminv1 "github.com/rls-project/rls/proto/rls/admin/v1"
 )
 
 // shareDescriber is a Shares that can say what a key's shares are (the
@@ -13,14 +14,14 @@ type shareDescriber interface {
 	Describe(key string, limit uint64, window time.Duration) string
 }
 
-// shareNote returns Explain's note on the shares of key of a scope: global
-// rule r ("" for another rule, or a Shares that cannot say).
-func (s *Service) shareNote(r *descriptors.Rule, key string) string {
+// shareNote sets e's note to what Shares says of the shares of key of a
+// scope: global rule r; any other rule's note, or a Shares that cannot
+// say, is left as it is.
+func (s *Service) shareNote(e *adminv1.Explanation, r *descriptors.Rule, key string) {
 	d, ok := s.opts.Shares.(shareDescriber)
-	if !ok || r == nil || !r.Global {
-		return ""
+	if ok && r != nil && r.Global {
+		e.Note = d.Describe(key, uint64(r.RequestsPerUnit), r.Window())
 	}
-	return d.Describe(key, uint64(r.RequestsPerUnit), r.Window())
 }
 
 // Shares gives a scope: global rule's check its region's share of the
