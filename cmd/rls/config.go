@@ -62,6 +62,8 @@ type Config struct {
 	XDSTLSServerName                   string // no flag: the certificate must name --xds-server's host
 	XDSMaxRecvBytes                    int    // no flag
 
+	Global GlobalConfig // --region, --global-* (global.go)
+
 	// Tracing: on when OpenTelemetry's endpoint variables are set.
 	TraceDescriptorValues bool
 	OTLP                  telemetry.OTLPEnv
@@ -166,6 +168,7 @@ func newFlagSet(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.RedisTLSKey, "redis-tls-key", "", "PEM private key of --redis-tls-cert")
 
 	xdsFlags(fs, c)
+	globalFlags(fs, &c.Global)
 
 	fs.BoolVar(&c.TraceDescriptorValues, "trace-descriptor-values", false, "record descriptor entries, values included (API keys...), in spans")
 
@@ -200,6 +203,7 @@ var helpGroups = []helpGroup{
 	{"RLQS", []string{"rlqs", "rlqs-unmatched"}, nil},
 	{"TLS", []string{"grpc-tls-cert", "grpc-tls-key", "grpc-tls-client-ca", "grpc-tls-client-san", "redis-tls-ca", "redis-tls-cert", "redis-tls-key"}, nil},
 	{"xDS", []string{"config-source", "xds-server", "xds-node-id", "xds-tls-ca", "xds-tls-cert", "xds-tls-key"}, nil},
+	globalHelp,
 	{"Tracing", []string{"trace-descriptor-values"}, [][2]string{
 		{telemetry.EnvTracesEndpoint + ", " + telemetry.EnvEndpoint, "an http(s):// collector URL turns tracing on"},
 		{telemetry.EnvTracesProtocol + ", " + telemetry.EnvProtocol, "grpc (the default) or http/protobuf"},

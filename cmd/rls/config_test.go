@@ -199,8 +199,9 @@ func TestUserErrorNamesTheSetting(t *testing.T) {
 }
 
 // TestHelp: rls serve --help shows the flags by topic, at most 39 of them
-// (the flags planned next keep the total at 50 or fewer), each with a
-// one-line usage of at most 80 characters.
+// (the flags planned next keep the total at 50 or fewer, and issue 43's
+// --region and --global-redis-url take it to 52), each with a one-line
+// usage of at most 80 characters.
 func TestHelp(t *testing.T) {
 	var out bytes.Buffer
 	if _, err := parseConfig([]string{"--help"}, func(string) string { return "" }, &out); !errors.Is(err, flag.ErrHelp) {
@@ -228,8 +229,8 @@ func TestHelp(t *testing.T) {
 	}
 	n := 0
 	newFlagSet(defaultConfig(), io.Discard).VisitAll(func(*flag.Flag) { n++ })
-	if flags != n || n > 50 {
-		t.Errorf("the help shows %d flags of %d; want all, and at most 50", flags, n)
+	if flags != n || n > 52 {
+		t.Errorf("the help shows %d flags of %d; want all, and at most 52", flags, n)
 	}
 }
 

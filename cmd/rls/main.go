@@ -81,7 +81,7 @@ func isHelp(arg string) bool {
 	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
 }
 
-const validateUsage = `usage: rls validate [--merge-domains] [--allow-empty-config] [--env-compat upstream] DIR
+const validateUsage = `usage: rls validate [--merge-domains] [--allow-empty-config] [--env-compat upstream] [--region R --global-redis-url URL] DIR
 
 Loads every descriptor YAML file in DIR as rls serve would and prints each
 error as file:line: message; exits 1 when any file is invalid, or when DIR
@@ -90,6 +90,8 @@ has no domain (rls serve refuses to start on it). --merge-domains and
 upstream (RLS_ENV_COMPAT=upstream, the default run as ratelimit) it loads
 the files upstream loads, subdirectories and every name included
 (RUNTIME_IGNOREDOTFILES, MERGE_DOMAIN_CONFIG read), as rls serve does then.
+Rules of scope: global are accepted only with --region and
+--global-redis-url, as rls serve needs them.
 `
 
 // validate loads a config directory as serve would (loadRules) and prints
@@ -102,8 +104,10 @@ func validate(args []string, getenv func(string) string, out io.Writer) error {
 	fs.BoolVar(&cfg.MergeDomains, "merge-domains", false, "")
 	fs.BoolVar(&cfg.AllowEmptyConfig, "allow-empty-config", false, "")
 	fs.StringVar(&cfg.EnvCompat, "env-compat", "", "")
+	fs.StringVar(&cfg.Global.Region, "region", "", "")
+	fs.StringVar(&cfg.Global.RedisURL, "global-redis-url", "", "")
 	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
-		return errors.New("usage: rls validate [--merge-domains] [--allow-empty-config] [--env-compat upstream] DIR (rls validate --help)")
+		return errors.New("usage: rls validate [--merge-domains] [--allow-empty-config] [--env-compat upstream] [--region R --global-redis-url URL] DIR (rls validate --help)")
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -101,6 +101,7 @@ type app struct {
 	upstream *upstreamstats.Stats // envoyproxy/ratelimit's stats; nil when off
 
 	fleet   *fleet.Fleet
+	global  *globalShares // --region: shares of scope: global rules (global.go); nil otherwise
 	lim     *limiter.Limiter
 	svc     *service.Service
 	rlqs    *rlqs.Server    // --rlqs; nil when off
@@ -399,6 +400,7 @@ func (a *app) buildDecisions(rules *descriptors.Config) error {
 		Observer:         a.upstream.Observer(),
 		KeyPrefix:        cfg.KeyPrefix,
 		UpstreamKeys:     cfg.EnvCompat == "upstream" && cfg.storeKind() == "redis" || a.twemproxy,
+		Shares:           a.buildGlobal(),
 	})
 	a.admin.Register(service.NewAdmin(a.svc, a.st, a.lim))
 	o := rlqs.Options{Store: a.tracing.Store(a.st), Resolver: a.svc, Fleet: a.fleet.Size, Log: a.log}
@@ -429,6 +431,7 @@ func (a *app) buildReloader(rules *descriptors.Config) {
 		DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm,
 		Upstream:         loadOptions(a.cfg).Upstream,
 		IgnoreDotFiles:   loadOptions(a.cfg).IgnoreDotFiles,
+		Global:           a.cfg.Global.on(),
 		Check:            a.checkTwemproxy,
 		Apply:            a.applyConfig,
 		Report:           func(r reload.Result, _ *descriptors.Config) { a.reportLoad(r) },
@@ -500,6 +503,7 @@ func (a *app) start(ctx context.Context) error {
 		a.background.Go(func() { a.evictions.Run(bgCtx) })
 	}
 	a.background.Go(func() { a.fleet.Run(bgCtx) })
+	a.background.Go(func() { a.global.run(bgCtx) })
 	a.background.Go(func() { <-a.upstream.Start(bgCtx) })
 	if a.xds != nil {
 		a.background.Go(func() { a.runXDS(bgCtx) })
@@ -645,7 +649,7 @@ func loadOptions(cfg *Config) descriptors.LoadOptions {
 	alg, _ := store.ParseAlgorithm(cfg.DefaultAlgorithm) // Validate refused a bad one
 	return descriptors.LoadOptions{MaxFileBytes: cfg.ConfigMaxBytes, MergeDomains: cfg.MergeDomains,
 		MergeDomainsName: optionNames["descriptors.MergeDomains"], DefaultAlgorithm: alg,
-		AllowEmpty: cfg.AllowEmptyConfig, AllowEmptyName: flagRef("allow-empty-config"),
+		AllowEmpty: cfg.AllowEmptyConfig, AllowEmptyName: flagRef("allow-empty-config"), Global: cfg.Global.on(),
 		// As ratelimit, the files upstream's runtime loader reads.
 		Upstream: cfg.EnvCompat == "upstream", IgnoreDotFiles: cfg.Compat.IgnoreDotFiles}
 }

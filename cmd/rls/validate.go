@@ -68,6 +68,7 @@ func (c *Config) Validate() error {
 		c.validateRedisUnused(),
 		c.validateDropin(),
 		c.validateRLQSUnused(),
+		c.validateGlobal(),
 	)
 }
 

@@ -72,7 +72,7 @@ func b2f(b bool) float64 {
 // A response without a domain is refused unless --allow-empty-config. The
 // first valid config makes rls serve.
 func (a *app) applyXDS(version string, res []*rlsconf.RateLimitConfig) error {
-	cfg, err := xds.Build(res, descriptors.ParseOptions{MergeDomains: a.cfg.MergeDomains, DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm})
+	cfg, err := xds.Build(res, descriptors.ParseOptions{MergeDomains: a.cfg.MergeDomains, DefaultAlgorithm: loadOptions(a.cfg).DefaultAlgorithm, Global: a.cfg.Global.on()})
 	if err == nil && len(cfg.Domains()) == 0 && !a.cfg.AllowEmptyConfig {
 		err = fmt.Errorf("version %q has no RateLimitConfig with a domain: it would remove every limit (%s allows it)", version, flagRef("allow-empty-config"))
 	}

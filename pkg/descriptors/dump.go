@@ -54,6 +54,9 @@ func (r *Rule) dumpLine() string {
 		if r.NoReserve {
 			b.WriteString(" reserve=false")
 		}
+		if r.Global {
+			b.WriteString(" scope=global")
+		}
 	}
 	if r.ShadowMode {
 		b.WriteString(" shadow_mode")

@@ -35,6 +35,8 @@ type LoadOptions struct {
 	// DefaultAlgorithm is the algorithm of rules that name none [sliding
 	// window] (see ParseOptions).
 	DefaultAlgorithm store.Algorithm
+	// Global allows rules of scope: global (see ParseOptions).
+	Global bool
 	// AllowEmpty lets LoadDir take a directory without any domain, and
 	// AllowEmptyName names that option in its error.
 	AllowEmpty     bool
@@ -50,7 +52,7 @@ type LoadOptions struct {
 
 // parseOptions are the options of parsing what was loaded.
 func (o LoadOptions) parseOptions() ParseOptions {
-	return ParseOptions{MergeDomains: o.MergeDomains, MergeDomainsName: o.MergeDomainsName, DefaultAlgorithm: o.DefaultAlgorithm}
+	return ParseOptions{MergeDomains: o.MergeDomains, MergeDomainsName: o.MergeDomainsName, DefaultAlgorithm: o.DefaultAlgorithm, Global: o.Global}
 }
 
 // readFile reads at most max+1 bytes of path (a file may grow after its

@@ -29,7 +29,7 @@ var (
 	descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
 	rateLimitFields = []string{"unit", "unit_multiplier", "requests_per_unit", "name", "unlimited", "replaces",
-		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split", "reserve", "strict"}
+		"algorithm", "burst", "precision", "on_error", "response_body", "content_type", "split", "reserve", "strict", "scope"}
 	replacesFields = []string{"name"}
 )
 
@@ -51,6 +51,9 @@ type ParseOptions struct {
 	// never changes what is valid: a file accepted with one default is
 	// accepted with any other.
 	DefaultAlgorithm store.Algorithm
+	// Global allows rules of scope: global (scope.go): rls serve's
+	// --region and --global-redis-url are set.
+	Global bool
 }
 
 // Parse builds a Config from files, a map from file name (used in errors
@@ -95,7 +98,7 @@ func parse(srcs []source, opts ParseOptions) (*Config, error) {
 		fmt.Fprintf(h, "%s\x00%d\x00", name, len(data))
 		h.Write(data)
 
-		p := &parser{file: name, errs: &errs, budget: maxNodes, defaultAlg: opts.DefaultAlgorithm}
+		p := &parser{file: name, errs: &errs, budget: maxNodes, defaultAlg: opts.DefaultAlgorithm, global: opts.Global}
 		before := len(errs)
 		var domain string
 		var domainNode *yaml.Node
@@ -158,6 +161,7 @@ type parser struct {
 	rules    []*Rule
 	// defaultAlg is ParseOptions.DefaultAlgorithm.
 	defaultAlg store.Algorithm
+	global     bool // ParseOptions.Global
 }
 
 // field is one key/value pair of a YAML mapping.

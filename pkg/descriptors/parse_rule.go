@@ -72,6 +72,7 @@ func (p *parser) rateLimit(rf field) *Rule {
 	if f, ok := fs["reserve"]; ok {
 		r.NoReserve = !p.boolean(f, "reserve")
 	}
+	p.scope(fs, r)
 	return r
 }
 

@@ -25,7 +25,10 @@ type Rule struct {
 	OnError         OnError
 	// NoReserve keeps the rule's keys off leases (reserve: false):
 	// every request goes to the store.
-	NoReserve      bool
+	NoReserve bool
+	// Global is scope: global: one limit across regions, decided in each
+	// region against its share (pkg/global, docs/global.md).
+	Global         bool
 	ShadowMode     bool
 	DetailedMetric bool
 	QuotaMode      bool     // the descriptor's quota_mode flag, carried for the service

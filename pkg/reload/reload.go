@@ -59,6 +59,8 @@ type Options struct {
 	// DefaultAlgorithm is the algorithm of rules that name none
 	// (descriptors.ParseOptions).
 	DefaultAlgorithm store.Algorithm
+	// Global allows rules of scope: global (descriptors.ParseOptions).
+	Global bool
 	// Upstream and IgnoreDotFiles select the files as envoyproxy/ratelimit
 	// does (descriptors.LoadOptions): subdirectories are read (their
 	// changes are seen by the poll).
@@ -172,7 +174,7 @@ func (w *Watcher) Reload() Result {
 	defer w.mu.Unlock()
 	lo := descriptors.LoadOptions{MaxFileBytes: w.opts.MaxFileBytes, MaxFileBytesName: w.opts.MaxFileBytesName,
 		MergeDomains: w.opts.MergeDomains, MergeDomainsName: w.opts.MergeDomainsName, DefaultAlgorithm: w.opts.DefaultAlgorithm,
-		Upstream: w.opts.Upstream, IgnoreDotFiles: w.opts.IgnoreDotFiles}
+		Upstream: w.opts.Upstream, IgnoreDotFiles: w.opts.IgnoreDotFiles, Global: w.opts.Global}
 	fp, newest, fpErr := descriptors.Fingerprint(w.opts.Dir, lo)
 	if fpErr == nil && fp == w.failed {
 		w.report(Failure, nil)

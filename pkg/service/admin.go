@@ -156,6 +156,7 @@ func (a *Admin) Explain(ctx context.Context, req *adminv1.ExplainRequest) (*admi
 			e.State.OverLimit = true
 			e.State.RetryAfter = durationpb.New(retry)
 		}
+		a.svc.shareNote(e, res.rules[i], checks[lo].Key) // scope: global (global.go)
 	}
 	return resp, nil
 }

@@ -32,5 +32,10 @@ func (s *Service) BucketCheck(domain string, entries []*rlcommon.RateLimitDescri
 	}
 	c = it.Check
 	c.Hits, c.Refund = 0, false
+	if r.Global {
+		// RLQS grants outlive the share this check was given: a global
+		// rule's bucket admits nothing over RLQS (docs/global.md).
+		c.Limit = 0
+	}
 	return c, r, false, nil
 }

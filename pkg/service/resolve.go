@@ -95,6 +95,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		// descriptor denies the request only with all the others (the
 		// limiter's rule; it refunds what a denied request consumed).
 		c.Shadow = c.Shadow || s.opts.ShadowMode
+		s.share(r, &c) // scope: global: the region's share (global.go)
 		res.index = append(res.index, len(res.items))
 		// Upstream's keys count as upstream does (INCRBY), which a reservation's
 		// shadow check does not fit: they are decided request by request.
@@ -131,9 +132,11 @@ func (s *Service) quotaMode(r *descriptors.Rule) bool {
 }
 
 // failClosed reports whether r denies, rather than falls back to the local
-// share, when the store cannot answer.
+// share, when the store cannot answer. A scope: global rule that sets no
+// on_error fails closed: what a local bucket admits is counted only later,
+// outside the share the world's bound rests on (docs/global.md).
 func (s *Service) failClosed(r *descriptors.Rule) bool {
-	return r.OnError == descriptors.OnErrorFailClosed || (r.OnError == descriptors.OnErrorDefault && s.opts.FailClosed)
+	return r.OnError == descriptors.OnErrorFailClosed || (r.OnError == descriptors.OnErrorDefault && (s.opts.FailClosed || r.Global))
 }
 
 // ruleCheck returns the store check of rule r at key, the key of its

@@ -128,6 +128,9 @@ type Options struct {
 	// Observer is told every config and decision (envoyproxy/ratelimit's
 	// stats, pkg/upstreamstats); nil tells nobody.
 	Observer Observer
+	// Shares gives scope: global rules their region's share (global.go);
+	// nil: such rules admit nothing.
+	Shares Shares
 }
 
 // Observer receives the service's configs and decisions. Its methods run

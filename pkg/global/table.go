@@ -1,0 +1,335 @@
+package global
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// Table is a replica's view of its region's shares of the global keys it
+// decides, and the demand it saw for them. Share is on the request path
+// (no I/O); Run exchanges in the background. Safe for concurrent use.
+type Table struct {
+	s      Settings
+	client redis.UniversalClient
+	log    *slog.Logger
+	now    func() time.Time
+
+	mu   sync.RWMutex
+	keys map[string]*entry // by MetaKey
+	kick chan struct{}     // a key without a grant: exchange it now
+
+	clock    atomic.Pointer[clockFix]
+	lastOK   atomic.Int64 // local Unix ns of the last exchange the global store answered
+	failures atomic.Uint64
+	calls    atomic.Uint64
+}
+
+// clockFix is the global store's clock against this replica's: global
+// µs = local Unix µs + off, within err.
+type clockFix struct{ off, err int64 }
+
+// entry is one global key: its rule's limit and window, the demand seen,
+// and the region's shares as the global store last granted them.
+type entry struct {
+	domain  string // the rule's, for metrics
+	rule    string
+	key     string
+	limit   uint64
+	window  time.Duration
+	sliding bool
+
+	mu        sync.Mutex
+	hits      uint64 // asked this interval (admitted and denied)
+	mark      uint64 // hits when the interval's window boundary passed (markHits)
+	demand    uint64 // last interval's, per window
+	lastHit   int64  // local Unix ns
+	granted   bool
+	shares    map[int64]uint64 // window -> share, the largest granted
+	floor     uint64
+	floorFrom int64
+	seen      int64 // the global store's clock of the last grant, µs
+	leaseEnd  int64
+}
+
+// maxEntriesPer is how many keys the table holds per key exchanged: a key
+// beyond it decides on nothing (denies) until older keys go.
+const maxEntriesPer = 4
+
+// NewTable returns a table exchanging with the global store client.
+func NewTable(client redis.UniversalClient, s Settings, log *slog.Logger) *Table {
+	s.defaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Table{s: s, client: client, log: log, now: time.Now, keys: map[string]*entry{}, kick: make(chan struct{}, 1)}
+}
+
+// Share sets c.Limit, the limit of a scope: global rule's check, to its
+// region's share of the window it counts in (the smallest of the windows
+// the clocks' error allows), and counts its hits as demand. A key never
+// granted, or beyond the table's bound, gets 0: its requests are denied
+// until its first exchange, which starts at once.
+func (t *Table) Share(domain, rule string, c *store.Check) {
+	e := t.entry(domain, rule, c)
+	if e == nil {
+		c.Limit = 0
+		return
+	}
+	now := t.now()
+	e.mu.Lock()
+	if c.Consuming() {
+		e.hits += c.Hits
+	}
+	e.lastHit = now.UnixNano()
+	lim := t.limitLocked(e, now)
+	granted := e.granted
+	e.mu.Unlock()
+	if !granted {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+	}
+	c.Limit = lim
+}
+
+// entry returns c's entry, made when missing; nil when the table is full.
+func (t *Table) entry(domain, rule string, c *store.Check) *entry {
+	k := MetaKey(c.Key, c.Limit, c.Window)
+	t.mu.RLock()
+	e := t.keys[k]
+	t.mu.RUnlock()
+	if e != nil {
+		return e
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e = t.keys[k]; e == nil {
+		if len(t.keys) >= maxEntriesPer*t.s.MaxKeys {
+			return nil
+		}
+		e = &entry{domain: domain, rule: rule, key: c.Key, limit: c.Limit, window: c.Window, sliding: c.Algorithm == store.SlidingWindow, shares: map[int64]uint64{}}
+		t.keys[k] = e
+	}
+	return e
+}
+
+// limitLocked returns e's limit at local time now: the least share of the
+// windows the global clock may be in, given the clock's error and the
+// margin allowed between the stores' clocks.
+func (t *Table) limitLocked(e *entry, now time.Time) uint64 {
+	fix := t.clock.Load()
+	if fix == nil || !e.granted {
+		return 0
+	}
+	g := now.UnixMicro() + fix.off
+	eps := fix.err + t.s.Margin.Microseconds()
+	w := e.window.Microseconds()
+	lo, hi := (g-eps)/w, (g+eps)/w
+	lim := e.shareLocked(lo, g+eps, t.s.Lease)
+	for v := lo + 1; v <= hi; v++ {
+		lim = min(lim, e.shareLocked(v, g+eps, t.s.Lease))
+	}
+	return lim
+}
+
+// shareLocked returns e's share of window v at global time at most g: the
+// share granted, else its floor while the floor lasts (10 leases after
+// its last grant, when the global store may give it to others), else 0.
+func (e *entry) shareLocked(v, g int64, lease time.Duration) uint64 {
+	if s, ok := e.shares[v]; ok {
+		return s
+	}
+	if v >= e.floorFrom && g < e.seen+10*lease.Microseconds() {
+		return e.floor
+	}
+	return 0
+}
+
+// Run exchanges every interval (and at once for a key never granted)
+// until ctx ends.
+func (t *Table) Run(ctx context.Context) {
+	timer := time.NewTimer(t.untilTick())
+	defer timer.Stop()
+	mark := time.NewTimer(t.untilTick() - t.s.Interval/4)
+	defer mark.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-mark.C:
+			t.markHits()
+			mark.Reset(t.untilTick() - t.s.Interval/4 + t.s.Interval)
+		case <-timer.C:
+			t.exchange(ctx, true)
+			timer.Reset(t.untilTick())
+		case <-t.kick:
+			t.exchange(ctx, false)
+		}
+	}
+}
+
+// markHits notes each key's hits at the interval's boundary, a quarter
+// interval before the exchange: the demand published is the rate of the
+// hits since, so an exchange sees a shift of demand that happened at the
+// boundary before it, rather than an interval later.
+func (t *Table) markHits() {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, e := range t.keys {
+		e.mu.Lock()
+		e.mark = e.hits
+		e.mu.Unlock()
+	}
+}
+
+// untilTick returns the time to the next exchange: a quarter into the
+// next interval on the global store's clock, so that each exchange
+// extends the shares to the window after the current one well before it
+// starts (with a lease of one window) and every replica measures its
+// demand over the same intervals.
+func (t *Table) untilTick() time.Duration {
+	var off int64
+	if fix := t.clock.Load(); fix != nil {
+		off = fix.off
+	}
+	iv := t.s.Interval.Microseconds()
+	g := t.now().UnixMicro() + off
+	next := (g-iv/4)/iv*iv + iv + iv/4
+	return time.Duration(next-g) * time.Microsecond
+}
+
+// pick returns the keys to exchange (see exchange), taking each key's
+// demand when all, and drops the keys gone idle.
+func (t *Table) pick(all bool) []*entry {
+	now := t.now()
+	var es []*entry
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, e := range t.keys {
+		e.mu.Lock()
+		idle := now.UnixNano() - e.lastHit
+		if all {
+			q := uint64(t.s.Interval / 4)
+			e.demand = ((e.hits-min(e.mark, e.hits))*uint64(e.window) + q - 1) / q
+			e.hits, e.mark = 0, 0
+		}
+		gone := idle > 10*int64(t.s.Interval) && (!e.granted || e.leaseEnd < e.seen/e.window.Microseconds())
+		want := (all && idle <= 3*int64(t.s.Interval)) || !e.granted
+		e.mu.Unlock()
+		switch {
+		case gone:
+			delete(t.keys, k)
+		case want:
+			es = append(es, e)
+		}
+	}
+	return es
+}
+
+// exchange exchanges the keys with demand in the last 3 intervals (all),
+// or only the keys never granted; it turns each key's hits of the last
+// quarter interval (since markHits) into its demand per window, and drops
+// keys idle for 10 intervals whose leases have ended.
+func (t *Table) exchange(ctx context.Context, all bool) {
+	es := t.pick(all)
+	if len(es) == 0 {
+		return
+	}
+	slices.SortFunc(es, func(a, b *entry) int { return cmp.Compare(b.demand, a.demand) })
+	es = es[:min(len(es), t.s.MaxKeys)]
+	asks := make([]Ask, len(es))
+	for i, e := range es {
+		asks[i] = Ask{Key: e.key, Limit: e.limit, Window: e.window, Sliding: e.sliding, Demand: e.demand}
+	}
+	cctx, cancel := context.WithTimeout(ctx, t.s.Interval)
+	defer cancel()
+	sent := t.now()
+	grants, errs := Exchange(cctx, t.client, t.s, asks)
+	recv := t.now()
+	t.calls.Add(uint64(len(asks)))
+	var failed int
+	clocked := false
+	for i, e := range es {
+		if errs[i] != nil {
+			failed++
+			continue
+		}
+		if !clocked { // every answer was read between sent and recv
+			clocked = true
+			mid := (sent.UnixMicro() + recv.UnixMicro()) / 2
+			t.clock.Store(&clockFix{off: grants[i].Now - mid, err: (recv.Sub(sent).Microseconds()+1)/2 + 1})
+		}
+		e.apply(&grants[i])
+	}
+	if failed > 0 {
+		t.failures.Add(uint64(failed))
+		t.log.Warn("global store: exchange failed; deciding on the shares held", "keys", failed, "error", firstErr(errs))
+	}
+	if failed < len(es) {
+		t.lastOK.Store(recv.UnixNano())
+	}
+}
+
+func firstErr(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// apply takes a grant: each window's share is the largest granted (the
+// global store never lowers one), windows past go.
+func (e *entry) apply(g *Grant) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, s := range g.Shares {
+		v := g.Current + int64(i)
+		e.shares[v] = max(e.shares[v], s)
+	}
+	for v := range e.shares {
+		if v < g.Current-1 {
+			delete(e.shares, v)
+		}
+	}
+	e.floor, e.floorFrom = g.Floor, g.FloorFrom
+	e.seen = max(e.seen, g.Now)
+	e.leaseEnd = max(e.leaseEnd, g.LeaseEnd)
+	e.granted = true
+}
+
+// Describe says what this replica holds of key's shares (the admin API's
+// Explain): its share of the current window and of the next, its floor,
+// the last window leased, and the age of the last grant.
+func (t *Table) Describe(key string, limit uint64, window time.Duration) string {
+	t.mu.RLock()
+	e := t.keys[MetaKey(key, limit, window)]
+	t.mu.RUnlock()
+	fix := t.clock.Load()
+	if e == nil || fix == nil {
+		return fmt.Sprintf("scope: global, region %s: no share of this key yet (denied until its first exchange, which its first request starts)", t.s.Region)
+	}
+	now := t.now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.granted {
+		return fmt.Sprintf("scope: global, region %s: no share of this key yet (denied until its first exchange, which its first request starts)", t.s.Region)
+	}
+	g := now.UnixMicro() + fix.off
+	v := g / window.Microseconds()
+	return fmt.Sprintf("scope: global, region %s: share %d of %d in the current window (next window: %d), floor %d, leased to window %d (%d windows on), last grant %.1fs ago",
+		t.s.Region, e.shareLocked(v, g, t.s.Lease), limit, e.shareLocked(v+1, g, t.s.Lease), e.floor, e.leaseEnd, e.leaseEnd-v,
+		float64(g-e.seen)/1e6)
+}

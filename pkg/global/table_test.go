@@ -1,0 +1,131 @@
+//go:build redis
+
+package global
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/integration/redistest"
+	"github.com/rls-project/rls/pkg/store"
+)
+
+// TestTableShare: a key is denied (limit 0) until its first exchange,
+// which the first request starts; then its limit is its region's share,
+// and its hits are counted as demand.
+func TestTableShare(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	tb := NewTable(c, settings("eu", "p1"), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { tb.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	check := store.Check{Key: "rl:{d:k=z}:k", Algorithm: store.FixedWindow, Limit: 300, Window: time.Second, Hits: 1}
+	c1 := check
+	tb.Share("d", "r", &c1)
+	if c1.Limit != 0 {
+		t.Fatalf("limit %d before any exchange, want 0", c1.Limit)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c2 := check
+		tb.Share("d", "r", &c2)
+		if c2.Limit == 300 { // alone: the whole limit
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("limit %d 5 s on, want 300 (eu alone)", c2.Limit)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if tb.calls.Load() == 0 || tb.lastOK.Load() == 0 {
+		t.Errorf("calls %d, lastOK %d", tb.calls.Load(), tb.lastOK.Load())
+	}
+}
+
+// TestTableLimitAtEdges: near a window's edge (within the clock's error
+// and the margin) the limit is the least of the two windows' shares; a
+// window never granted has the floor, for 10 leases after the last grant,
+// then nothing.
+func TestTableLimitAtEdges(t *testing.T) {
+	tb := NewTable(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), settings("eu", "p1"), nil)
+	defer tb.client.Close()
+	tb.clock.Store(&clockFix{off: 0, err: 1000})
+	base := time.Now().Unix() + 100
+	e := &entry{window: time.Second, granted: true, shares: map[int64]uint64{base: 200, base + 1: 50}, floor: 30, floorFrom: base - 5, seen: base * sec}
+	at := func(us int64) uint64 { return tb.limitLocked(e, time.UnixMicro(us)) }
+	if l := at(base*sec + 500_000); l != 200 {
+		t.Errorf("mid-window: %d, want 200", l)
+	}
+	if l := at((base+1)*sec - 10_000); l != 50 {
+		t.Errorf("10 ms before the edge (margin 20 ms): %d, want the next window's 50", l)
+	}
+	if l := at((base+2)*sec + 500_000); l != 30 {
+		t.Errorf("past the lease: %d, want the floor 30", l)
+	}
+	if l := at((base+25)*sec + 500_000); l != 0 {
+		t.Errorf("10 leases past the last grant: %d, want 0", l)
+	}
+}
+
+// TestTableMetrics: the table's series by region and rule, as
+// docs/global.md and the RLSGlobalShareStale alert name them: the age of
+// the last exchange is -1 before any, then small; the rule's share and
+// keys follow its grants.
+func TestTableMetrics(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	tb := NewTable(c, settings("eu", "p1"), nil)
+	reg := prometheus.NewRegistry()
+	tb.Register(reg)
+	age := func() float64 {
+		return testutil.ToFloat64(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
+			mfs, _ := reg.Gather()
+			for _, mf := range mfs {
+				if mf.GetName() == "rls_global_exchange_age_seconds" {
+					ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, mf.GetMetric()[0].GetGauge().GetValue(), "eu")
+				}
+			}
+		}))
+	}
+	if a := age(); a != -1 {
+		t.Errorf("age before any exchange: %v, want -1", a)
+	}
+	check := store.Check{Key: "rl:{d:k=m}:k", Algorithm: store.FixedWindow, Limit: 50, Window: time.Second, Hits: 1}
+	tb.Share("d", "per_key", &check)
+	tb.exchange(context.Background(), false)
+	if a := age(); a < 0 || a > 5 {
+		t.Errorf("age after an exchange: %v", a)
+	}
+	want := `# HELP rls_global_keys Keys of scope: global rules this replica holds shares of.
+# TYPE rls_global_keys gauge
+rls_global_keys{domain="d",region="eu",rule="per_key"} 1
+# HELP rls_global_share This region's shares of the current window, summed over the rule's keys.
+# TYPE rls_global_share gauge
+rls_global_share{domain="d",region="eu",rule="per_key"} 50
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "rls_global_keys", "rls_global_share"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestTableDescribe: Explain's note says there is no share before the
+// first exchange, then the region's share, floor and lease.
+func TestTableDescribe(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	tb := NewTable(c, settings("eu", "p1"), nil)
+	if d := tb.Describe("rl:{d:k=e}:k", 40, time.Second); !strings.Contains(d, "region eu: no share of this key yet") {
+		t.Errorf("before any exchange: %q", d)
+	}
+	check := store.Check{Key: "rl:{d:k=e}:k", Algorithm: store.FixedWindow, Limit: 40, Window: time.Second, Hits: 1}
+	tb.Share("d", "r", &check)
+	tb.exchange(context.Background(), false)
+	if d := tb.Describe("rl:{d:k=e}:k", 40, time.Second); !strings.Contains(d, "region eu: share 40 of 40 in the current window (next window: 40), floor 4, leased to window") {
+		t.Errorf("after an exchange: %q", d)
+	}
+}
