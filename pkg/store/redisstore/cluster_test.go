@@ -147,16 +147,27 @@ func TestCluster(t *testing.T) {
 			}
 			return m
 		}
-		before := incrs()
-		var res []store.Result
-		for range 5 {
-			res = decide(t, ps, sliding(keyB("plain"), 10, 1), sliding(keyB("plain2"), 10, 2))
-		}
-		if got := diff(before, incrs()); len(got) != 1 || got[mb] != 10 {
-			t.Errorf("INCRBY per node %v, want 10 on %s only", got, mb.Addr)
-		}
-		if res[0].Remaining != 5 || res[1].Remaining != 0 || ps.Routes()[RoutePlain] == 0 {
-			t.Errorf("results %+v, routes %v", res, ps.Routes())
+		// On a busy machine a clock measurement can come back wider than
+		// clockWidth, and then a call goes to the script (as it should):
+		// such an attempt is taken again on fresh keys.
+		for attempt := range 3 {
+			scripted := func() uint64 { r := ps.Routes(); return r[RoutePlainScript] + r[RouteScript] }
+			before, s0 := incrs(), scripted()
+			var res []store.Result
+			for range 5 {
+				res = decide(t, ps, sliding(keyB(fmt.Sprint("plain", attempt)), 10, 1), sliding(keyB(fmt.Sprint("plain2-", attempt)), 10, 2))
+			}
+			if scripted() != s0 && attempt < 2 {
+				t.Logf("attempt %d: a call went to the script (the clock's bounds were too wide); again", attempt)
+				continue
+			}
+			if got := diff(before, incrs()); len(got) != 1 || got[mb] != 10 {
+				t.Errorf("INCRBY per node %v, want 10 on %s only", got, mb.Addr)
+			}
+			if res[0].Remaining != 5 || res[1].Remaining != 0 || ps.Routes()[RoutePlain] == 0 {
+				t.Errorf("results %+v, routes %v", res, ps.Routes())
+			}
+			break
 		}
 	})
 
