@@ -373,7 +373,6 @@ func sum3[T int | int64](x [3]T) T { return x[0] + x[1] + x[2] }
 // each region within its share, and every window from 3 s after each shift
 // admits at least 270, the most of it in the busy region.
 func TestGlobalShift(t *testing.T) {
-	t.Parallel() // its own world; counts and bounds, no timing
 	testGlobalShift(t, "fixed_window")
 }
 
@@ -381,7 +380,6 @@ func TestGlobalShift(t *testing.T) {
 // default two-counter estimate, which bounds each window's count, not every
 // trailing second: its trailing maximum is logged).
 func TestGlobalShiftSliding(t *testing.T) {
-	t.Parallel() // its own world; counts and bounds, no timing
 	testGlobalShift(t, "sliding_window")
 }
 
@@ -392,7 +390,6 @@ func TestGlobalShiftSliding(t *testing.T) {
 // second is its bound here, and it admits at least 200 (not 270) in each
 // window from 3 s after a shift.
 func TestGlobalShiftStrict(t *testing.T) {
-	t.Parallel() // its own world; counts and bounds, no timing
 	testGlobalShift(t, globalStrict)
 }
 
