@@ -337,7 +337,6 @@ func untilNextSecond() time.Time {
 type windowRow struct {
 	w              int64
 	counts, shares [3]int64
-	admitted       [3]int
 }
 
 // sampleWindows reads every window's counts 300 ms after it ends, until ctx ends.
