@@ -34,16 +34,17 @@ type Shares interface {
 	Share(domain, rule string, c *store.Check)
 }
 
-// share applies Options.Shares to the check c of rule r: a global rule's
-// limit becomes its region's share; without Shares (never with a config
-// that has global rules: rls refuses one without --region) it is 0, so
-// nothing is admitted beyond a share.
-func (s *Service) share(r *descriptors.Rule, c *store.Check) {
-	switch {
-	case !r.Global:
-	case s.opts.Shares == nil:
+// share applies Options.Shares to the check c of a scope: global rule r
+// and returns it: its limit becomes its region's share; without Shares
+// (never with a config that has global rules: rls refuses one without
+// --region) it is 0, so nothing is admitted beyond a share. The caller
+// calls it for global rules only: c escapes to the heap here, and the other
+// rules' checks must not (TestTracingOffAddsNoAllocation).
+func (s *Service) share(r *descriptors.Rule, c store.Check) store.Check {
+	if s.opts.Shares == nil {
 		c.Limit = 0
-	default:
-		s.opts.Shares.Share(r.Domain, ruleLabel(r), c)
+		return c
 	}
+	s.opts.Shares.Share(r.Domain, ruleLabel(r), &c)
+	return c
 }

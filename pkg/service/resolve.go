@@ -48,18 +48,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 			return badRequest{err}
 		}
 	}
-	res.matched, res.rules = res.matched[:0], res.rules[:0]
-	for _, d := range req.Descriptors {
-		var r *descriptors.Rule
-		if l := d.Limit; l != nil {
-			r = cfg.MatchOverride(req.Domain, d.Entries, l.RequestsPerUnit, descriptors.Unit(l.Unit), l.GetUnitMultiplier().GetValue())
-		} else {
-			r = cfg.Match(req.Domain, d.Entries)
-		}
-		res.matched = append(res.matched, r)
-	}
-	res.rules = append(res.rules, res.matched...)
-	descriptors.ApplyReplaces(res.rules)
+	res.match(cfg, req)
 
 	reqHits := uint64(req.HitsAddend)
 	if reqHits == 0 {
@@ -95,7 +84,9 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		// descriptor denies the request only with all the others (the
 		// limiter's rule; it refunds what a denied request consumed).
 		c.Shadow = c.Shadow || s.opts.ShadowMode
-		s.share(r, &c) // scope: global: the region's share (global.go)
+		if r.Global {
+			c = s.share(r, c) // the region's share (global.go)
+		}
 		res.index = append(res.index, len(res.items))
 		// Upstream's keys count as upstream does (INCRBY), which a reservation's
 		// shadow check does not fit: they are decided request by request.
@@ -181,3 +172,21 @@ func wholeRemaining(r *descriptors.Rule, c *store.Check, rem uint64) uint64 {
 type badRequest struct{ error }
 
 func (e badRequest) Unwrap() error { return e.error }
+
+// match sets res.matched to the rule each descriptor of req matches (its
+// override's, where it carries a limit) and res.rules to them after
+// replaces.
+func (res *resolution) match(cfg *descriptors.Config, req *rlsv3.RateLimitRequest) {
+	res.matched, res.rules = res.matched[:0], res.rules[:0]
+	for _, d := range req.Descriptors {
+		var r *descriptors.Rule
+		if l := d.Limit; l != nil {
+			r = cfg.MatchOverride(req.Domain, d.Entries, l.RequestsPerUnit, descriptors.Unit(l.Unit), l.GetUnitMultiplier().GetValue())
+		} else {
+			r = cfg.Match(req.Domain, d.Entries)
+		}
+		res.matched = append(res.matched, r)
+	}
+	res.rules = append(res.rules, res.matched...)
+	descriptors.ApplyReplaces(res.rules)
+}
