@@ -106,7 +106,7 @@ const (
 const (
 	overLimitCacheOverhead = 176 // measured 150-169
 	bucketOverhead         = 192 // measured 167-185
-	writeBackOverhead      = 256 // measured 175-252 (the map holds the check inline)
+	writeBackOverhead      = 272 // measured 175-256.1 (the map holds the check inline)
 )
 
 // Item is one check of a request as the limiter decides it: the check and
