@@ -33,17 +33,13 @@ func TestTableShare(t *testing.T) {
 	if c1.Limit != 0 {
 		t.Fatalf("limit %d before any exchange, want 0", c1.Limit)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		c2 := check
+	var c2 store.Check
+	if !testkit.EventuallyEvery(5*time.Second, 10*time.Millisecond, func() bool {
+		c2 = check
 		tb.Share("d", "r", &c2)
-		if c2.Limit == 300 { // alone: the whole limit
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("limit %d 5 s on, want 300 (eu alone)", c2.Limit)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return c2.Limit == 300 // alone: the whole limit
+	}) {
+		t.Fatalf("limit %d 5 s on, want 300 (eu alone)", c2.Limit)
 	}
 	if tb.calls.Load() == 0 || tb.lastOK.Load() == 0 {
 		t.Errorf("calls %d, lastOK %d", tb.calls.Load(), tb.lastOK.Load())

@@ -14,6 +14,7 @@ import (
 	"github.com/rls-project/rls/pkg/limiter"
 	"github.com/rls-project/rls/pkg/service"
 	"github.com/rls-project/rls/pkg/store/memory"
+	"github.com/rls-project/rls/pkg/testkit"
 )
 
 func TestJSON(t *testing.T) {
@@ -59,7 +60,8 @@ func TestJSON(t *testing.T) {
 // are 503 at once, and a slot frees when a request ends.
 func TestJSONBounds(t *testing.T) {
 	svc := service.New(&descriptors.Config{}, limiter.New(memory.New(memory.Options{}), limiter.Options{}), service.Options{})
-	srv := httptest.NewServer(Handler(svc, Options{MaxInFlight: 2, ReadTimeout: 300 * time.Millisecond}))
+	h := Handler(svc, Options{MaxInFlight: 2, ReadTimeout: 300 * time.Millisecond})
+	srv := httptest.NewServer(h)
 	defer srv.Close()
 	post := func(body string) (int, string) {
 		resp, err := http.Post(srv.URL, "application/json", strings.NewReader(body))
@@ -104,7 +106,9 @@ func TestJSONBounds(t *testing.T) {
 	}
 	_, r1 := slow()
 	_, r2 := slow()
-	time.Sleep(50 * time.Millisecond) // both handlers hold their slots
+	if !testkit.Eventually(5*time.Second, func() bool { return len(h.(*handler).slots) == 2 }) {
+		t.Fatal("the two slow bodies never held both slots")
+	}
 	_, r3 := slow()
 	if code := status(r3); code != http.StatusServiceUnavailable {
 		t.Errorf("a third body beside two in flight: %d, want 503", code)

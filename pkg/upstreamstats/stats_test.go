@@ -423,7 +423,7 @@ func TestRunShutdownBounded(t *testing.T) {
 	st.ConfigLoaded(true)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := st.Start(ctx)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // on purpose: flushes at 100 ms meet the refused sink, so cancel lands mid-retry
 	cancel()
 	select {
 	case <-done:
