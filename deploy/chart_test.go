@@ -216,6 +216,45 @@ func TestRedisSecret(t *testing.T) {
 	})
 }
 
+// TestGlobalLimitsValues: globalLimits gives rls --region and
+// RLS_GLOBAL_REDIS_URL (from the value or an existing Secret), which
+// rls serve --dry-run accepts and reports.
+func TestGlobalLimitsValues(t *testing.T) {
+	values := func(g map[string]any) map[string]any {
+		return map[string]any{"store": "redis", "replicaCount": 3, "globalLimits": g}
+	}
+	t.Run("url", func(t *testing.T) {
+		url := "redis://global:6379?mode=cluster&addr=global-2:6379&floor=0.2"
+		r := mustRender(t, nil, values(map[string]any{"region": "eu-west-1", "url": url}))
+		dep := one[*appsv1.Deployment](t, r)
+		if cmd := containerCommand(t, dep); flagValue(cmd, "region") != "eu-west-1" || envVar(t, dep, "RLS_GLOBAL_REDIS_URL").Value != url {
+			t.Errorf("command %v, RLS_GLOBAL_REDIS_URL %q: want --region=eu-west-1 and the URL", cmd, envVar(t, dep, "RLS_GLOBAL_REDIS_URL").Value)
+		}
+		checkRelease(t, r)
+		if out := dryRun(t, r); !strings.Contains(out, "region eu-west-1, global store (cluster, redis://global:6379") {
+			t.Errorf("rls serve --dry-run said %q: want the region and the global Cluster", out)
+		}
+	})
+	t.Run("existing Secret", func(t *testing.T) {
+		r := mustRender(t, nil, values(map[string]any{"region": "ap", "existingSecret": "global-redis"}))
+		dep := one[*appsv1.Deployment](t, r)
+		ref := envVar(t, dep, "RLS_GLOBAL_REDIS_URL").ValueFrom
+		if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "global-redis" || ref.SecretKeyRef.Key != "url" {
+			t.Errorf("RLS_GLOBAL_REDIS_URL %+v: want Secret global-redis key url", ref)
+		}
+		checkRelease(t, r)
+		if out := dryRun(t, r); !strings.Contains(out, "region ap, global store (single, redis://placeholder:xxxxx@global-redis.example:6379)") {
+			t.Errorf("rls serve --dry-run said %q: want the URL from the Secret (placeholder)", out)
+		}
+	})
+	t.Run("none", func(t *testing.T) {
+		dep := one[*appsv1.Deployment](t, mustRender(t, nil, values(map[string]any{})))
+		if cmd := containerCommand(t, dep); flagValue(cmd, "region") != "" || slices.ContainsFunc(dep.Spec.Template.Spec.Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == "RLS_GLOBAL_REDIS_URL" }) {
+			t.Errorf("command %v: a region or a global URL without globalLimits", cmd)
+		}
+	})
+}
+
 // TestDryRunCatchesBadValues: a value rls refuses fails the command check,
 // so TestShippedValues' passing means something.
 func TestDryRunCatchesBadValues(t *testing.T) {
@@ -226,6 +265,8 @@ func TestDryRunCatchesBadValues(t *testing.T) {
 		"unknown flag":      {"extraArgs": []any{"--redis-adress=x"}},
 		"not a flag":        {"extraArgs": []any{"serve"}},
 		"bad drain":         {"shutdownDrain": "5 seconds"},
+		"global floor":      {"store": "redis", "globalLimits": map[string]any{"region": "eu", "url": "redis://g:6379?floor=0.9"}},
+		"global region":     {"store": "redis", "globalLimits": map[string]any{"region": "eu west", "url": "redis://g:6379"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			r := mustRender(t, nil, set)
@@ -257,6 +298,10 @@ func TestChartRefuses(t *testing.T) {
 		"a misspelt nested value":    {map[string]any{"store": "redis", "redis": map[string]any{"existingsecret": "s"}}, "existingsecret"},
 		"min over max":               {map[string]any{"store": "redis", "autoscaling": map[string]any{"enabled": true, "minReplicas": 5, "maxReplicas": 3}}, "minReplicas is more than"},
 		"URL key, no existingSecret": {map[string]any{"store": "redis", "redis": map[string]any{"existingSecretURLKey": "url"}}, "existingSecretURLKey needs"},
+		"global, memory store":       {map[string]any{"globalLimits": map[string]any{"region": "eu", "url": "redis://g:6379"}}, "globalLimits.region needs store: redis"},
+		"global region, no URL":      {map[string]any{"store": "redis", "globalLimits": map[string]any{"region": "eu"}}, "globalLimits.region needs globalLimits.url"},
+		"global URL, no region":      {map[string]any{"store": "redis", "globalLimits": map[string]any{"url": "redis://g:6379"}}, "needs globalLimits.region"},
+		"global URL twice":           {map[string]any{"store": "redis", "globalLimits": map[string]any{"region": "eu", "url": "redis://g:6379", "existingSecret": "s"}}, "globalLimits.url and globalLimits.existingSecret"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := render(t, "rls", "rls", nil, tc.set)

@@ -18,6 +18,9 @@ func dryRun(cfg *Config, stdout, stderr io.Writer) error {
 	if store == "redis" {
 		store = fmt.Sprintf("redis (%s, %s)", cfg.redisMode(), redisclient.RedactURL(cfg.RedisURL))
 	}
+	if g := &cfg.Global; g.on() {
+		store += fmt.Sprintf(", region %s, global store (%s, %s)", g.Region, g.Mode, redisclient.RedactURL(g.ClientURL))
+	}
 	if _, err := os.Stat(cfg.ConfigDir); errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(stdout, "rls serve --dry-run: flags ok, store %s; --config-dir %s does not exist here: not checked\n", store, cfg.ConfigDir)
 		return nil

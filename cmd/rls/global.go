@@ -16,17 +16,19 @@ import (
 	"github.com/rls-project/rls/pkg/global"
 	"github.com/rls-project/rls/pkg/redisclient"
 	"github.com/rls-project/rls/pkg/service"
+	"github.com/rls-project/rls/pkg/store/redisstore"
 )
 
 // GlobalConfig is the flags of limits across regions (scope: global rules,
 // pkg/global, docs/global.md). The exchange's settings are query
 // parameters of --global-redis-url, as go-redis's options are of
-// --redis-url: interval, lease, floor and max_keys (parseGlobalURL).
+// --redis-url: interval, lease, floor, max_keys and mode (parseURL).
 type GlobalConfig struct {
 	Region   string // --region: this replica's region; "" without global rules
 	RedisURL string // --global-redis-url: where regions exchange shares, as given
 
 	ClientURL string        // RedisURL without rls's own parameters
+	Mode      string        // mode: single, cluster or sentinel, as --store's redis-MODE [single]
 	Interval  time.Duration // interval: demand published, shares renewed [1s]
 	Lease     time.Duration // lease: how far ahead a region's shares reach [1s]
 	Floor     float64       // floor: each active region's standing share, a fraction of the limit [0.1]
@@ -70,7 +72,7 @@ func (c *Config) validateGlobal() error {
 // parseURL takes rls's parameters out of RedisURL into g, leaving
 // ClientURL for the Redis client.
 func (g *GlobalConfig) parseURL() error {
-	g.Interval, g.Lease, g.Floor, g.MaxKeys = time.Second, time.Second, 0.1, 10000
+	g.Interval, g.Lease, g.Floor, g.MaxKeys, g.Mode = time.Second, time.Second, 0.1, 10000, redisclient.ModeSingle
 	u, err := url.Parse(g.RedisURL)
 	if err != nil {
 		return fmt.Errorf("%s: %w", flagRef("global-redis-url"), err)
@@ -99,6 +101,13 @@ func (g *GlobalConfig) parseURL() error {
 			g.MaxKeys, err = strconv.Atoi(v)
 			return err == nil && g.MaxKeys >= 1
 		}},
+		{"mode", "single, cluster or sentinel", func(v string) bool {
+			ok := v == redisclient.ModeSingle || v == redisclient.ModeCluster || v == redisclient.ModeSentinel
+			if ok {
+				g.Mode = v
+			}
+			return ok
+		}},
 	}
 	var errs []error
 	for _, p := range params {
@@ -112,7 +121,7 @@ func (g *GlobalConfig) parseURL() error {
 	}
 	u.RawQuery = q.Encode()
 	g.ClientURL = u.String()
-	if _, err := redisclient.New(redisclient.Options{URL: g.ClientURL}); err != nil {
+	if _, err := redisclient.New(redisclient.Options{URL: g.ClientURL, Mode: g.Mode}); err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", flagRef("global-redis-url"), err))
 	}
 	return errors.Join(errs...)
@@ -133,18 +142,21 @@ func (a *app) buildGlobal() service.Shares {
 	if !g.on() {
 		return nil
 	}
-	client, err := redisclient.New(redisclient.Options{URL: g.ClientURL, Timeout: g.Interval})
+	client, err := redisclient.New(redisclient.Options{URL: g.ClientURL, Mode: g.Mode, Timeout: g.Interval})
 	if err != nil { // validateGlobal parsed the URL: this is a bug
 		a.log.Error("global store: cannot make its client; scope: global rules admit nothing", "err", err)
 		return nil
 	}
 	host, _ := os.Hostname()
 	replica := fmt.Sprintf("%s-%d-%d", host, os.Getpid(), time.Now().UnixNano()%1_000_000)
-	a.global = &globalShares{client: client, table: global.NewTable(client, global.Settings{Region: g.Region, Replica: replica,
-		Interval: g.Interval, Lease: g.Lease, Floor: g.Floor, MaxKeys: g.MaxKeys}, a.log.With("component", "global"))}
+	s := global.Settings{Region: g.Region, Replica: replica, Interval: g.Interval, Lease: g.Lease, Floor: g.Floor, MaxKeys: g.MaxKeys}
+	if rs, ok := a.rawStore.(*redisstore.Store); ok {
+		s.RegionClock = rs.CountSpan // the region's Redis's clock, as measured
+	}
+	a.global = &globalShares{client: client, table: global.NewTable(client, s, a.log.With("component", "global"))}
 	a.global.table.Register(a.reg)
 	a.log.Info("global limits on: this region's shares are exchanged in the background", "region", g.Region,
-		"global_store", redisclient.RedactURL(g.ClientURL), "interval", g.Interval, "lease", g.Lease, "floor", g.Floor)
+		"global_store", redisclient.RedactURL(g.ClientURL), "mode", g.Mode, "interval", g.Interval, "lease", g.Lease, "floor", g.Floor)
 	return a.global.table
 }
 

@@ -66,6 +66,8 @@ func TestGlobalFlags(t *testing.T) {
 		{[]string{"--store", "redis", "--region", "eu", "--global-redis-url", "redis://g:6379?lease=500ms"}, "at least the interval"},
 		{[]string{"--store", "redis", "--region", "eu", "--global-redis-url", "redis://g:6379?floor=0.9"}, `floor="0.9"`},
 		{[]string{"--store", "redis", "--region", "eu", "--global-redis-url", "redis://g:6379?max_keys=0"}, `max_keys="0"`},
+		{[]string{"--store", "redis", "--region", "eu", "--global-redis-url", "redis://g:6379?mode=ring"}, `mode="ring": want single, cluster or sentinel`},
+		{[]string{"--store", "redis", "--region", "eu", "--global-redis-url", "redis://g:6379?mode=sentinel"}, "master"},
 	} {
 		if _, err := parse(c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want %q", c.args, err, c.want)
@@ -78,6 +80,13 @@ func TestGlobalFlags(t *testing.T) {
 	g := cfg.Global
 	if g.Interval != 500*time.Millisecond || g.Lease != 3*time.Second || g.Floor != 0.2 || g.MaxKeys != 7 || g.ClientURL != "redis://g:6379/2?pool_size=4" {
 		t.Errorf("parsed %+v", g)
+	}
+	if g.Mode != "single" {
+		t.Errorf("mode %q, want single by default", g.Mode)
+	}
+	cfg, err = parse("--store", "redis", "--region", "eu", "--global-redis-url", "redis://g1:6379?mode=cluster&addr=g2:6379")
+	if err != nil || cfg.Global.Mode != "cluster" || cfg.Global.ClientURL != "redis://g1:6379?addr=g2%3A6379" {
+		t.Errorf("a Cluster: %v, %+v", err, cfg.Global)
 	}
 	if cfg, _ := parse(); cfg.Global.on() {
 		t.Error("global on by default")

@@ -34,9 +34,15 @@ type Settings struct {
 	Lease    time.Duration // how far ahead a region's shares reach [the interval]
 	Floor    float64       // each active region's standing share, a fraction of the limit
 	MaxKeys  int           // most keys exchanged per interval [10000]
-	// Margin is the clock error allowed between this replica, its region's
-	// Redis and the global store's TIME [DefaultMargin].
+	// Margin is the clock error allowed between the region's Redis and the
+	// global store's TIME, used while RegionClock cannot say [DefaultMargin].
 	Margin time.Duration
+	// RegionClock says when the region's Redis (the node of key) may
+	// count a hit sent now in a call answered by deadline (zero: the
+	// store's own bound), in its Unix time, as measured; ok false while it
+	// cannot (nil: never). Share then takes the least share of the windows
+	// in that span, else of those within Margin of the global clock.
+	RegionClock func(key string, deadline time.Time) (from, to time.Time, ok bool)
 }
 
 // DefaultMargin is Settings.Margin's default.
@@ -80,10 +86,12 @@ type Grant struct {
 }
 
 // MetaKey is the global store's key of a key's state: its windows' hashes
-// are MetaKey|v. It begins with the counter's key, whose hash tag it
-// keeps, and names the limit and window: a changed rule starts anew.
+// are MetaKey|v. It wraps the counter's key in braces, so that on a Redis
+// Cluster every key of one counter has one hash tag (the text from the
+// first '{' to the next '}', all within "g:{" and the counter's key), and
+// names the limit and window: a changed rule starts anew.
 func MetaKey(key string, limit uint64, window time.Duration) string {
-	return "g:" + key + "|" + strconv.FormatUint(limit, 10) + "|" + strconv.FormatInt(int64(window/time.Second), 10)
+	return "g:{" + key + "}|" + strconv.FormatUint(limit, 10) + "|" + strconv.FormatInt(int64(window/time.Second), 10)
 }
 
 // Exchange runs the exchange of every ask in one pipeline (loading the

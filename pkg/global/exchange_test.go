@@ -231,62 +231,77 @@ func TestExchangeLeaseThenFloorThenNothing(t *testing.T) {
 
 // TestExchangeRacingRegionsNeverOverLimit: many regions and replicas
 // racing on one key with random demands, clocks and absences never make
-// any window's shares sum over the limit, fixed or sliding.
+// any window's shares sum over the limit, fixed or sliding, on a single
+// Redis and on a 3-master Cluster (there with a key of no hash tag of its
+// own: MetaKey's braces keep its window hashes in its meta hash's slot).
 func TestExchangeRacingRegionsNeverOverLimit(t *testing.T) {
-	c := redistest.StartServer(t).Client()
-	for _, sliding := range []bool{false, true} {
-		t.Run(fmt.Sprintf("sliding=%v", sliding), func(t *testing.T) {
-			seed := uint64(time.Now().UnixNano())
-			t.Logf("seed %d", seed)
-			var clock atomic.Int64
-			clock.Store(testEpoch())
-			a := Ask{Key: fmt.Sprintf("rl:{d:k=%v}:k", sliding), Limit: 97, Window: time.Second, Sliding: sliding}
-			meta := MetaKey(a.Key, a.Limit, a.Window)
-			var wg sync.WaitGroup
-			var failed atomic.Bool
-			for r := 0; r < 6; r++ {
-				for p := 0; p < 2; p++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						rng := rand.New(rand.NewPCG(seed, uint64(r*10+p)))
-						s := settings("r"+strconv.Itoa(r), "p"+strconv.Itoa(p))
-						s.Floor = []float64{0, 0.05, 0.2}[rng.IntN(3)]
-						for i := 0; i < 150 && !failed.Load(); i++ {
-							a := a
-							a.Demand = uint64(rng.IntN(200))
-							a.Now = clock.Add(rng.Int64N(sec / 2))
-							if rng.IntN(10) == 0 {
-								clock.Add(5 * sec) // a long silence: leases end, floors go
-							}
-							if _, errs := Exchange(context.Background(), c, s, []Ask{a}); errs[0] != nil {
-								t.Error(errs[0])
-								failed.Store(true)
-							}
-						}
-					}()
-				}
-			}
-			done := make(chan struct{})
-			go func() { wg.Wait(); close(done) }()
-			for checking := true; checking; {
-				select {
-				case <-done:
-					checking = false
-				default:
-				}
-				now := clock.Load() / sec
-				if err := sumsError(held(t, c, meta, now-3, now+6), now-3, 97, sliding); err != nil && !failed.Swap(true) {
-					t.Error(err)
-				}
-			}
-			if failed.Load() {
-				t.FailNow()
-			}
-			now := clock.Load() / sec
-			checkSums(t, held(t, c, meta, now-60, now+6), now-60, 97, sliding)
-		})
+	stores := []struct {
+		name, key string
+		c         redis.UniversalClient
+	}{
+		{"single", "rl:{d:k=%v}:k", redistest.StartServer(t).Client()},
+		{"cluster", "plain:k=%v", redistest.StartCluster(t, 3, 0).Client()},
 	}
+	for _, st := range stores {
+		for _, sliding := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/sliding=%v", st.name, sliding), func(t *testing.T) {
+				racingRegions(t, st.c, fmt.Sprintf(st.key, sliding), sliding)
+			})
+		}
+	}
+}
+
+// racingRegions is TestExchangeRacingRegionsNeverOverLimit on one store and key.
+func racingRegions(t *testing.T, c redis.UniversalClient, key string, sliding bool) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	var clock atomic.Int64
+	clock.Store(testEpoch())
+	a := Ask{Key: key, Limit: 97, Window: time.Second, Sliding: sliding}
+	meta := MetaKey(a.Key, a.Limit, a.Window)
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for r := 0; r < 6; r++ {
+		for p := 0; p < 2; p++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(seed, uint64(r*10+p)))
+				s := settings("r"+strconv.Itoa(r), "p"+strconv.Itoa(p))
+				s.Floor = []float64{0, 0.05, 0.2}[rng.IntN(3)]
+				for i := 0; i < 150 && !failed.Load(); i++ {
+					a := a
+					a.Demand = uint64(rng.IntN(200))
+					a.Now = clock.Add(rng.Int64N(sec / 2))
+					if rng.IntN(10) == 0 {
+						clock.Add(5 * sec) // a long silence: leases end, floors go
+					}
+					if _, errs := Exchange(context.Background(), c, s, []Ask{a}); errs[0] != nil {
+						t.Error(errs[0])
+						failed.Store(true)
+					}
+				}
+			}()
+		}
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for checking := true; checking; {
+		select {
+		case <-done:
+			checking = false
+		default:
+		}
+		now := clock.Load() / sec
+		if err := sumsError(held(t, c, meta, now-3, now+6), now-3, 97, sliding); err != nil && !failed.Swap(true) {
+			t.Error(err)
+		}
+	}
+	if failed.Load() {
+		t.FailNow()
+	}
+	now := clock.Load() / sec
+	checkSums(t, held(t, c, meta, now-60, now+6), now-60, 97, sliding)
 }
 
 // readDoc returns docs/global.md.

@@ -68,7 +68,7 @@ func (t *Table) stats() map[[2]string]ruleStats {
 		}
 		e.mu.Lock()
 		st.keys++
-		st.share += float64(t.limitLocked(e, now))
+		st.share += float64(t.limitLocked(e, now, span{}))
 		st.demand += float64(e.demand)
 		if fix := t.clock.Load(); e.granted && fix != nil {
 			left := float64((e.leaseEnd+1)*e.window.Microseconds()-now.UnixMicro()-fix.off) / 1e6

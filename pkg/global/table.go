@@ -75,15 +75,22 @@ func NewTable(client redis.UniversalClient, s Settings, log *slog.Logger) *Table
 }
 
 // Share sets c.Limit, the limit of a scope: global rule's check, to its
-// region's share of the window it counts in (the smallest of the windows
-// the clocks' error allows), and counts its hits as demand. A key never
-// granted, or beyond the table's bound, gets 0: its requests are denied
-// until its first exchange, which starts at once.
-func (t *Table) Share(domain, rule string, c *store.Check) {
+// region's share of the window it counts in: the least share of the
+// windows the region's Redis may count it in, sent now and answered by
+// deadline (Settings.RegionClock), else of those the clocks' error allows.
+// It counts c's hits as demand. A key never granted, or beyond the
+// table's bound, gets 0: its requests are denied until its first
+// exchange, which starts at once.
+func (t *Table) Share(domain, rule string, c *store.Check, deadline time.Time) {
 	e := t.entry(domain, rule, c)
 	if e == nil {
 		c.Limit = 0
 		return
+	}
+	var sp span
+	if t.s.RegionClock != nil {
+		from, to, ok := t.s.RegionClock(c.Key, deadline)
+		sp = span{from.UnixMicro(), to.UnixMicro(), ok}
 	}
 	now := t.now()
 	e.mu.Lock()
@@ -91,7 +98,7 @@ func (t *Table) Share(domain, rule string, c *store.Check) {
 		e.hits += c.Hits
 	}
 	e.lastHit = now.UnixNano()
-	lim := t.limitLocked(e, now)
+	lim := t.limitLocked(e, now, sp)
 	granted := e.granted
 	e.mu.Unlock()
 	if !granted {
@@ -124,10 +131,18 @@ func (t *Table) entry(domain, rule string, c *store.Check) *entry {
 	return e
 }
 
+// span is when the region's Redis may count a hit, in its Unix µs; ok
+// false: unknown.
+type span struct {
+	from, to int64
+	ok       bool
+}
+
 // limitLocked returns e's limit at local time now: the least share of the
-// windows the global clock may be in, given the clock's error and the
-// margin allowed between the stores' clocks.
-func (t *Table) limitLocked(e *entry, now time.Time) uint64 {
+// windows of span (the region's Redis's time, from now to the call's
+// deadline), else of those the global clock may be in, given its error and
+// the margin allowed between the stores' clocks.
+func (t *Table) limitLocked(e *entry, now time.Time, sp span) uint64 {
 	fix := t.clock.Load()
 	if fix == nil || !e.granted {
 		return 0
@@ -136,6 +151,9 @@ func (t *Table) limitLocked(e *entry, now time.Time) uint64 {
 	eps := fix.err + t.s.Margin.Microseconds()
 	w := e.window.Microseconds()
 	lo, hi := (g-eps)/w, (g+eps)/w
+	if sp.ok {
+		lo, hi = sp.from/w, sp.to/w
+	}
 	lim := e.shareLocked(lo, g+eps, t.s.Lease)
 	for v := lo + 1; v <= hi; v++ {
 		lim = min(lim, e.shareLocked(v, g+eps, t.s.Lease))

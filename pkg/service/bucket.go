@@ -1,6 +1,8 @@
 package service
 
 import (
+	"time"
+
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
@@ -19,6 +21,7 @@ func (s *Service) BucketCheck(domain string, entries []*rlcommon.RateLimitDescri
 	req := &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: entries}}}
 	res := s.pool.Get().(*resolution)
 	defer s.pool.Put(res)
+	res.deadline = time.Time{}
 	if err := s.resolve(s.snap.Load().cfg, req, res); err != nil {
 		return store.Check{}, nil, false, err
 	}

@@ -25,13 +25,14 @@ func (s *Service) shareNote(e *adminv1.Explanation, r *descriptors.Rule, key str
 }
 
 // Shares gives a scope: global rule's check its region's share of the
-// limit (pkg/global's Table): Share sets c.Limit to the share of the window
-// the check counts in, and counts c's hits as the region's demand. It is
-// on the request path and does no I/O.
+// limit (pkg/global's Table): Share sets c.Limit to the least share of the
+// windows the check may be counted in, sent now and answered by deadline
+// (zero: the store's own bound), and counts c's hits as the region's
+// demand. It is on the request path and does no I/O.
 type Shares interface {
 	// Share is told the rule's domain and metric label (its name, else its
 	// path), for metrics by rule.
-	Share(domain, rule string, c *store.Check)
+	Share(domain, rule string, c *store.Check, deadline time.Time)
 }
 
 // share applies Options.Shares to the check c of a scope: global rule r
@@ -40,11 +41,11 @@ type Shares interface {
 // --region) it is 0, so nothing is admitted beyond a share. The caller
 // calls it for global rules only: c escapes to the heap here, and the other
 // rules' checks must not (TestTracingOffAddsNoAllocation).
-func (s *Service) share(r *descriptors.Rule, c store.Check) store.Check {
+func (s *Service) share(r *descriptors.Rule, c store.Check, deadline time.Time) store.Check {
 	if s.opts.Shares == nil {
 		c.Limit = 0
 		return c
 	}
-	s.opts.Shares.Share(r.Domain, ruleLabel(r), &c)
+	s.opts.Shares.Share(r.Domain, ruleLabel(r), &c, deadline)
 	return c
 }

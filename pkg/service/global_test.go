@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/rls-project/rls/pkg/descriptors"
@@ -20,14 +21,16 @@ import (
 // fixedShares gives every global check the same share and records what it
 // was told.
 type fixedShares struct {
-	share uint64
-	told  []string
-	hits  uint64
+	share    uint64
+	told     []string
+	hits     uint64
+	deadline time.Time // the last one told
 }
 
-func (f *fixedShares) Share(domain, rule string, c *store.Check) {
+func (f *fixedShares) Share(domain, rule string, c *store.Check, deadline time.Time) {
 	f.told = append(f.told, domain+"/"+rule)
 	f.hits += c.Hits
+	f.deadline = deadline
 	c.Limit = f.share
 }
 
@@ -66,6 +69,17 @@ descriptors:
 	}
 	if len(sh.told) != 10 || sh.told[0] != "test/world" || sh.hits != 10 {
 		t.Errorf("Shares told %v with %d hits, want test/world 10 times", sh.told, sh.hits)
+	}
+	if !sh.deadline.IsZero() {
+		t.Errorf("a request without a deadline: Shares told %v", sh.deadline)
+	}
+	// A request's deadline reaches Shares (the window its Redis may count
+	// the hit in runs to it).
+	dl := time.Now().Add(20 * time.Millisecond)
+	ctx, cancel := context.WithDeadline(context.Background(), dl)
+	defer cancel()
+	if _, err := s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "test", Descriptors: []*rlcommon.RateLimitDescriptor{d("world", "x")}}); err != nil || !sh.deadline.Equal(dl) {
+		t.Errorf("Shares told deadline %v (%v), want the request's %v", sh.deadline, err, dl)
 	}
 	if r := call(t, newSvc(nil), 0, d("world", "y")); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("without Shares: %v, want OVER_LIMIT", r.OverallCode)

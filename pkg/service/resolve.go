@@ -1,6 +1,8 @@
 package service
 
 import (
+	"time"
+
 	"errors"
 	"fmt"
 	"strings"
@@ -21,6 +23,9 @@ type resolution struct {
 	index   []int               // per descriptor: its item's index in items; -1 when not counted
 	items   []limiter.Item
 	key     []byte
+	// deadline is the request's (zero: none): a global rule's share is the
+	// least of the windows its region's Redis may count it in by then.
+	deadline time.Time
 	// outcomes holds, per descriptor, what respond counted (for traces).
 	outcomes []Outcome
 }
@@ -85,7 +90,7 @@ func (s *Service) resolve(cfg *descriptors.Config, req *rlsv3.RateLimitRequest, 
 		// limiter's rule; it refunds what a denied request consumed).
 		c.Shadow = c.Shadow || s.opts.ShadowMode
 		if r.Global {
-			c = s.share(r, c) // the region's share (global.go)
+			c = s.share(r, c, res.deadline) // the region's share (global.go)
 		}
 		res.index = append(res.index, len(res.items))
 		// Upstream's keys count as upstream does (INCRBY), which a reservation's

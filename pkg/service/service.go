@@ -250,6 +250,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	snap := s.snap.Load()
 	res := s.pool.Get().(*resolution)
 	defer s.pool.Put(res)
+	res.deadline, _ = ctx.Deadline()
 	if err := s.resolve(snap.cfg, req, res); err != nil {
 		return nil, s.endSpan(span, req, nil, nil, s.toStatus(err))
 	}

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -74,4 +75,23 @@ func (c *clock) observe(t, s, r int64) {
 		}
 	}
 	c.lo, c.hi, c.at = lo, hi, r
+}
+
+// CountSpan returns when key's node may count a hit sent now in a call
+// bounded by deadline (zero: the store's timeout), in its Unix time as
+// measured (a later answer is an error and admits nothing); ok is false
+// while its clock is unmeasured, stale or too wide.
+func (s *Store) CountSpan(key string, deadline time.Time) (from, to time.Time, ok bool) {
+	n, err := s.node(context.Background(), key)
+	l := localUS()
+	until := l + s.timeout.Microseconds()
+	if !deadline.IsZero() {
+		until = l + max(time.Until(deadline).Microseconds(), 0)
+	}
+	if err != nil {
+		return from, to, false
+	}
+	lo, _, ok := n.clock.bounds(l)
+	_, hi, ok2 := n.clock.bounds(until)
+	return time.UnixMicro(lo), time.UnixMicro(hi), ok && ok2
 }

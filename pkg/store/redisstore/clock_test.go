@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"context"
+	"github.com/redis/go-redis/v9"
 	"testing"
 	"time"
 
@@ -53,5 +55,50 @@ func TestClockBounds(t *testing.T) {
 	}
 	if _, ok := s.planPlain(checks, end-3_000, end-boundaryMargin.Microseconds()); ok {
 		t.Error("plain commands planned within boundaryMargin of the window's end")
+	}
+}
+
+// TestCountSpan: a global rule's span (pkg/global's RegionClock) runs from
+// the key's node's clock's low bound now to its high bound at the call's
+// deadline, else at the store's timeout; there is none while the node's
+// clock is unmeasured.
+func TestCountSpan(t *testing.T) {
+	s, err := New(Options{Client: redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), CloseClient: true, Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, _, ok := s.CountSpan("k", time.Time{}); ok {
+		t.Fatal("a span from an unmeasured clock")
+	}
+	n, err := s.node(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ahead = 3 * time.Second // Redis's clock, against this one
+	sent := localUS()
+	n.clock.observe(time.Now().Add(ahead).UnixMicro(), sent, sent+1000) // a 1 ms round trip
+	redisNow := func() time.Time { return time.Now().Add(ahead) }
+	for _, c := range []struct {
+		deadline time.Time
+		width    time.Duration
+	}{{time.Now().Add(20 * time.Millisecond), 20 * time.Millisecond}, {time.Time{}, 50 * time.Millisecond}} {
+		before := redisNow()
+		from, to, ok := s.CountSpan("k", c.deadline)
+		if !ok {
+			t.Fatalf("deadline %v: no span from a measured clock", c.deadline)
+		}
+		// The span starts at Redis's time now (within the 1 ms round trip
+		// and this test's own delay) and is the call's bound wide.
+		if from.After(redisNow()) || from.Before(before.Add(-time.Second)) {
+			t.Errorf("deadline %v: span from %v, want Redis's time now, about %v", c.deadline, from, before)
+		}
+		least := c.width // no deadline: the store's timeout, exactly
+		if !c.deadline.IsZero() {
+			least = time.Until(c.deadline) // less than when CountSpan read it
+		}
+		if w := to.Sub(from); w < least || w > c.width+2*time.Millisecond {
+			t.Errorf("deadline %v: span %v wide, want about %v (the call's bound and the 1 ms round trip)", c.deadline, w, c.width)
+		}
 	}
 }

@@ -80,6 +80,21 @@ cluster: redis-cluster, sentinel: redis-sentinel). */}}
 {{- if and .Values.redis.existingSecretURLKey (not .Values.redis.existingSecret) }}
 {{- fail "redis.existingSecretURLKey needs redis.existingSecret" }}
 {{- end }}
+{{- with .Values.globalLimits }}
+{{- $url := or .url .existingSecret }}
+{{- if and .region (ne $.Values.store "redis") }}
+{{- fail "globalLimits.region needs store: redis: a region's replicas decide against one count" }}
+{{- end }}
+{{- if and .region (not $url) }}
+{{- fail "globalLimits.region needs globalLimits.url or globalLimits.existingSecret: where regions exchange shares" }}
+{{- end }}
+{{- if and $url (not .region) }}
+{{- fail "globalLimits.url or globalLimits.existingSecret needs globalLimits.region: the region this release decides for" }}
+{{- end }}
+{{- if and .url .existingSecret }}
+{{- fail "globalLimits.url and globalLimits.existingSecret: set one" }}
+{{- end }}
+{{- end }}
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- fail "autoscaling.minReplicas is more than autoscaling.maxReplicas" }}
 {{- end }}
