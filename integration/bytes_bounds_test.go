@@ -40,7 +40,7 @@ const rssSlack = 64 << 20
 // RLS_BYTES_FULL=1 (`make soak`) 250,000 new keys on the memory store and
 // 100,000 over-limit requests on Redis, under the same budgets.
 func TestTablesBoundedByBytes(t *testing.T) {
-	t.Parallel() // processes of its own; asserts counts and memory, not time
+	light(t) // processes of its own; asserts counts and memory, not time
 	memKeys, redisKeys := 20_000, 20_000
 	if os.Getenv("RLS_BYTES_FULL") != "" {
 		memKeys, redisKeys = 250_000, 100_000

@@ -42,6 +42,7 @@ descriptors:
 }
 
 func TestCompatQuotaModeOnRedis(t *testing.T) {
+	light(t)
 	srv := redistest.StartServer(t)
 	p := startRLS(t, writeConfig(t, compatFiles), "--store", "redis", "--redis-url", srv.URL(),
 		"--merge-domains", "--response-metadata", "--response-headers")
@@ -116,6 +117,7 @@ func TestCompatQuotaModeOnRedis(t *testing.T) {
 }
 
 func TestCompatGlobalShadowMode(t *testing.T) {
+	light(t)
 	p := startRLS(t, writeConfig(t, compatFiles), "--merge-domains", "--shadow-mode")
 	c := p.client()
 	should(t, c, "shop", desc("tiny", "x"))

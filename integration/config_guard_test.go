@@ -109,7 +109,7 @@ func cgPlace(t *testing.T, dir, name string, write func(*os.File)) {
 // nearly idle over many checks. Emptying the directory keeps the last good
 // config too.
 func TestConfigGuards(t *testing.T) {
-	t.Parallel()
+	light(t)
 	dir := writeConfig(t, map[string]string{"guard.yaml": `
 domain: guard
 descriptors:
@@ -197,7 +197,7 @@ descriptors:
 // TestEmptyConfigDirAtStartup: rls does not start on a directory without a
 // domain unless --allow-empty-config.
 func TestEmptyConfigDirAtStartup(t *testing.T) {
-	t.Parallel()
+	light(t)
 	dir := t.TempDir()
 	p := startRLSNoWait(t, dir)
 	if err := p.wait(t, 20*time.Second); err == nil || !strings.Contains(p.Log.String(), "--allow-empty-config") {

@@ -38,7 +38,7 @@ func csRemaining(t *testing.T, c rlsv3.RateLimitServiceClient, key, value string
 }
 
 func TestCrossShardDeniedConsumesNothing(t *testing.T) {
-	t.Parallel() // processes of its own; asserts counts and memory, not time
+	light(t) // processes of its own; asserts counts and memory, not time
 	cl := redistest.StartCluster(t, 3, 0)
 	dir := writeConfig(t, map[string]string{"cs.yaml": crossConfig})
 	p := startRLS(t, dir, "--store", "redis-cluster", "--redis-url", cl.Seeds(), "--redis-timeout", "200ms",
@@ -107,7 +107,7 @@ func TestCrossShardDeniedConsumesNothing(t *testing.T) {
 // once it is back, its counter holds exactly the admitted requests plus
 // what rls_undo_refunds_total{result="lost"} says was lost.
 func TestCrossShardUndoDuringPause(t *testing.T) {
-	t.Parallel() // processes of its own; asserts counts and memory, not time
+	light(t) // processes of its own; asserts counts and memory, not time
 	cl := redistest.StartCluster(t, 3, 0)
 	dir := writeConfig(t, map[string]string{"cs.yaml": crossConfig})
 	p := startRLS(t, dir, "--store", "redis-cluster", "--redis-url", cl.Seeds(), "--redis-timeout", "200ms",

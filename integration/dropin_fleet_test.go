@@ -103,6 +103,7 @@ func descs(ds ...*rlcommon.RateLimitDescriptor) []*rlcommon.RateLimitDescriptor 
 // both, admits no more than the limit (foo: 2 a minute): rls counts in
 // upstream's keys. Without that, each would admit 2.
 func TestDropinMixedFleet(t *testing.T) {
+	light(t)
 	srv := redistest.StartServer(t)
 	env := map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr, "USE_STATSD": "false",
 		"RUNTIME_WATCH_ROOT": "false", "LOG_LEVEL": "warn"}

@@ -134,6 +134,7 @@ func upstreamExampleEnv(redisAddr string) map[string]string {
 // unlimited rules and an unknown domain; it counts in the Redis of
 // REDIS_URL, and warns once about the variable it has no use for.
 func TestDropinUpstreamDeployment(t *testing.T) {
+	light(t)
 	srv := redistest.StartServer(t)
 	p := startAsRatelimit(t, upstreamExampleEnv(srv.Addr))
 	c := p.client()
@@ -200,6 +201,7 @@ func TestDropinUpstreamDeployment(t *testing.T) {
 // listener playing statsd, with EXTRA_TAGS, and serves the mapped series
 // on PROMETHEUS_ADDR as upstream does.
 func TestDropinStats(t *testing.T) {
+	light(t)
 	srv := redistest.StartServer(t)
 	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -280,6 +282,7 @@ func statsReached(got, want map[string]uint64) bool {
 // the connection cap of TCP: at --max-conns, an idle connection makes room
 // for a new one.
 func TestDropinUnixSockets(t *testing.T) {
+	light(t)
 	dir, err := os.MkdirTemp("", "rls-uds-") // short: a socket path has at most 107 bytes
 	if err != nil {
 		t.Fatal(err)

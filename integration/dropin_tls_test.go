@@ -16,6 +16,7 @@ import (
 // certificates that name the SAN may call; as ratelimit,
 // GRPC_CLIENT_TLS_SAN does the same.
 func TestDropinClientSAN(t *testing.T) {
+	light(t)
 	f := tlNewFiles(t)
 	named := f.clientConfig(t, f.clientCA.ClientSAN(t, "envoy", "envoy.mesh.local"))
 	other := f.clientConfig(t, f.clientCA.ClientSAN(t, "other", "other.mesh.local"))

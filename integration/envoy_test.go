@@ -362,6 +362,7 @@ func showDescriptors(ds []*rlcommon.RateLimitDescriptor) string {
 // TestEnvoyActionSemantics pins the simulator on synthetic actions, so the
 // table below rests on Envoy's documented behaviour and not on itself.
 func TestEnvoyActionSemantics(t *testing.T) {
+	light(t)
 	req := httpRequest{path: "/v1/items/42?x=1", headers: map[string]string{"X-Api-Key": "k1", "x-tier": "gold"}, client: "192.0.2.7"}
 	parse := func(text string) []*routev3.RateLimit {
 		vh := &routev3.VirtualHost{}
@@ -498,6 +499,7 @@ func envoyCases() []envoyCase {
 // TestEnvoyRouteActions drives the sample requests (and envoy-tcp.yaml's
 // static descriptors) against rls on the memory store and on Redis.
 func TestEnvoyRouteActions(t *testing.T) {
+	light(t)
 	filter, _ := frontProxy(t)
 	tcp := &rlnet.RateLimit{}
 	if err := loadBootstrap(t, "../envoy/envoy-tcp.yaml").GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(tcp); err != nil {

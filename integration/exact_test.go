@@ -342,7 +342,7 @@ func exPeakOf(events []exEvent, from, to time.Time) int {
 // 3 hits, denies 3 more and then admits 2 (a cached denial of 3 hits must
 // not deny 2), and a 10^9-hits request must not block smaller ones.
 func TestCacheDeniesOnlyWhatRedisWould(t *testing.T) {
-	t.Parallel()
+	light(t)
 	srv := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"exact.yaml": exConfig})
 	ps := rdStartReplicas(t, 2, dir, "--store", "redis", "--redis-url", srv.URL())

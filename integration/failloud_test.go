@@ -39,7 +39,7 @@ func flRun(t *testing.T, env []string, args ...string) (string, error) {
 // memory store (the default) refuses to start, serve and --dry-run alike,
 // naming the setting and --store: the fleet would count per replica.
 func TestRedisSettingWithMemoryStoreRefused(t *testing.T) {
-	t.Parallel()
+	light(t)
 	serve := []string{"serve", "--config-dir", "../config", "--grpc-addr", "127.0.0.1:0", "--http-addr", "", "--debug-addr", ""}
 	for _, c := range []struct {
 		name string
@@ -69,7 +69,7 @@ func TestRedisSettingWithMemoryStoreRefused(t *testing.T) {
 // at start-up with a message saying so, without the password; an outage
 // would not (TestStartWithRedisDown).
 func TestWrongRedisPasswordRefusesToStart(t *testing.T) {
-	t.Parallel()
+	light(t)
 	srv := redistest.StartServer(t, "--requirepass", "right-one")
 	for _, env := range [][]string{{"RLS_REDIS_PASSWORD=wrong-one"}, nil} {
 		out, err := flRun(t, env, "serve", "--config-dir", "../config", "--grpc-addr", "127.0.0.1:0", "--http-addr", "", "--debug-addr", "",
@@ -88,7 +88,7 @@ func TestWrongRedisPasswordRefusesToStart(t *testing.T) {
 // bucket, reports rls_store_up{reason="auth"} 0, logs it at ERROR a bounded
 // number of times, and serves again once the password is set back.
 func TestRedisPasswordChangedAtRunTime(t *testing.T) {
-	t.Parallel()
+	light(t)
 	srv := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"d.yaml": `
 domain: d
@@ -180,7 +180,7 @@ descriptors:
 // image's default /config when the config is mounted elsewhere) exits,
 // naming --allow-empty-config; with it, rls serves (every descriptor OK).
 func TestEmptyConfigDirRefused(t *testing.T) {
-	t.Parallel()
+	light(t)
 	dir := t.TempDir()
 	out, err := flRun(t, nil, "serve", "--config-dir", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "", "--debug-addr", "")
 	if err == nil || !strings.Contains(out, "has no domain") || !strings.Contains(out, "--allow-empty-config (RLS_ALLOW_EMPTY_CONFIG)") {
@@ -197,7 +197,7 @@ func TestEmptyConfigDirRefused(t *testing.T) {
 // flags. (A directory missing altogether is the one difference: --dry-run
 // reports it unchecked, as a pod's volume exists only in the pod.)
 func TestValidateAgreesWithDryRun(t *testing.T) {
-	t.Parallel()
+	light(t)
 	domainD := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
 	for _, c := range []struct {
 		name  string
@@ -235,7 +235,7 @@ func TestValidateAgreesWithDryRun(t *testing.T) {
 // rls_unknown_domain_requests_total{domain}, and warned about once (at most
 // once a minute per domain); a configured domain is not counted.
 func TestUnknownDomainCountedAndLoggedOnce(t *testing.T) {
-	t.Parallel()
+	light(t)
 	p := startRLS(t, "../config")
 	for range 5 {
 		if r := should(t, p.client(), "exmaple", desc("api_key", "demo")); r.OverallCode != rlsv3.RateLimitResponse_OK {

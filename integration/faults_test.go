@@ -270,7 +270,7 @@ func ftScriptCalls(t *testing.T, s *redistest.Server) int64 {
 // over its limit are denied by the local over-limit cache, costing Redis
 // fewer than 100 script calls.
 func TestFaultFloodOverLimitKey(t *testing.T) {
-	t.Parallel()
+	light(t)
 	rs := redistest.StartServer(t)
 	p := startRLS(t, ftDir(t), ftRedisArgs(rs, "--fleet-size", "1")...)
 	c := p.client()
@@ -542,7 +542,7 @@ func TestFaultRedisPaused(t *testing.T) {
 // shard is denied during the outage and OK again after its replica takes
 // over.
 func TestFaultClusterMasterKilled(t *testing.T) {
-	t.Parallel()
+	light(t)
 	cl := redistest.StartCluster(t, 3, 1)
 	// With the default cluster-require-full-coverage yes, every node answers
 	// CLUSTERDOWN from the moment the dead master is marked FAIL until its
@@ -692,7 +692,7 @@ func ftBurst(t *testing.T, p *rlsProc, value string, n int) int {
 // of 99/hour gives one replica 33; after one replica is SIGKILLed its heartbeat
 // expires and the others learn a fleet of 2 (share 49).
 func TestFaultFleetSizeFromHeartbeats(t *testing.T) {
-	t.Parallel()
+	timed(t) // the restarted Redis must hear every replica within the hold time
 	rs := redistest.StartServer(t)
 	dir := ftDir(t)
 	var ps []*rlsProc

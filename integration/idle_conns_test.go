@@ -41,6 +41,7 @@ func raiseNoFile(t *testing.T, n uint64) {
 // row each connect and get an answer within 1 s, and the idle connections
 // closed to make room are counted.
 func TestIdleConnectionsMakeRoom(t *testing.T) {
+	light(t)
 	const perPort = 2000
 	raiseNoFile(t, 3*perPort+1000)
 	p := startRLSFast(t, "../config")

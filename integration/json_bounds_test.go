@@ -39,6 +39,7 @@ func peakRSS(t testing.TB, pid int) int64 {
 // each answered; and with the HTTP port at its cap, bodies sent byte by
 // byte do not keep /healthcheck out.
 func TestJSONBodiesBounded(t *testing.T) {
+	light(t)
 	srv := redistest.StartServer(t)
 	env := []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + srv.Addr, "USE_STATSD=false"}
 	p := startRLSBinEnv(t, rlsFastBin, env, "../config", "--env-compat", "upstream", "--max-conns", "20")

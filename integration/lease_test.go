@@ -64,6 +64,7 @@ func rsReserved(t *testing.T, ps []*rlsProc, result string) float64 {
 // algorithm, on a single node and on a 3-master Cluster; and a rule with
 // reserve: false never leases.
 func TestLeaseWarmKeyExact(t *testing.T) {
+	timed(t)
 	dir := writeConfig(t, map[string]string{"exact.yaml": rsConfig})
 	topologies := map[string]func(t *testing.T) []string{
 		"single": func(t *testing.T) []string {
@@ -119,6 +120,7 @@ func TestLeaseWarmKeyExact(t *testing.T) {
 // middle of a window: its unused hits go back to Redis, and the other
 // replica can use them in the same window.
 func TestLeaseReturnedOnStop(t *testing.T) {
+	light(t)
 	dir := writeConfig(t, map[string]string{"exact.yaml": rsConfig})
 	srv := redistest.StartServer(t)
 	args := []string{"--store", "redis", "--redis-url", srv.URL()}
@@ -156,6 +158,7 @@ func TestLeaseReturnedOnStop(t *testing.T) {
 // trip lies in it (for the upper bound: a lower bound of what the window
 // admitted), or when any of it does (for the lower bound).
 func TestLeaseTwiceTheLimit(t *testing.T) {
+	timed(t)
 	const limit, rate = 400, 800
 	dir := writeConfig(t, map[string]string{"exact.yaml": `domain: exact
 descriptors:

@@ -34,7 +34,7 @@ const boundsHeapLimit = 150 << 20
 // rls_decisions_total does not grow a series per key (nor does
 // rls_detailed_decisions_total: 100 values per rule cap it).
 func TestMemoryBoundedUnderHostileCardinality(t *testing.T) {
-	t.Parallel() // processes of its own; asserts counts and memory, not time
+	light(t) // processes of its own; asserts counts and memory, not time
 	total := 120_000
 	if v := os.Getenv("RLS_BOUNDS_KEYS"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -22,6 +22,7 @@ import (
 // serves) through the real binary: the RLS service is listed by reflection,
 // the demo key counts down to OVER_LIMIT, health answers on gRPC and HTTP.
 func TestServeExampleConfig(t *testing.T) {
+	light(t)
 	p := startRLS(t, "../config")
 
 	// Reflection lists the service, as `grpcurl -plaintext ... list` does.
@@ -113,6 +114,7 @@ func TestServeExampleConfig(t *testing.T) {
 // TestMalformedRequests asserts InvalidArgument with a message naming the
 // problem, and that the server keeps serving afterwards.
 func TestMalformedRequests(t *testing.T) {
+	light(t)
 	p := startRLS(t, "../config")
 	c := p.client()
 	cases := []struct {
@@ -151,6 +153,7 @@ func TestMalformedRequests(t *testing.T) {
 // TestBadConfigIsAStartupError: a broken initial config stops start-up with
 // the file:line of each error, rather than serving and failing every call.
 func TestBadConfigIsAStartupError(t *testing.T) {
+	light(t)
 	dir := writeConfig(t, map[string]string{
 		"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
 		"b.yaml": "domain: b\ndescriptors:\n  - key: k\n    bogus: 1\n",
@@ -171,6 +174,7 @@ func TestBadConfigIsAStartupError(t *testing.T) {
 // TestValidateCommand: `rls validate DIR` prints every error as file:line and
 // exits 1; on a good directory it exits 0.
 func TestValidateCommand(t *testing.T) {
+	light(t)
 	dir := writeConfig(t, map[string]string{
 		"one.yaml":  "domain: one\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
 		"two.yml":   "domain: one\ndescriptors: []\n",
@@ -194,6 +198,7 @@ func TestValidateCommand(t *testing.T) {
 // TestSIGTERMExitsCleanly: SIGTERM ends serve with exit status 0 after
 // reporting NOT_SERVING and stopping gRPC before the store.
 func TestSIGTERMExitsCleanly(t *testing.T) {
+	light(t)
 	p := startRLS(t, "../config")
 	should(t, p.client(), "example", desc("api_key", "x"))
 	if err := p.cmd.Process.Signal(sigterm); err != nil {

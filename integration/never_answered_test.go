@@ -23,6 +23,7 @@ import (
 // meanwhile; both turn SERVING within seconds of a Redis
 // starting on that port, and decide on it.
 func TestStoreNeverAnswered(t *testing.T) {
+	light(t)
 	_, portText, _ := net.SplitHostPort(freeAddr(t))
 	port, _ := strconv.Atoi(portText)
 	url := "redis://127.0.0.1:" + portText

@@ -90,7 +90,7 @@ func series(text string) map[string]float64 {
 // TestMetricsEndpoint: after traffic /metrics shows the documented series,
 // and 10,000 distinct api_key values add no series.
 func TestMetricsEndpoint(t *testing.T) {
-	t.Parallel()
+	light(t)
 	p := startRLS(t, "../config")
 	c := p.client()
 	for range 4 {
@@ -178,7 +178,7 @@ func TestMetricsEndpoint(t *testing.T) {
 // files while traffic flows: no call fails, every answer comes from a valid
 // config, and the metrics count each reload's result.
 func TestHotReloadUnderTraffic(t *testing.T) {
-	t.Parallel()
+	light(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "main.yaml")
 	limitYAML := func(n int) string {
@@ -284,7 +284,7 @@ func TestHotReloadUnderTraffic(t *testing.T) {
 // API is on --admin-addr only, not on the gRPC port. The Explain call also
 // runs through grpcurl, as the README shows it.
 func TestAdminExplainAndReset(t *testing.T) {
-	t.Parallel()
+	light(t)
 	for _, tc := range []struct {
 		name  string
 		flags func(t *testing.T) []string
@@ -376,7 +376,7 @@ func runGrpcurl(t testing.TB, args ...string) string {
 // TestResponseHeaders: with --response-headers an OVER_LIMIT response
 // carries Retry-After and the RateLimit headers, matching its statuses.
 func TestResponseHeaders(t *testing.T) {
-	t.Parallel()
+	light(t)
 	p := startRLS(t, "../config", "--response-headers")
 	c := p.client()
 	var r *rlsv3.RateLimitResponse
@@ -410,7 +410,7 @@ func TestResponseHeaders(t *testing.T) {
 // traffic: health turns NOT_SERVING at once, calls keep being answered
 // during the drain, then gRPC stops before the store is closed.
 func TestGracefulShutdownDrains(t *testing.T) {
-	t.Parallel()
+	light(t)
 	r := redistest.StartServer(t)
 	p := startRLS(t, "../config", "--store", "redis", "--redis-url", "redis://"+r.Addr, "--redis-timeout", "500ms",
 		"--shutdown-drain", "1s")

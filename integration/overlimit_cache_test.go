@@ -23,7 +23,7 @@ descriptors:
 `
 
 func TestDuplicateKeyDenialLeavesSmallRequestsAdmitted(t *testing.T) {
-	t.Parallel() // processes of its own; asserts counts and memory, not time
+	light(t) // processes of its own; asserts counts and memory, not time
 	if now := time.Now(); now.Add(time.Minute).Truncate(time.Hour) != now.Truncate(time.Hour) {
 		t.Skip("too close to the hourly window's end: the counter would start over")
 	}

@@ -84,7 +84,7 @@ func periodSleepTo(t *testing.T, rc redis.Cmdable, w time.Duration, idx int64, p
 // keys carry the whole window, and an override of 7 per 30 minutes is
 // enforced and returned with unit_multiplier 30.
 func TestRedisPeriods(t *testing.T) {
-	t.Parallel()
+	light(t)
 	srv := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"periods.yaml": periodRedisConfig})
 	// No over-limit cache: every denial below is Redis's answer.

@@ -236,7 +236,7 @@ var ordinalCallRE = regexp.MustCompile(`(?i)\b(second|third|fourth|fifth|sixth|s
 // output of the previous command's Nth run; a grpcurl line in a ```sh block
 // only has to succeed.
 func TestReadmeGrpcurl(t *testing.T) {
-	t.Parallel() // processes of its own; asserts counts and memory, not time
+	light(t) // processes of its own; asserts counts and memory, not time
 	for _, f := range []struct {
 		name string
 		min  int

@@ -245,7 +245,7 @@ func rdCheckStatuses(t *testing.T, what string, r *rlsv3.RateLimitResponse, over
 
 // TestRedisSingleNode runs four rls replicas on one Redis server.
 func TestRedisSingleNode(t *testing.T) {
-	t.Parallel()
+	light(t)
 	srv := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"race.yaml": rdRaceConfig, "batch.yaml": rdBatchConfig, "keys.yaml": rdKeysConfig})
 	ps := rdStartReplicas(t, 4, dir, rdRedisArgs(srv)...)
@@ -262,7 +262,7 @@ func TestRedisSingleNode(t *testing.T) {
 // TestRedisCluster runs two rls replicas on a 3-master Redis Cluster with a
 // replica per master.
 func TestRedisCluster(t *testing.T) {
-	t.Parallel()
+	light(t)
 	c := redistest.StartCluster(t, 3, 1)
 	masters := c.Nodes[:3]
 	dir := writeConfig(t, map[string]string{"race.yaml": rdRaceConfig, "batch.yaml": rdBatchConfig, "keys.yaml": rdKeysConfig})
@@ -500,7 +500,7 @@ func rdCheckTTLs(t *testing.T, keys map[string]*redistest.Server, max func(strin
 // writes has a TTL bounded as the design says, and per-second keys vanish
 // once idle (sliding window after 2 windows).
 func TestRedisKeysExpire(t *testing.T) {
-	t.Parallel()
+	light(t)
 	srv := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"ttl.yaml": `domain: ttl
 descriptors:
@@ -606,7 +606,7 @@ descriptors:
 // (TIME), the one rls decides with; an attempt the machine was too slow
 // for is retried with fresh keys.
 func TestRedisSlidingWindowBoundary(t *testing.T) {
-	t.Parallel()
+	light(t)
 	srv := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"walk.yaml": `domain: walk
 descriptors:
@@ -709,7 +709,7 @@ descriptors:
 // every RPC succeeds, rls reloads the script (EVAL after NOSCRIPT) and the
 // count stays exact.
 func TestRedisScriptFlush(t *testing.T) {
-	t.Parallel()
+	light(t)
 	srv := redistest.StartServer(t)
 	dir := writeConfig(t, map[string]string{"flush.yaml": `domain: flush
 descriptors:
@@ -780,7 +780,7 @@ descriptors:
 // redis-cli --cluster reshard does, while two replicas send traffic: no RPC
 // fails, no decision falls back, and exactly the limit is allowed.
 func TestRedisClusterReshard(t *testing.T) {
-	t.Parallel()
+	light(t)
 	c := redistest.StartCluster(t, 3, 0)
 	dir := writeConfig(t, map[string]string{"reshard.yaml": `domain: reshard
 descriptors:
@@ -916,7 +916,7 @@ descriptors:
 // never sees an error (fail_open answers during the switch are answers);
 // before and after, decisions are Redis's and exact.
 func TestRedisSentinelFailover(t *testing.T) {
-	t.Parallel()
+	light(t)
 	const name = "rlsmaster"
 	t0 := time.Now()
 	// No diskless-sync delay (5 s by default): the replica syncs at once.

@@ -25,7 +25,7 @@ descriptors:
 // rls_refunded_hits_total; by default the same request is InvalidArgument
 // naming the descriptor, and the key stays spent.
 func TestAllowNegativeHits(t *testing.T) {
-	t.Parallel()
+	light(t)
 	dir := writeConfig(t, map[string]string{"refunds.yaml": refundConfig})
 	spend := func(p *rlsProc) {
 		t.Helper()

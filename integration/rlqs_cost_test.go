@@ -25,6 +25,7 @@ const rlqsCostSeconds = 4
 // least one command per request. The figures are in docs/bench/HISTORY.md;
 // the test asserts counts only.
 func TestRLQSRedisCost(t *testing.T) {
+	light(t)
 	srv := redistest.StartServer(t)
 	p := startRLSFast(t, writeConfig(t, rlqsConfig("fixed_window")), "--store", "redis", "--redis-url", srv.URL())
 	ctx := context.Background()

@@ -58,6 +58,7 @@ func rlqsFleet(t *testing.T, alg string) (*redistest.Server, []*rlsProc, []*fake
 // window, and the window of the stop and the one after, while its Envoys
 // move over).
 func TestRLQSFleetFixedWindow(t *testing.T) {
+	timed(t)
 	fleetSteadySkewedStopped(t, "fixed_window", false)
 }
 
@@ -164,6 +165,7 @@ func fleetSteadySkewedStopped(t *testing.T, alg string, kill bool) (*fleetLoad, 
 // nothing to grant (about half the limit overall). Over any rolling second
 // the fleet admits at most the limit plus the grants' buckets (docs/rlqs.md).
 func TestRLQSFleetSlidingWindow(t *testing.T) {
+	timed(t)
 	load, first := fleetSteadySkewedStopped(t, "sliding_window", true)
 	// Four Envoys' buckets (4 to 9 tokens each), at a boundary the old ones
 	// and the new: far below a quarter of the limit. Grants spent faster
@@ -180,6 +182,7 @@ func TestRLQSFleetSlidingWindow(t *testing.T) {
 // burst plus its rate over the run and the grants' lead (rate x TTL, the
 // stated bound), and at least 80 % of its rate after the first seconds.
 func TestRLQSFleetTokenBucket(t *testing.T) {
+	timed(t)
 	_, _, es := rlqsFleet(t, "token_bucket")
 	id := map[string]string{"api_key": "k"}
 	first := waitSecond()
@@ -210,6 +213,7 @@ func TestRLQSFleetTokenBucket(t *testing.T) {
 // never requests_per_time_unit; idle buckets are abandoned; SIGTERM sends
 // TTL 0 before the stream ends.
 func TestRLQSConformance(t *testing.T) {
+	light(t)
 	p := startRLS(t, writeConfig(t, rlqsConfig("fixed_window")))
 	e := newFakeEnvoy("d", time.Second, p.GRPCAddr)
 	defer e.close()
@@ -293,6 +297,7 @@ func checkEnvoyAction(t *testing.T, a *rlqsv3.RateLimitQuotaResponse_BucketActio
 // UTF-8 is decided and the stream stays up; an oversized report is refused
 // with ResourceExhausted naming the bound.
 func TestRLQSNonUTF8AndOversized(t *testing.T) {
+	light(t)
 	p := startRLS(t, writeConfig(t, rlqsConfig("fixed_window")))
 	cs, err := p.conn.NewStream(context.Background(), &rlqsv3.RateLimitQuotaService_ServiceDesc.Streams[0],
 		rlqsv3.RateLimitQuotaService_StreamRateLimitQuotas_FullMethodName, grpcRawCodec())
@@ -373,6 +378,9 @@ func recvRLQS(t *testing.T, cs grpc.ClientStream) *rlqsv3.RateLimitQuotaResponse
 // window passes the limit; the windows wholly inside the hang admit
 // nothing (no grant is sent that the store did not reserve); the streams
 // stay up; and once Redis answers again grants resume without a reconnect.
+// Not parallel: the pause must land at its window's start (a pause that
+// other tests' load delayed into the window's end let the next window run
+// on a grant reserved before it: 25 admitted where 0 was due).
 func TestRLQSRedisPaused(t *testing.T) {
 	srv := redistest.StartServer(t)
 	t.Cleanup(srv.Resume) // before the server is stopped
@@ -431,6 +439,7 @@ func TestRLQSRedisPaused(t *testing.T) {
 // rule (deny: DENY_ALL, abandon: an abandon), while a BucketId of a rule
 // still gets its grant on the same stream.
 func TestRLQSUnmatched(t *testing.T) {
+	light(t)
 	cfg := writeConfig(t, rlqsConfig("fixed_window"))
 	for _, tc := range []struct {
 		flag  string

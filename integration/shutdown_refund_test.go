@@ -31,6 +31,7 @@ descriptors:
 var refundsLostRe = regexp.MustCompile(`refunds_lost=(\d+)`)
 
 func TestShutdownRefundWrittenOrCountedLost(t *testing.T) {
+	light(t)
 	if now := time.Now().UTC(); now.Add(2*time.Minute).Day() != now.Day() {
 		t.Skip("too close to the daily window's end: the counter would start over")
 	}

@@ -18,6 +18,7 @@ import (
 // middle of a long trace, exits within seconds (status 1, saying it
 // stopped) and writes the reports of the traces it finished.
 func TestSimulateStopsOnSignal(t *testing.T) {
+	light(t)
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
 			// A short trace, then one of about 3 million requests: tens of

@@ -128,6 +128,7 @@ func spDrive(t *testing.T, ps []*rlsProc, d *rlcommon.RateLimitDescriptor, rate 
 // at most the limit, and exactly the limit once it has been offered the
 // limit plus (replicas+1)×(split−1) requests (README, "Hot keys: split").
 func TestSplitSpreadsHotKeyOverCluster(t *testing.T) {
+	timed(t)
 	start := time.Now()
 	c := redistest.StartCluster(t, 3, 0)
 	masters := c.Nodes[:3]

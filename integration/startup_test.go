@@ -15,7 +15,7 @@ import (
 // TestOversizedRequest: a request over the gRPC port's 1 MiB is refused with
 // ResourceExhausted and the server keeps serving.
 func TestOversizedRequest(t *testing.T) {
-	t.Parallel()
+	light(t)
 	p := startRLS(t, "../config")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

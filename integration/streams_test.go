@@ -106,6 +106,7 @@ func h2Stream(addr, path string, body []byte, halfClose, zeroWindow bool) (net.C
 // a stream whose client never reads held open as well, SIGTERM ends rls
 // within its shutdown bound (10 s; streams and Watches ended first).
 func TestStreamsDoNotLockThePort(t *testing.T) {
+	light(t)
 	const conns = 1000
 	raiseNoFile(t, 3*conns+1000)
 	p := startRLSFast(t, "../config")
@@ -217,6 +218,7 @@ func TestStreamsDoNotLockThePort(t *testing.T) {
 // and the limit lowered to 40 a second in the config files under the open
 // streams holds from the RLQS fleet's next window on.
 func TestRLQSReloadLowersLimit(t *testing.T) {
+	light(t)
 	dir := writeConfig(t, rlqsConfig("fixed_window"))
 	p := startRLSFast(t, dir)
 	var es []*fakeEnvoy
@@ -272,6 +274,7 @@ func TestRLQSReloadLowersLimit(t *testing.T) {
 // it serves (Redis filled past its maxmemory under rls's traffic) show in
 // /metrics.
 func TestRedisEvictionsLoud(t *testing.T) {
+	light(t)
 	srv := redistest.StartServer(t, "--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru")
 	p := startRLSFast(t, "../config", "--store", "redis", "--redis-url", srv.URL())
 	testkit.WaitFor(t, "the WARN of the eviction policy", 5*time.Second, func() bool {
@@ -300,6 +303,7 @@ func TestRedisEvictionsLoud(t *testing.T) {
 // naming it, a stream whose client reads is never cut as a slow reader,
 // and the gauges return to 0 once the streams are gone.
 func TestRLQSStreamMemoryBounded(t *testing.T) {
+	light(t)
 	p := startRLSFast(t, "../config")
 	const idBytes = 100 << 10
 	report := func(i, j int) []byte {

@@ -141,7 +141,7 @@ func tlHealth(t *testing.T, p *rlsProc) string {
 }
 
 func TestTLSMutualGRPC(t *testing.T) {
-	t.Parallel()
+	light(t)
 	f := tlNewFiles(t)
 	good := f.clientConfig(t, f.client)
 	p := tlStartRLS(t, "../config", good,
@@ -194,7 +194,7 @@ func TestTLSMutualGRPC(t *testing.T) {
 }
 
 func TestTLSCertificateRotation(t *testing.T) {
-	t.Parallel()
+	light(t)
 	f := tlNewFiles(t)
 	cfg := f.clientConfig(t, f.client)
 	p := tlStartRLS(t, "../config", cfg,
@@ -371,7 +371,7 @@ descriptors:
 `
 
 func TestTLSRedis(t *testing.T) {
-	t.Parallel()
+	light(t)
 	f := tlNewFiles(t)
 	srv := tlStartRedis(t, f)
 	dir := writeConfig(t, map[string]string{"tls.yaml": tlRedisConfig})
@@ -440,7 +440,7 @@ func TestTLSRedis(t *testing.T) {
 }
 
 func TestTLSRedisPasswordNeverShown(t *testing.T) {
-	t.Parallel()
+	light(t)
 	const flagPW, urlPW = "s3cr3t-pw", "s3cr3t-url-pw"
 	srv := redistest.StartServer(t, "--requirepass", flagPW)
 	dir := writeConfig(t, map[string]string{"tls.yaml": tlRedisConfig})
@@ -507,7 +507,7 @@ func tlRun(t *testing.T, args ...string) (string, error) {
 }
 
 func TestTLSFlagErrors(t *testing.T) {
-	t.Parallel()
+	light(t)
 	f := tlNewFiles(t)
 	missing := filepath.Join(f.dir, "nope.crt")
 	for _, c := range []struct {

@@ -225,7 +225,7 @@ func traced(t *testing.T, p *rlsProc, traceparent, value string) *rlsv3.RateLimi
 // followed) and a store span per Redis call, with the outcome, source and
 // service.name, and no descriptor value anywhere.
 func TestTracingOTLPGRPC(t *testing.T) {
-	t.Parallel()
+	light(t)
 	srv := redistest.StartServer(t)
 	rcv := startGRPCReceiver(t, nil)
 	dir := writeConfig(t, map[string]string{"trace.yaml": traceConfig})
@@ -296,7 +296,7 @@ func TestTracingOTLPGRPC(t *testing.T) {
 // OTEL_RESOURCE_ATTRIBUTES win over rls's own; spans still queued at
 // SIGTERM are exported before rls exits.
 func TestTracingOTLPHTTPValues(t *testing.T) {
-	t.Parallel()
+	light(t)
 	rcv := startHTTPReceiver(t)
 	dir := writeConfig(t, map[string]string{"trace.yaml": traceConfig})
 	p := startTraced(t, []string{"OTEL_BSP_SCHEDULE_DELAY=600000", // no export before shutdown
@@ -331,7 +331,7 @@ func TestTracingOTLPHTTPValues(t *testing.T) {
 // TestTracingEnvEndpoint: OpenTelemetry's OTEL_EXPORTER_OTLP_ENDPOINT (a
 // base URL) turns tracing on.
 func TestTracingEnvEndpoint(t *testing.T) {
-	t.Parallel()
+	light(t)
 	rcv := startGRPCReceiver(t, nil)
 	dir := writeConfig(t, map[string]string{"trace.yaml": traceConfig})
 	p := startTraced(t, []string{"OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_EXPORTER_OTLP_ENDPOINT=http://" + rcv.Addr}, dir)
@@ -342,7 +342,7 @@ func TestTracingEnvEndpoint(t *testing.T) {
 // TestTracingStuckCollector: a collector that takes nothing never holds a
 // decision; the spans beyond the queue are dropped and counted.
 func TestTracingStuckCollector(t *testing.T) {
-	t.Parallel()
+	light(t)
 	hold := make(chan struct{})
 	rcv := startGRPCReceiver(t, hold)
 	t.Cleanup(func() { close(hold) }) // runs before the receiver stops
@@ -391,7 +391,7 @@ const (
 // copies of a few hundred bytes, not its request, and the queue is bounded
 // in bytes.
 func TestTracingBigRequestsUnreachableCollector(t *testing.T) {
-	t.Parallel() // processes of its own; asserts counts and memory, not time
+	light(t) // processes of its own; asserts counts and memory, not time
 	dir := writeConfig(t, map[string]string{"trace.yaml": traceConfig})
 	p := startRLSBinEnv(t, rlsFastBin, []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://" + freeAddr(t),
 		"OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=0"}, dir, "--trace-descriptor-values")

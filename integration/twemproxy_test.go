@@ -27,7 +27,7 @@ descriptors:
 // admit exactly the limit of a fixed window from 40 requests spread over
 // both, and nutcracker refuses none of their commands.
 func TestTwemproxyTwoReplicasExact(t *testing.T) {
-	t.Parallel() // processes of its own; asserts counts and memory, not time
+	light(t) // processes of its own; asserts counts and memory, not time
 	tw := redistest.StartTwemproxy(t, redistest.StartServer(t), redistest.StartServer(t))
 	env := map[string]string{"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": tw.Socket, "USE_STATSD": "false", "LOG_LEVEL": "info"}
 	var reps []*rlsProc
@@ -66,6 +66,7 @@ func TestTwemproxyTwoReplicasExact(t *testing.T) {
 // count with plain commands (a sliding window, rls's default when run as
 // rls) stops the start with one line naming twemproxy and the rule.
 func TestTwemproxyRefusesScriptRules(t *testing.T) {
+	light(t)
 	tw := redistest.StartTwemproxy(t, redistest.StartServer(t))
 	dir := writeConfig(t, map[string]string{"tw.yaml": twemproxyConfig})
 	p := startRLSNoWait(t, dir, "--store", "redis", "--redis-url", tw.URL())

@@ -114,6 +114,7 @@ func startSuiteRLS(t *testing.T, mode string) *suiteRLS {
 
 // TestUpstreamSuite runs the translation in each mode.
 func TestUpstreamSuite(t *testing.T) {
+	light(t)
 	t.Run("fixtures", testUpstreamFixtures)
 	for _, mode := range []string{"memory", "redis", "ratelimit"} {
 		t.Run(mode, func(t *testing.T) {

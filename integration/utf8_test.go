@@ -69,7 +69,7 @@ func rawRequest(domain string, override uint32, kv ...string) []byte {
 // answers bytes that are not protobuf InvalidArgument.
 // On Redis, the keys hold such bytes percent-encoded.
 func TestNonUTF8RequestsAreDecided(t *testing.T) {
-	t.Parallel() // processes of its own; asserts counts and memory, not time
+	light(t) // processes of its own; asserts counts and memory, not time
 	dir := writeConfig(t, map[string]string{"utf8.yaml": `
 domain: utf8
 descriptors:

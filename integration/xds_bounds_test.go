@@ -205,12 +205,14 @@ func refused(t *testing.T, bad *rlsconf.RateLimitConfig, limit string, peakLimit
 // TestXDSDeepNesting: a 60 KB resource nesting 9,000 deep is refused
 // before it is built.
 func TestXDSDeepNesting(t *testing.T) {
+	light(t)
 	refused(t, deepResource(9000), "depth", deepPeakLimit)
 }
 
 // TestXDSWideRefused: 180,000 descriptors in one response under the
 // receive cap are refused before any is built.
 func TestXDSWideRefused(t *testing.T) {
+	light(t)
 	refused(t, wideResource(180_000), "descriptors", widePeakLimit)
 }
 
@@ -218,6 +220,7 @@ func TestXDSWideRefused(t *testing.T) {
 // rules as a file do, and /metrics with a series for each scrapes in under
 // 2 s.
 func TestXDSWideValid(t *testing.T) {
+	light(t)
 	const n = 90_000
 	file := startRLSFast(t, writeConfig(t, map[string]string{"wide.yaml": wideYAML(n)}))
 	fileHWM := vmHWM(t, file.cmd.Process.Pid)
@@ -268,7 +271,7 @@ func TestXDSWideValid(t *testing.T) {
 // TestXDSRenameChurn: 2,000 versions in a row, each renaming the rule and
 // each deciding once, leave the series of the last one only.
 func TestXDSRenameChurn(t *testing.T) {
-	t.Parallel()
+	light(t)
 	cp := xdstest.Start(t, "127.0.0.1:0")
 	p := startXDSRLS(t, cp)
 	start := time.Now()
@@ -303,7 +306,7 @@ func TestXDSRenameChurn(t *testing.T) {
 // within 30 s), keeps serving its config, and reconnects once the control
 // plane is continued.
 func TestXDSHungControlPlane(t *testing.T) {
-	t.Parallel()
+	light(t)
 	dir := t.TempDir()
 	resources := filepath.Join(dir, "resources.yaml")
 	write := func(rpu int) {

@@ -82,7 +82,7 @@ func tenantLimit(rpu uint32) *rlsconf.RateLimitConfig {
 // the last good config, keeps deciding while the server is down, and takes
 // the restarted server's snapshot, whose version numbers start again.
 func TestXDSConfig(t *testing.T) {
-	t.Parallel()
+	light(t)
 	start := time.Now()
 	cp := xdstest.Start(t, "127.0.0.1:0")
 	p := startRLSNoWait(t, t.TempDir(), "--config-source", "xds", "--xds-server", cp.Addr, "--xds-node-id", "test")
@@ -242,7 +242,7 @@ func egManifest(t *testing.T) (env map[string]string, order []string, command []
 // server does, on Redis; Envoy's calls come over mutual TLS too. The file
 // changes, then turns bad (NACKed; the example logs it).
 func TestXDSEnvoyGatewayStyle(t *testing.T) {
-	t.Parallel()
+	light(t)
 	env, order, command := egManifest(t)
 	dockerfile, err := os.ReadFile("../Dockerfile")
 	if err != nil {
@@ -369,6 +369,7 @@ func TestXDSEnvoyGatewayStyle(t *testing.T) {
 // is examples/xds-control-plane's, line for line, so it compiles and
 // TestXDSEnvoyGatewayStyle runs it.
 func TestXDSReadmeSnippets(t *testing.T) {
+	light(t)
 	src, err := os.ReadFile("../examples/xds-control-plane/main.go")
 	if err != nil {
 		t.Fatal(err)
@@ -403,7 +404,7 @@ func TestXDSReadmeSnippets(t *testing.T) {
 // before the xDS server sends anything, every descriptor without a rule,
 // and applies the config when it comes.
 func TestXDSStartWithoutConfig(t *testing.T) {
-	t.Parallel()
+	light(t)
 	cp := xdstest.Start(t, "127.0.0.1:0")
 	p := startRLS(t, t.TempDir(), "--config-source", "xds", "--xds-server", cp.Addr, "--xds-node-id", "test",
 		"--allow-empty-config")
