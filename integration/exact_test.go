@@ -262,7 +262,10 @@ func exStartFast(t *testing.T, n int, dir string, args ...string) []*rlsProc {
 // evenly, which overload makes untrue (1.04 to 1.24× on this trace); a
 // fixed window lets up to twice its limit through across a window boundary
 // by design (1.2 to 1.4× here, when one window's first arrivals come slowly
-// and the next one's quickly), so the fault may not push it past 1.5×.
+// and the next one's quickly, checked at 1.6×), and the fault may not push
+// it past that same 1.6×: a trailing second around the fault holds a
+// window boundary too (a bound of 1.5× there failed a quiet CI run at
+// 1.54×, where the boundary alone is allowed 1.6×).
 // The first two seconds are not measured: a fresh key's first window
 // admits its limit whatever came before it.
 //
@@ -271,7 +274,7 @@ func exStartFast(t *testing.T, n int, dir string, args ...string) []*rlsProc {
 func TestStallKeepsTheLimit(t *testing.T) {
 	const limit, rate = 50, 100.0
 	type bound struct{ fault, own float64 }
-	bounds := map[string]bound{"per_second": {1.25, 1.4}, "per_second_fixed": {1.5, 1.6}}
+	bounds := map[string]bound{"per_second": {1.25, 1.4}, "per_second_fixed": {1.6, 1.6}}
 	dir := writeConfig(t, map[string]string{"exact.yaml": exConfig})
 	for _, fault := range []string{"none", "pause", "kill"} {
 		t.Run(fault, func(t *testing.T) {
