@@ -16,41 +16,52 @@ import (
 //     must open within a timeout. Go runs these first, one at a time,
 //     before any other.
 //   - timed(t): a lower bound on what a window admits, or a load whose
-//     pace matters (global shares, leases, RLQS fleets). One at a time,
-//     beside light tests.
-//   - light(t): the rest (counts, codes, memory bounds, config). At most
-//     lightSlots at once.
+//     pace matters (leases, RLQS fleets, the fleet's heartbeats). One at
+//     a time, beside light tests, first when a slot frees.
+//   - light(t): the rest (counts, codes, memory bounds, config).
 //
-// Both calls make the test parallel; the gates below, not -parallel,
-// bound how many run (TestMain raises -parallel so that a test waiting
-// at a gate never holds a slot another class could use).
-const lightSlots = 3
+// At most slots tests of the last two classes run at once. Both calls
+// make the test parallel; the gates below, not -parallel, bound how many
+// run (TestMain raises -parallel so that a test waiting at a gate never
+// holds a slot another class could use). Four at once (three light beside
+// a timed one) failed a timed lower bound and a light test's TTL read in
+// one of four quiet runs.
+const slots = 3
 
 var sched = struct {
-	mu           sync.Mutex
-	cond         *sync.Cond
-	timed, light int
+	mu                        sync.Mutex
+	cond                      *sync.Cond
+	timed, light, timedQueued int
 }{}
 
 func init() { sched.cond = sync.NewCond(&sched.mu) }
 
-// timed makes t parallel and waits until no other timed test runs.
+// timed makes t parallel and waits for a slot while no other timed test
+// runs.
 func timed(t *testing.T) {
 	t.Helper()
-	gate(t, func() bool { return sched.timed == 0 }, &sched.timed)
+	gate(t, &sched.timed, &sched.timedQueued, func() bool { return sched.timed == 0 && sched.timed+sched.light < slots })
 }
 
-// light makes t parallel and waits for one of lightSlots.
+// light makes t parallel and waits for a slot no timed test is waiting for.
 func light(t *testing.T) {
 	t.Helper()
-	gate(t, func() bool { return sched.light < lightSlots }, &sched.light)
+	gate(t, &sched.light, nil, func() bool {
+		return sched.timed+sched.light < slots && (sched.timed > 0 || sched.timedQueued == 0)
+	})
 }
 
-func gate(t *testing.T, free func() bool, running *int) {
+func gate(t *testing.T, running, queued *int, free func() bool) {
 	t.Parallel()
 	sched.mu.Lock()
+	if queued != nil {
+		*queued++
+	}
 	for !free() {
 		sched.cond.Wait()
+	}
+	if queued != nil {
+		*queued--
 	}
 	*running++
 	sched.mu.Unlock()
