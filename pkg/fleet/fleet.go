@@ -19,7 +19,8 @@ import (
 // or a beat that raced another replica's, reports fewer replicas than there
 // are for up to one heartbeat interval, and a smaller fleet means a larger
 // fail-open share each. While heartbeats fail it keeps the last size it
-// learned. It is safe for concurrent use.
+// learned, and the hold runs again from the last failed beat. It is safe
+// for concurrent use.
 type Fleet struct {
 	size     atomic.Int64
 	beat     func(context.Context) (int, error)
@@ -92,10 +93,23 @@ func (f *Fleet) Beat(ctx context.Context) error {
 	}
 	n, err := f.beat(ctx)
 	if err != nil {
+		f.unanswered()
 		return err
 	}
 	f.observe(max(n, f.min))
 	return nil
+}
+
+// unanswered restarts the hold: while the store cannot be asked, the
+// larger count is unseen, not gone, and a Redis that comes back empty
+// counts fewer replicas until each has beaten again (an outage longer
+// than the hold shrank the size at the first beat after it).
+func (f *Fleet) unanswered() {
+	f.mu.Lock()
+	if f.known {
+		f.highAt = f.now()
+	}
+	f.mu.Unlock()
 }
 
 // observe applies one counted size: a larger or equal count is taken at once

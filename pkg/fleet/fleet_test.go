@@ -100,3 +100,37 @@ func known(f *Fleet) bool {
 	defer f.mu.Unlock()
 	return f.known
 }
+
+// An outage longer than the hold does not count toward it: the first
+// beats into a Redis that restarted empty see fewer replicas, and the size
+// holds for the hold time after the store answers again (the integration
+// test TestFaultFleetSizeFromHeartbeats saw it shrink when Redis took
+// longer than the hold to come back).
+func TestFleetHoldRestartsAfterOutage(t *testing.T) {
+	clk := testkit.NewClock(time.Unix(1_751_540_400, 0))
+	n, fail := 3, false
+	f := New(Options{Beat: func(context.Context) (int, error) {
+		if fail {
+			return 0, store.ErrUnavailable
+		}
+		return n, nil
+	}, Interval: 2 * time.Second, Hold: 6 * time.Second, Now: clk.Now})
+	ctx := context.Background()
+	_ = f.Beat(ctx)
+	fail = true
+	for range 5 { // 10 s down, longer than the hold
+		clk.Advance(2 * time.Second)
+		_ = f.Beat(ctx)
+	}
+	fail, n = false, 1 // back, empty: only this replica's beat so far
+	for range 2 {
+		clk.Advance(2 * time.Second)
+		if _ = f.Beat(ctx); f.Size() != 3 {
+			t.Fatalf("size %d within the hold after the outage, want 3", f.Size())
+		}
+	}
+	clk.Advance(6 * time.Second) // the others never came back
+	if _ = f.Beat(ctx); f.Size() != 1 {
+		t.Fatalf("size %d a hold after the outage without the others, want 1", f.Size())
+	}
+}
