@@ -97,7 +97,13 @@ func fleetSteadySkewedStopped(t *testing.T, alg string, kill bool) (*fleetLoad, 
 	}
 	load.end()
 	// The replicas shared their demand for the key through Redis; the one
-	// stopped withdrew its own, the one killed could not.
+	// stopped withdrew its own (once its SIGTERM is done: two burners once
+	// read the hash before), the one killed could not.
+	select {
+	case <-ps[1].done:
+	case <-time.After(20 * time.Second):
+		t.Error("the stopped replica had not exited 20 s after its SIGTERM")
+	}
 	rdb := srv.Client()
 	defer rdb.Close()
 	hashes, err := rdb.Keys(context.Background(), "rls:rlqs-demand:*").Result()
