@@ -170,6 +170,11 @@ func startRLSBinEnv(t testing.TB, bin string, env []string, configDir string, ar
 	go func() { p.exitErr = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
 		p.stop(t)
+		// The race detector reports to the log and carries on: a race in
+		// rls fails the test that drove it, here.
+		if strings.Contains(p.Log.String(), "WARNING: DATA RACE") {
+			t.Errorf("the race detector found a data race in rls (%s)", bin)
+		}
 		if t.Failed() {
 			t.Logf("rls log (%s):\n%s", p.GRPCAddr, p.Log.String())
 		}
