@@ -173,17 +173,52 @@ type globalLoad struct {
 	mu   sync.Mutex
 	outs []outcome
 	rate [3]int
+	// offered counts the requests sent, by second and region: on a machine
+	// as busy as CI's this process may fall behind its rates.
+	offered map[int64][3]int
+	changes []rateChange
 	// compare also sends each request to a regional rule of the same
 	// limit, and lat holds both rules' latencies: [0] global, [1] regional.
 	compare bool
 	lat     [2][]time.Duration
 }
 
-func (l *globalLoad) setRates(r [3]int) { l.mu.Lock(); l.rate = r; l.mu.Unlock() }
+func (l *globalLoad) setRates(r [3]int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rate = r
+	l.changes = append(l.changes, rateChange{time.Now(), r})
+}
+
+// rateChange is when the load's rates were set, and to what.
+type rateChange struct {
+	at   time.Time
+	rate [3]int
+}
+
+// ratesAt returns the rates in effect at the end of window w.
+func (l *globalLoad) ratesAt(w int64) [3]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var r [3]int
+	for _, c := range l.changes {
+		if c.at.Before(time.Unix(w+1, 0)) {
+			r = c.rate
+		}
+	}
+	return r
+}
 
 func (l *globalLoad) run(ctx context.Context, regions []*region, key string) *sync.WaitGroup {
 	var wg sync.WaitGroup
-	const workers = 4
+	// Enough workers that an answer 20 ms late does not cut the busy
+	// region's demand (600/s: 37.5 a second each, two calls when compare).
+	const workers = 16
+	l.mu.Lock()
+	if l.offered == nil {
+		l.offered = map[int64][3]int{}
+	}
+	l.mu.Unlock()
 	for i, r := range regions {
 		for w := range workers {
 			wg.Add(1)
@@ -213,6 +248,11 @@ func (l *globalLoad) run(ctx context.Context, regions []*region, key string) *sy
 						}
 					}
 					began := time.Now()
+					l.mu.Lock()
+					o := l.offered[began.Unix()]
+					o[i]++
+					l.offered[began.Unix()] = o
+					l.mu.Unlock()
 					cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 					resp, err := c.ShouldRateLimit(cctx, &rlsv3.RateLimitRequest{Domain: "g", Descriptors: []*rlcommon.RateLimitDescriptor{desc("api_key", key)}})
 					cancel()
@@ -228,6 +268,24 @@ func (l *globalLoad) run(ctx context.Context, regions []*region, key string) *sy
 		}
 	}
 	return &wg
+}
+
+// fed reports whether the load sent at least 3/4 of want (by region, a
+// second) to regions in window w and in the window before, whose demand
+// the shares of w follow; else w's lower bounds say nothing of rls, and it
+// logs so.
+func (l *globalLoad) fed(t *testing.T, w int64, want [3]int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, x := range []int64{w - 1, w} {
+		for i := range 3 {
+			if got := l.offered[x][i]; got < want[i]*3/4 {
+				t.Logf("window %d: the load sent %v in window %d, under 3/4 of %v: its lower bounds are not checked", w, l.offered[x], x, want)
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // admitted returns the admitted requests per region and window (Unix
@@ -475,7 +533,8 @@ func testGlobalShift(t *testing.T, alg string) {
 	}
 	adm := load.admitted()
 	for _, r := range all {
-		if b := busy(r.w); b >= 0 && r.w < shift2.Add(phase).Unix() && (adm[r.w][b] <= adm[r.w][(b+1)%3] || adm[r.w][b] <= adm[r.w][(b+2)%3]) {
+		if b := busy(r.w); b >= 0 && r.w < shift2.Add(phase).Unix() && (adm[r.w][b] <= adm[r.w][(b+1)%3] || adm[r.w][b] <= adm[r.w][(b+2)%3]) &&
+			load.fed(t, r.w, load.ratesAt(r.w)) {
 			t.Errorf("window %d: the busy region admitted %d of %v, want the most", r.w, adm[r.w][b], adm[r.w])
 		}
 	}
@@ -513,7 +572,7 @@ func checkGlobalWindows(t *testing.T, load *globalLoad, rows []windowRow, alg st
 				t.Errorf("window %d: region %d counted %d, over its share %d", r.w, i, r.counts[i], s)
 			}
 		}
-		if n := sum3(a); n < lo(r.w) {
+		if n := sum3(a); n < lo(r.w) && load.fed(t, r.w, load.ratesAt(r.w)) {
 			t.Errorf("window %d: %v = %d admitted, want at least %d", r.w, a, n, lo(r.w))
 		}
 	}
@@ -560,7 +619,7 @@ func TestGlobalPartition(t *testing.T) {
 		if r.counts[0] > 30 {
 			t.Errorf("window %d: the cut-off region counted %d past its lease, over its floor 30", r.w, r.counts[0])
 		}
-		if n := adm[r.w][1] + adm[r.w][2]; r.w >= cut.Unix()+3 && n < 216 {
+		if n := adm[r.w][1] + adm[r.w][2]; r.w >= cut.Unix()+3 && n < 216 && load.fed(t, r.w, load.ratesAt(r.w)) {
 			t.Errorf("window %d: the other regions admitted %d, want at least 216 (80 %% of 270)", r.w, n)
 		}
 	}

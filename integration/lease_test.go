@@ -174,6 +174,7 @@ descriptors:
 	type answer struct{ sent, got time.Time }
 	var mu sync.Mutex
 	var ok []answer
+	var sent []time.Time // every request's send time: the generator may fall behind on a busy machine
 	const callers = 16
 	start := time.Now().Truncate(time.Second).Add(time.Second)
 	end := start.Add(10 * time.Second)
@@ -185,7 +186,10 @@ descriptors:
 			for next.Before(end) {
 				time.Sleep(time.Until(next)) // paced: real time on purpose
 				next = next.Add(callers * time.Second / rate)
-				sent := time.Now()
+				at := time.Now()
+				mu.Lock()
+				sent = append(sent, at)
+				mu.Unlock()
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				r, err := c.ShouldRateLimit(ctx, req)
 				cancel()
@@ -195,7 +199,7 @@ descriptors:
 				}
 				if r.OverallCode == rlsv3.RateLimitResponse_OK {
 					mu.Lock()
-					ok = append(ok, answer{sent, time.Now()})
+					ok = append(ok, answer{at, time.Now()})
 					mu.Unlock()
 				}
 			}
@@ -212,9 +216,22 @@ descriptors:
 				touching++
 			}
 		}
-		t.Logf("window %v: %d to %d admitted", w.Sub(start), within, touching)
+		offered := 0
+		for _, at := range sent {
+			if !at.Before(w) && at.Before(w.Add(time.Second)) {
+				offered++
+			}
+		}
+		t.Logf("window %v: %d to %d admitted (offered %d)", w.Sub(start), within, touching, offered)
 		if within > limit {
 			t.Errorf("window %v admitted at least %d, over the limit %d", w.Sub(start), within, limit)
+		}
+		// A window its callers could not send 3/4 of their 800 in (this
+		// test's process on a machine as busy as CI's) says nothing of what
+		// the leases admit: its lower bound is not checked.
+		if w.After(start) && offered < rate*3/4 {
+			t.Logf("window %v: the callers sent %d of %d; its lower bound is not checked", w.Sub(start), offered, rate)
+			continue
 		}
 		if w.After(start) && touching < limit*9/10 { // the first window is the key's first: no previous count
 			t.Errorf("window %v admitted at most %d, under 90 %% of the limit %d", w.Sub(start), touching, limit)

@@ -56,12 +56,12 @@ func TestRLQSRedisCost(t *testing.T) {
 
 	// ShouldRateLimit: the same rate from 8 callers.
 	before = commands()
-	srlAdmitted, srlErrors := shouldRateLimitLoad(p.client(), "srl", 2*rlqsLimit, rlqsCostSeconds*time.Second)
+	srlAdmitted, srlErrors, srlSent := shouldRateLimitLoad(p.client(), "srl", 2*rlqsLimit, rlqsCostSeconds*time.Second)
 	srlCmds := commands() - before
 
 	per1000 := func(cmds, admitted int64) float64 { return 1000 * float64(cmds) / float64(max(admitted, 1)) }
 	t.Logf("RLQS: %d admitted in %d s, %d Redis commands: %.1f per 1,000 admitted", rlqsAdmitted, rlqsCostSeconds, rlqsCmds, per1000(rlqsCmds, rlqsAdmitted))
-	t.Logf("ShouldRateLimit: %d admitted in %d s (%d errors), %d Redis commands: %.1f per 1,000 admitted", srlAdmitted, rlqsCostSeconds, srlErrors, srlCmds, per1000(srlCmds, srlAdmitted))
+	t.Logf("ShouldRateLimit: %d admitted of %d sent in %d s (%d errors), %d Redis commands: %.1f per 1,000 admitted", srlAdmitted, srlSent, rlqsCostSeconds, srlErrors, srlCmds, per1000(srlCmds, srlAdmitted))
 	if srlErrors != 0 {
 		t.Errorf("ShouldRateLimit: %d errors", srlErrors)
 	}
@@ -72,7 +72,12 @@ func TestRLQSRedisCost(t *testing.T) {
 			t.Errorf("%s admitted %d in %d s of a limit of %d/s", name, n, rlqsCostSeconds, rlqsLimit)
 		}
 	}
-	if per1000(rlqsCmds, rlqsAdmitted)*3 > per1000(srlCmds, srlAdmitted) {
+	// ShouldRateLimit pays for every request it is sent: a generator that
+	// fell behind (this process, on a machine as busy as CI's) sent too
+	// few for the comparison to say anything.
+	if want := int64(2 * rlqsLimit * rlqsCostSeconds); srlSent < want*3/4 {
+		t.Logf("the ShouldRateLimit load sent %d of %d requests: the costs are not compared", srlSent, want)
+	} else if per1000(rlqsCmds, rlqsAdmitted)*3 > per1000(srlCmds, srlAdmitted) {
 		t.Errorf("RLQS costs %.1f Redis commands per 1,000 admitted, ShouldRateLimit %.1f: want RLQS at most a third",
 			per1000(rlqsCmds, rlqsAdmitted), per1000(srlCmds, srlAdmitted))
 	}
@@ -80,10 +85,10 @@ func TestRLQSRedisCost(t *testing.T) {
 
 // shouldRateLimitLoad calls ShouldRateLimit for descriptor api_key=key at
 // rate per second for d, from 8 callers, and returns the requests answered
-// OK and the calls that failed.
-func shouldRateLimitLoad(c rlsv3.RateLimitServiceClient, key string, rate int, d time.Duration) (admitted, failed int64) {
+// OK, the calls that failed and the calls sent.
+func shouldRateLimitLoad(c rlsv3.RateLimitServiceClient, key string, rate int, d time.Duration) (admitted, failed, sent int64) {
 	const callers, tick = 8, 10 * time.Millisecond
-	var ok, errs atomic.Int64
+	var ok, errs, calls atomic.Int64
 	var wg sync.WaitGroup
 	req := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: descs(desc("api_key", key))}
 	end := time.Now().Add(d)
@@ -99,6 +104,7 @@ func shouldRateLimitLoad(c rlsv3.RateLimitServiceClient, key string, rate int, d
 				owed += float64(rate) / callers * tick.Seconds()
 				for ; owed >= 1; owed-- {
 					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					calls.Add(1)
 					resp, err := c.ShouldRateLimit(ctx, req)
 					cancel()
 					switch {
@@ -112,5 +118,5 @@ func shouldRateLimitLoad(c rlsv3.RateLimitServiceClient, key string, rate int, d
 		})
 	}
 	wg.Wait()
-	return ok.Load(), errs.Load()
+	return ok.Load(), errs.Load(), calls.Load()
 }

@@ -257,10 +257,17 @@ func TestRLQSReloadLowersLimit(t *testing.T) {
 	load.end()
 	for w := first + 1; w < first+windows; w++ {
 		got, i := load.window(w), w-first
-		t.Logf("window %d: admitted %d (by Envoy %v)", i, got, load.envoys(w))
+		t.Logf("window %d: admitted %d (offered %d; by Envoy %v)", i, got, load.offeredIn(w), load.envoys(w))
+		// The generator (this test's process, on a machine as busy as CI's)
+		// may fall behind: grants follow the demand reported in the window
+		// before, so a window, or the one before it, offered under 3/4 of
+		// the two Envoys' 2x load says nothing about the liar's effect.
+		fed := min(load.offeredIn(w-1), load.offeredIn(w)) >= 2*rlqsLimit*3/4
 		switch {
 		case got > rlqsLimit:
 			t.Errorf("window %d: admitted %d, over the limit %d", i, got, rlqsLimit)
+		case i < reloadAt && !fed:
+			t.Logf("window %d: the generator offered %d, then %d, of %d a window; its lower bound is not checked", i, load.offeredIn(w-1), load.offeredIn(w), 2*rlqsLimit)
 		case i < reloadAt && got < rlqsLimit/2:
 			t.Errorf("window %d: the honest Envoys admitted %d beside a stream that claimed 10^12 denials, under half the limit %d", i, got, rlqsLimit)
 		case i > reloadAt && got > 40:
