@@ -4,7 +4,8 @@
 // so at Go's default target it collects tens of times a second under load;
 // each cycle takes CPU from the decisions and adds to the tail. A larger
 // target buys that back for a bounded amount of memory: the extra heap
-// stays under Headroom as the live heap grows. GOGC and GOMEMLIMIT are the
+// stays under Headroom as the live heap grows, held between the tuner's
+// steps by a soft memory limit (LimitFor). GOGC and GOMEMLIMIT are the
 // operator's knobs: when either is set, Wanted says to leave Go alone.
 package gctune
 
@@ -39,6 +40,20 @@ func PercentFor(percent int, live uint64) int {
 		return percent
 	}
 	return max(int(Headroom*100/live), floor)
+}
+
+// LimitFor is the soft memory limit (as GOMEMLIMIT) that holds the heap
+// to what PercentFor(percent, live) allows, at least live plus Headroom,
+// with other bytes of the runtime's own memory (stacks, metadata) on top.
+// The target alone is a percentage of the live heap at the last
+// collection: a live heap that grows within one of Run's steps (a burst
+// of large requests) would let it reach percent% of the larger heap
+// before the next step lowers it. The limit caps the heap in bytes at
+// once, and leaves a live heap room to grow by Headroom, or to double,
+// between steps before collections come back to back.
+func LimitFor(percent int, live, other uint64) int64 {
+	p := uint64(PercentFor(percent, live))
+	return int64(other + max(live+live*p/100, live+Headroom))
 }
 
 // Wanted reports whether to tune: neither GOGC nor GOMEMLIMIT is set
@@ -77,18 +92,30 @@ func validByteCount(s string) bool {
 	return err == nil
 }
 
-// Run applies PercentFor(Percent, live heap) with debug.SetGCPercent, at
-// once and then every Every, until ctx ends. Callers run it only when
-// Wanted.
+// Run applies PercentFor(Percent, live heap) with debug.SetGCPercent and
+// LimitFor with debug.SetMemoryLimit, at once and then every Every, until
+// ctx ends. Callers run it only when Wanted.
 func Run(ctx context.Context, log *slog.Logger) {
-	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	sample := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/memory/classes/total:bytes"},
+		{Name: "/memory/classes/heap/released:bytes"}, {Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/memory/classes/heap/unused:bytes"}, {Name: "/memory/classes/heap/free:bytes"}}
 	cur := -1
 	apply := func() {
 		metrics.Read(sample)
-		var live uint64
-		if sample[0].Value.Kind() == metrics.KindUint64 {
-			live = sample[0].Value.Uint64()
+		v := make([]uint64, len(sample))
+		for i, s := range sample {
+			if s.Value.Kind() == metrics.KindUint64 {
+				v[i] = s.Value.Uint64()
+			}
 		}
+		live := v[0]
+		// What the memory limit counts besides the heap's own spans:
+		// mapped, not released, not heap objects or heap free space.
+		var other uint64
+		if heap := v[2] + v[3] + v[4] + v[5]; v[1] > heap {
+			other = v[1] - heap
+		}
+		debug.SetMemoryLimit(LimitFor(Percent, live, other))
 		if p := PercentFor(Percent, live); p != cur {
 			debug.SetGCPercent(p)
 			if cur != -1 {

@@ -31,6 +31,25 @@ func TestPercentFor(t *testing.T) {
 	}
 }
 
+func TestLimitFor(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		live, other uint64
+		want        int64
+	}{
+		{0, 0, 64 * mib},                   // nothing measured yet: the headroom
+		{5 * mib, 10 * mib, 79 * mib},      // small heap: room to grow by the headroom between steps
+		{16 * mib, 10 * mib, 90 * mib},     // 400% is exactly the headroom
+		{32 * mib, 10 * mib, 106 * mib},    // the target capped at 64 MiB extra
+		{200 * mib, 10 * mib, 410 * mib},   // Go's default: room to double
+		{4096 * mib, 64 * mib, 8256 * mib}, // large memory store
+	} {
+		if got := LimitFor(Percent, tc.live, tc.other); got != tc.want {
+			t.Errorf("LimitFor(%d, %d MiB, %d MiB) = %d MiB, want %d MiB", Percent, tc.live/mib, tc.other/mib, got/mib, tc.want/mib)
+		}
+	}
+}
+
 func TestWantedAndCheck(t *testing.T) {
 	if !Wanted("", "") || Wanted("100", "") || Wanted("", "1GiB") {
 		t.Error("Wanted: want true only with neither variable set")
@@ -57,10 +76,14 @@ func TestWantedAndCheck(t *testing.T) {
 // context ends.
 func TestRunSetsTheTarget(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	Run(ctx, slog.New(slog.DiscardHandler))
 	if got := debug.SetGCPercent(100); got < 100 || got > Percent {
 		t.Errorf("GC target %d after Run, want between 100 and %d", got, Percent)
+	}
+	if got := debug.SetMemoryLimit(-1); got < Headroom || got > 1<<30 {
+		t.Errorf("memory limit %d after Run, want at least the headroom %d and far from unlimited", got, Headroom)
 	}
 }
