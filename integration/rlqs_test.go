@@ -137,9 +137,14 @@ func fleetSteadySkewedStopped(t *testing.T, alg string, kill bool) (*fleetLoad, 
 		want := rlqsLimit * 8 / 10
 		// The generator itself (this test's process, on a machine as busy
 		// as CI's) may fall behind: a window offered under 3/4 of its 2x
-		// load says nothing about the grants, which follow the demand
-		// reported before.
+		// load, or following one that was (CI: 439 offered in window 4,
+		// then 310 admitted in window 5), says nothing about the grants,
+		// which follow the demand reported before.
 		offered := load.offeredIn(w)
+		if before := load.offeredIn(w - 1); w > first && before < 8*int(share)*3/4 {
+			t.Logf("window %d: the generator offered only %d of %d requests in the window before, whose reports its grants follow; its lower bound is not checked", w-first, before, 8*share)
+			continue
+		}
 		if offered < 8*int(share)*3/4 {
 			t.Logf("window %d: the generator offered only %d of %d requests; its lower bound is not checked", w-first, offered, 8*share)
 			continue
