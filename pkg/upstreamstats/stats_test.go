@@ -3,6 +3,7 @@ package upstreamstats
 import (
 	"bufio"
 	"context"
+	"log/slog"
 	"net"
 	"sort"
 	"strconv"
@@ -419,11 +420,15 @@ func TestRunShutdownBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := New(Options{Sinks: []gostats.Sink{NewStatsdSink(target, nil)}, Flush: target.Flush, LastFlush: 200 * time.Millisecond})
+	var sinkLog testkit.Buffer
+	st := New(Options{Sinks: []gostats.Sink{NewStatsdSink(target, slog.New(slog.NewTextHandler(&sinkLog, nil)))}, Flush: target.Flush, LastFlush: 200 * time.Millisecond})
 	st.ConfigLoaded(true)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := st.Start(ctx)
-	time.Sleep(300 * time.Millisecond) // on purpose: flushes at 100 ms meet the refused sink, so cancel lands mid-retry
+	// Cancel once a flush has met the refused sink, so it lands mid-retry.
+	testkit.WaitFor(t, "the sink's warning of the refused statsd", 5*time.Second, func() bool {
+		return strings.Contains(sinkLog.String(), "statsd: ")
+	})
 	cancel()
 	select {
 	case <-done:
