@@ -173,6 +173,52 @@ func TestExchangeFollowsDemand(t *testing.T) {
 	checkSums(t, held(t, c, MetaKey(a.Key, 300, time.Second), g.Current-8, g.LeaseEnd+3), g.Current-8, 300, false)
 }
 
+// TestExchangeSlidingShareIgnoresWobble: on a sliding window, a region's
+// share does not drop when its demand wobbles by less than a twentieth of
+// the limit (each drop would idle that capacity for a window), and still
+// follows a shift of demand.
+func TestExchangeSlidingShareIgnoresWobble(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	t0 := testEpoch()
+	a := Ask{Key: "rl:{d:k=w}:k", Limit: 300, Window: time.Second, Sliding: true}
+	round := func(i int, eu, us, ap uint64) Grant {
+		at := t0 + int64(i)*sec
+		var g Grant
+		for j, d := range []uint64{eu, us, ap} {
+			a := a
+			a.Demand, a.Now = d, at+int64(j+1)*100_000
+			r := exchange1(t, c, settings([]string{"eu", "us", "ap"}[j], "p1"), a)
+			if j == 0 {
+				g = r
+			}
+		}
+		return g
+	}
+	for i := range 6 {
+		round(i, 600, 150, 150)
+	}
+	settled := round(6, 600, 150, 150)
+	want := share(settled, settled.LeaseEnd)
+	for i := 7; i < 13; i++ {
+		eu, small := uint64(570), uint64(160)
+		if i%2 == 0 {
+			eu, small = 630, 140
+		}
+		g := round(i, eu, small, small)
+		if s := share(g, g.LeaseEnd); s != want {
+			t.Errorf("round %d: demand %d against 2x%d: eu's share of window %d is %d, want %d as before the wobble", i, eu, small, g.LeaseEnd, s, want)
+		}
+	}
+	var g Grant
+	for i := 13; i < 18; i++ {
+		g = round(i, 150, 600, 150)
+	}
+	if s := share(g, g.LeaseEnd); s > 60 {
+		t.Errorf("eu's share %d of window %d after its demand fell to 150 of 900, want at most 60", s, g.LeaseEnd)
+	}
+	checkSums(t, held(t, c, MetaKey(a.Key, 300, time.Second), settled.Current-6, g.LeaseEnd+2), settled.Current-6, 300, true)
+}
+
 // TestExchangeFloorAfterLeases: a region joining while another holds the
 // whole limit gets its whole floor, from the window after the other's
 // lease; the shares of every window stay within the limit.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -198,9 +199,9 @@ func (t *Table) Run(ctx context.Context) {
 }
 
 // markHits notes each key's hits at the interval's boundary, a quarter
-// interval before the exchange: the demand published is the rate of the
-// hits since, so an exchange sees a shift of demand that happened at the
-// boundary before it, rather than an interval later.
+// interval before the exchange: demandRate follows the rate of the hits
+// since when they show a shift, so an exchange sees a shift of demand that
+// happened at the boundary before it, rather than an interval later.
 func (t *Table) markHits() {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -238,8 +239,7 @@ func (t *Table) pick(all bool) []*entry {
 		e.mu.Lock()
 		idle := now.UnixNano() - e.lastHit
 		if all {
-			q := uint64(t.s.Interval / 4)
-			e.demand = ((e.hits-min(e.mark, e.hits))*uint64(e.window) + q - 1) / q
+			e.demand = demandRate(e.hits, e.hits-min(e.mark, e.hits), t.s.Interval, e.window)
 			e.hits, e.mark = 0, 0
 		}
 		gone := idle > 10*int64(t.s.Interval) && (!e.granted || e.leaseEnd < e.seen/e.window.Microseconds())
@@ -255,10 +255,25 @@ func (t *Table) pick(all bool) []*entry {
 	return es
 }
 
+// demandRate returns a key's demand per window from the hits of the
+// interval since its last exchange, recent of them in its last quarter
+// (since markHits): the whole interval's rate, which counts four times the
+// hits and so wobbles half as much from one exchange to the next, unless
+// the quarter's count is over three standard deviations (of a Poisson
+// count) from its share of the interval's, when demand has shifted and the
+// quarter's rate is the one to follow.
+func demandRate(hits, recent uint64, interval, window time.Duration) uint64 {
+	q := uint64(interval / 4)
+	if expect := float64(hits) / 4; math.Abs(float64(recent)-expect) > 3*math.Sqrt(max(expect, 1)) {
+		return (recent*uint64(window) + q - 1) / q
+	}
+	return (hits*uint64(window) + uint64(interval) - 1) / uint64(interval)
+}
+
 // exchange exchanges the keys with demand in the last 3 intervals (all),
-// or only the keys never granted; it turns each key's hits of the last
-// quarter interval (since markHits) into its demand per window, and drops
-// keys idle for 10 intervals whose leases have ended.
+// or only the keys never granted; it turns each key's hits into its
+// demand per window (demandRate), and drops keys idle for 10 intervals
+// whose leases have ended.
 func (t *Table) exchange(ctx context.Context, all bool) {
 	es := t.pick(all)
 	if len(es) == 0 {
