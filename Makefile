@@ -3,6 +3,9 @@ GO       ?= go
 BIN      ?= bin/rls
 CONFIG   ?= ./config
 export CGO_ENABLED ?= 1
+# A race-built test binary sleeps a second before it exits unless told not
+# to (the race runtime's atexit_sleep_ms=1000): a second a package.
+export GORACE ?= atexit_sleep_ms=0
 
 GOBIN    ?= $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)

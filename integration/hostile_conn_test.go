@@ -187,7 +187,7 @@ func hcRunFlood(t *testing.T, addr string, conns int, reconnect bool, until time
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.SysProcAttr = redistest.ChildAttr()
-	cmd.Env = append(os.Environ(), "HC_FLOOD_ADDR="+addr, "HC_FLOOD_CONNS="+strconv.Itoa(conns),
+	cmd.Env = append(cleanEnv(), "HC_FLOOD_ADDR="+addr, "HC_FLOOD_CONNS="+strconv.Itoa(conns),
 		"HC_FLOOD_UNTIL="+strconv.FormatInt(until.UnixNano(), 10), "HC_FLOOD_RECONNECT=")
 	if reconnect {
 		cmd.Env[len(cmd.Env)-1] += "1"

@@ -190,15 +190,24 @@ func startRLSBinEnv(t testing.TB, bin string, env []string, configDir string, ar
 
 // cleanEnv is the test's environment without RLS_* and OTEL_* variables,
 // so a developer's shell cannot change what the binary under test does (or
-// turn tracing on).
+// turn tracing on), and with GORACE's atexit_sleep_ms=0: the race-built
+// rls otherwise sleeps a second before it exits, which every stop waited.
 func cleanEnv() []string {
 	var env []string
+	race := "atexit_sleep_ms=0"
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "RLS_") && !strings.HasPrefix(kv, "OTEL_") {
+		switch {
+		case strings.HasPrefix(kv, "GORACE="):
+			if !strings.Contains(kv, "atexit_sleep_ms") {
+				race = strings.TrimPrefix(kv, "GORACE=") + " " + race
+			} else {
+				race = strings.TrimPrefix(kv, "GORACE=")
+			}
+		case !strings.HasPrefix(kv, "RLS_") && !strings.HasPrefix(kv, "OTEL_"):
 			env = append(env, kv)
 		}
 	}
-	return env
+	return append(env, "GORACE="+race)
 }
 
 func (p *rlsProc) waitServing(t testing.TB, within time.Duration) {
