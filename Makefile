@@ -74,7 +74,8 @@ TEST_TAGS ?= redis
 # deploy/ run it before their tests: go test's own vet pass (a subset) is
 # off, not repeated.
 test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit, Redis and integration tests with the race detector
-	$(GO) test -vet=off -race -count=1 -timeout 15m -tags $(TEST_TAGS) $$($(GO) list ./... | grep -v /integration$$)
+	@# -p 4: half these packages' time is waiting (real Redis, real clocks), not CPU.
+	$(GO) test -p 4 -vet=off -race -count=1 -timeout 15m -tags $(TEST_TAGS) $$($(GO) list ./... | grep -v /integration$$)
 	@# Allocation bounds, without the race detector (whose sync.Pool drops items at random).
 	$(GO) test -vet=off -count=1 -run 'Allocation' ./pkg/service/
 	@# The load generator is its own module (bench/), which ./... above does not reach.

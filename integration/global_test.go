@@ -507,12 +507,12 @@ func testGlobalShift(t *testing.T, alg string) {
 	load.setRates([3]int{600, 150, 150})
 	wg := load.run(ctx, regions, "k1")
 	rows := sampleWindows(ctx, t, regions, gc, 300)
-	time.Sleep(3 * time.Second) // the key's first exchanges
+	time.Sleep(3 * time.Second) // the key's first exchanges: its shares settle (with 1 s here, a run read 264 at 3 s after shift1)
 	shift1 := untilNextSecond()
-	time.Sleep(phase)
-	shift2 := untilNextSecond()
+	shift2 := shift1.Add(phase)
+	time.Sleep(time.Until(shift2))
 	load.setRates([3]int{150, 600, 150})
-	time.Sleep(phase)
+	time.Sleep(time.Until(shift2.Add(phase)))
 	cancel()
 	wg.Wait()
 	// busy is the region with 600/s in a window at least 3 s after a shift; -1 otherwise.
