@@ -81,34 +81,7 @@ func (g *GlobalConfig) parseURL() error {
 	bad := func(name, want string) error {
 		return fmt.Errorf("%s: %s=%q: want %s", flagRef("global-redis-url"), name, q.Get(name), want)
 	}
-	params := []struct {
-		name, want string
-		parse      func(string) bool
-	}{
-		{"interval", "a duration from 100ms to 1m", func(v string) bool {
-			g.Interval, err = time.ParseDuration(v)
-			return err == nil && g.Interval >= 100*time.Millisecond && g.Interval <= time.Minute
-		}},
-		{"lease", "a duration up to 1h", func(v string) bool {
-			g.Lease, err = time.ParseDuration(v)
-			return err == nil && g.Lease <= time.Hour
-		}},
-		{"floor", "a fraction from 0 to 0.5", func(v string) bool {
-			g.Floor, err = strconv.ParseFloat(v, 64)
-			return err == nil && g.Floor >= 0 && g.Floor <= 0.5
-		}},
-		{"max_keys", "at least 1", func(v string) bool {
-			g.MaxKeys, err = strconv.Atoi(v)
-			return err == nil && g.MaxKeys >= 1
-		}},
-		{"mode", "single, cluster or sentinel", func(v string) bool {
-			ok := v == redisclient.ModeSingle || v == redisclient.ModeCluster || v == redisclient.ModeSentinel
-			if ok {
-				g.Mode = v
-			}
-			return ok
-		}},
-	}
+	params := g.urlParams()
 	var errs []error
 	for _, p := range params {
 		if v := q.Get(p.name); v != "" && !p.parse(v) {
@@ -125,6 +98,45 @@ func (g *GlobalConfig) parseURL() error {
 		errs = append(errs, fmt.Errorf("%s: %w", flagRef("global-redis-url"), err))
 	}
 	return errors.Join(errs...)
+}
+
+// urlParam is one of rls's parameters in --global-redis-url: parse sets
+// it in the config and reports whether v is what want says.
+type urlParam struct {
+	name, want string
+	parse      func(v string) bool
+}
+
+func (g *GlobalConfig) urlParams() []urlParam {
+	return []urlParam{
+		{"interval", "a duration from 100ms to 1m", func(v string) bool {
+			d, err := time.ParseDuration(v)
+			g.Interval = d
+			return err == nil && d >= 100*time.Millisecond && d <= time.Minute
+		}},
+		{"lease", "a duration up to 1h", func(v string) bool {
+			d, err := time.ParseDuration(v)
+			g.Lease = d
+			return err == nil && d <= time.Hour
+		}},
+		{"floor", "a fraction from 0 to 0.5", func(v string) bool {
+			f, err := strconv.ParseFloat(v, 64)
+			g.Floor = f
+			return err == nil && f >= 0 && f <= 0.5
+		}},
+		{"max_keys", "at least 1", func(v string) bool {
+			n, err := strconv.Atoi(v)
+			g.MaxKeys = n
+			return err == nil && n >= 1
+		}},
+		{"mode", "single, cluster or sentinel", func(v string) bool {
+			ok := v == redisclient.ModeSingle || v == redisclient.ModeCluster || v == redisclient.ModeSentinel
+			if ok {
+				g.Mode = v
+			}
+			return ok
+		}},
+	}
 }
 
 // globalShares is a replica's part in global limits: its region's shares
