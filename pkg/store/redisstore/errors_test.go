@@ -248,8 +248,13 @@ func TestBadReplyIsProtocol(t *testing.T) {
 	for name, rewrite := range map[string]func(any) any{
 		"not a string": func(any) any { return int64(1) },
 		"an array":     func(v any) any { return []any{v} },
-		"too short":    func(v any) any { return v.(string)[:lua.ResultBytes-1] },
-		"too long":     func(v any) any { return v.(string) + "x" },
+		"too short": func(v any) any { // a decision's reply cut by one byte; another script's as it is
+			if s, ok := v.(string); ok && len(s) >= lua.ResultBytes {
+				return s[:lua.ResultBytes-1]
+			}
+			return v
+		},
+		"too long": func(v any) any { return v.(string) + "x" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := srv.Client()
