@@ -66,6 +66,27 @@ deps: ## install what the tests need (redis-server and nutcracker from Debian) w
 	@command -v service_cmd >/dev/null || test -x "$(GOBIN)/service_cmd" || { echo "installing envoyproxy/ratelimit's service_cmd (the mixed-fleet test runs it beside rls)"; \
 	  $(GO) install github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36; }
 
+# The tools make test runs are pinned and installed into bin/tools, so that
+# whether it passes does not depend on which (if any) are on PATH:
+# staticcheck, and deadcode, which TestNoDeadProductionCode (cmd/rls) runs
+# (it skips where deadcode is missing). Defined before the rules that name
+# them: make expands a rule's prerequisites as it reads them.
+STATICCHECK_VERSION ?= v0.8.2
+STATICCHECK := bin/tools/staticcheck-$(STATICCHECK_VERSION)
+DEADCODE_VERSION ?= v0.52.0
+DEADCODE := bin/tools/deadcode-$(DEADCODE_VERSION)
+
+# tool NAME,PACKAGE,VERSION: the rule installing PACKAGE@VERSION as
+# bin/tools/NAME-VERSION.
+define tool
+bin/tools/$(1)-$(3):
+	@mkdir -p bin/tools
+	GOBIN=$(CURDIR)/bin/tools/tmp-$(1) $(GO) install $(2)@$(3)
+	mv bin/tools/tmp-$(1)/$(1) $$@ && rmdir bin/tools/tmp-$(1)
+endef
+$(eval $(call tool,staticcheck,honnef.co/go/tools/cmd/staticcheck,$(STATICCHECK_VERSION)))
+$(eval $(call tool,deadcode,golang.org/x/tools/cmd/deadcode,$(DEADCODE_VERSION)))
+
 # Tests that start redis-server (or nutcracker) carry the build tag "redis":
 # make test sets it, make unit does not, so that make unit needs neither.
 TEST_TAGS ?= redis
@@ -73,9 +94,9 @@ TEST_TAGS ?= redis
 # lint has run go vet (all its analyzers) on the main module, and bench/ and
 # deploy/ run it before their tests: go test's own vet pass (a subset) is
 # off, not repeated.
-test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit, Redis and integration tests with the race detector
+test: deps lint release-check $(DEADCODE) ## everything: vet, gofmt, a release dry run, unit, Redis and integration tests with the race detector
 	@# -p 4: half these packages' time is waiting (real Redis, real clocks), not CPU.
-	$(GO) test -p 4 -vet=off -race -count=1 -timeout 15m -tags $(TEST_TAGS) $$($(GO) list ./... | grep -v /integration$$)
+	DEADCODE=$(CURDIR)/$(DEADCODE) $(GO) test -p 4 -vet=off -race -count=1 -timeout 15m -tags $(TEST_TAGS) $$($(GO) list ./... | grep -v /integration$$)
 	@# Allocation bounds, without the race detector (whose sync.Pool drops items at random).
 	$(GO) test -vet=off -count=1 -run 'Allocation' ./pkg/service/
 	@# The load generator is its own module (bench/), which ./... above does not reach.
@@ -92,16 +113,6 @@ test: deps lint release-check ## everything: vet, gofmt, a release dry run, unit
 
 unit: ## the tests outside integration/ without the redis tag: no redis-server, nutcracker or rls binary needed (make test runs the tagged ones too)
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /integration)
-
-# staticcheck is pinned and installed into bin/tools, so that whether make
-# test passes does not depend on which staticcheck (if any) is on PATH.
-STATICCHECK_VERSION ?= v0.8.2
-STATICCHECK := bin/tools/staticcheck-$(STATICCHECK_VERSION)
-
-$(STATICCHECK):
-	@mkdir -p bin/tools
-	GOBIN=$(CURDIR)/bin/tools/tmp $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
-	mv bin/tools/tmp/staticcheck $@ && rmdir bin/tools/tmp
 
 lint: $(STATICCHECK) ## gofmt, go vet and staticcheck (pinned, installed into bin/tools)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -30,12 +30,16 @@ var testSupport = []string{
 // reaches is either unused or used by tests only, and belongs in a _test.go
 // file or a test-support package. deadcode type-checks the whole program
 // (about 20 s on 2 cores), so the test is skipped with -short and where
-// deadcode is not installed.
+// deadcode is not installed ($DEADCODE, else PATH, else GOPATH/bin; make
+// test sets $DEADCODE to the version it pins).
 func TestNoDeadProductionCode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: deadcode takes about 20 s")
 	}
-	bin, err := exec.LookPath("deadcode")
+	bin, err := os.Getenv("DEADCODE"), error(nil) // make test installs a pinned one
+	if bin == "" {
+		bin, err = exec.LookPath("deadcode")
+	}
 	if err != nil {
 		gopath, _ := exec.Command("go", "env", "GOPATH").Output()
 		bin = filepath.Join(strings.TrimSpace(string(gopath)), "bin", "deadcode")
