@@ -24,22 +24,13 @@ const maxCyclo = 15
 func TestNoComplexFunctions(t *testing.T) {
 	fset := token.NewFileSet()
 	for _, root := range []string{"../..", "../../bench"} {
-		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if d.IsDir() {
-				if path != root && (d.Name() == "bench" && root == "../.." || d.Name() == "deploy" || strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, ".pb.go") {
-				return nil
+		productionFiles(t, root, func(path string, _ []byte) {
+			if !strings.HasSuffix(path, ".go") {
+				return
 			}
 			f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
 			if err != nil {
-				return err
+				t.Fatal(err)
 			}
 			for _, decl := range f.Decls {
 				if fn, ok := decl.(*ast.FuncDecl); ok {
@@ -48,11 +39,37 @@ func TestNoComplexFunctions(t *testing.T) {
 					}
 				}
 			}
-			return nil
 		})
+	}
+}
+
+// productionFiles calls fn with each production .go and .lua file of the
+// module at root (tests, generated .pb.go, testdata and the other modules,
+// bench/ and deploy/, left out).
+func productionFiles(t *testing.T, root string, fn func(path string, src []byte)) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
+		if d.IsDir() {
+			if path != root && (d.Name() == "bench" || d.Name() == "deploy" || d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !(strings.HasSuffix(path, ".go") || strings.HasSuffix(path, ".lua")) || strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, ".pb.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		fn(path, src)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -86,35 +103,15 @@ func cyclomatic(fn *ast.FuncDecl) int {
 // the command only wires.
 func TestSourceFileSizes(t *testing.T) {
 	cmd := 0
-	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != "../.." && (d.Name() == "bench" || d.Name() == "deploy" || strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !(strings.HasSuffix(path, ".go") || strings.HasSuffix(path, ".lua")) || strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, ".pb.go") {
-			return nil
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		n := bytes.Count(b, []byte("\n"))
+	productionFiles(t, "../..", func(path string, src []byte) {
+		n := bytes.Count(src, []byte("\n"))
 		if n > 700 {
 			t.Errorf("%s: %d lines, over 700: split it by job", path, n)
 		}
 		if strings.HasPrefix(path, "../../cmd/rls/") && strings.HasSuffix(path, ".go") {
 			cmd += n
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if cmd > 2000 {
 		t.Errorf("cmd/rls: %d lines of production Go, over 2,000: move what is not wiring into a package", cmd)
 	}

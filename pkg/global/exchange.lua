@@ -159,8 +159,8 @@ end
 t = math.floor(math.max(t, mine.fl or 0))
 -- A sliding window's share drops only by more than a twentieth of the
 -- limit: a drop idles its capacity for a window (the next window counts a
--- region's larger share of the two), and a demand measured over a quarter
--- interval wobbles by about that much from one exchange to the next.
+-- region's larger share of the two), and a steady demand's measure
+-- wobbles by up to about that much from one exchange to the next.
 if sliding then
   local keep = held(me, c)
   if t < keep and keep - t <= L / 20 then t = keep end

@@ -240,6 +240,17 @@ func (h replyRewriter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	}
 }
 
+// decisionReply rewrites a decision's reply (a string of lua.ResultBytes)
+// with f, and leaves another script's as it is.
+func decisionReply(f func(string) string) func(any) any {
+	return func(v any) any {
+		if s, ok := v.(string); ok && len(s) == lua.ResultBytes {
+			return f(s)
+		}
+		return v
+	}
+}
+
 // TestBadReplyIsProtocol: a reply of the wrong type or length is
 // ErrProtocol, and the breaker does not count it as a failure.
 func TestBadReplyIsProtocol(t *testing.T) {
@@ -248,13 +259,8 @@ func TestBadReplyIsProtocol(t *testing.T) {
 	for name, rewrite := range map[string]func(any) any{
 		"not a string": func(any) any { return int64(1) },
 		"an array":     func(v any) any { return []any{v} },
-		"too short": func(v any) any { // a decision's reply cut by one byte; another script's as it is
-			if s, ok := v.(string); ok && len(s) >= lua.ResultBytes {
-				return s[:lua.ResultBytes-1]
-			}
-			return v
-		},
-		"too long": func(v any) any { return v.(string) + "x" },
+		"too short":    decisionReply(func(s string) string { return s[:lua.ResultBytes-1] }),
+		"too long":     decisionReply(func(s string) string { return s + "x" }),
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := srv.Client()
