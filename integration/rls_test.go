@@ -116,6 +116,10 @@ type rlsProc struct {
 	done               chan struct{}
 	exitErr            error
 	conn               *grpc.ClientConn
+	ownConn            *grpc.ClientConn // the connection launch made (a test may set conn to its own)
+	bin                string
+	env, args          []string
+	relaunches         int
 }
 
 // startRLS starts the binary with a config directory and extra flags, waits
@@ -156,18 +160,15 @@ func startRLSEnv(t testing.TB, bin, configDir string, env []string, args ...stri
 // startRLSBinEnv is startRLSBin with env (KEY=value) added to cleanEnv's.
 func startRLSBinEnv(t testing.TB, bin string, env []string, configDir string, args ...string) *rlsProc {
 	t.Helper()
-	addrs := freeAddrs(t, 2)
-	p := &rlsProc{GRPCAddr: addrs[0], HTTPAddr: addrs[1], ConfigDir: configDir, Log: &testkit.Buffer{}, done: make(chan struct{})}
-	all := append([]string{"serve", "--config-dir", configDir, "--grpc-addr", p.GRPCAddr,
-		"--http-addr", p.HTTPAddr, "--debug-addr", "", "--admin-addr", ""}, args...)
-	p.cmd = exec.Command(bin, all...)
-	p.cmd.SysProcAttr = redistest.ChildAttr()
-	p.cmd.Env = append(cleanEnv(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.exitErr = p.cmd.Wait(); close(p.done) }()
+	p := newRLSProc(t, bin, env, configDir, args...)
+	p.launch(t, freeAddrs(t, 2))
+	return p
+}
+
+// newRLSProc is an rls not started yet, stopped (and its log shown if the
+// test failed) when the test ends.
+func newRLSProc(t testing.TB, bin string, env []string, configDir string, args ...string) *rlsProc {
+	p := &rlsProc{ConfigDir: configDir, Log: &testkit.Buffer{}, bin: bin, env: env, args: args}
 	t.Cleanup(func() {
 		p.stop(t)
 		// The race detector reports to the log and carries on: a race in
@@ -178,14 +179,56 @@ func startRLSBinEnv(t testing.TB, bin string, env []string, configDir string, ar
 		if t.Failed() {
 			t.Logf("rls log (%s):\n%s", p.GRPCAddr, p.Log.String())
 		}
+		if p.conn != nil {
+			p.conn.Close()
+		}
+		if p.ownConn != p.conn {
+			p.ownConn.Close()
+		}
 	})
+	return p
+}
+
+// launch starts the binary on addrs (gRPC, HTTP), with a client connection
+// to the first.
+func (p *rlsProc) launch(t testing.TB, addrs []string) {
+	t.Helper()
+	p.GRPCAddr, p.HTTPAddr = addrs[0], addrs[1]
+	all := append([]string{"serve", "--config-dir", p.ConfigDir, "--grpc-addr", p.GRPCAddr,
+		"--http-addr", p.HTTPAddr, "--debug-addr", "", "--admin-addr", ""}, p.args...)
+	p.cmd = exec.Command(p.bin, all...)
+	p.cmd.SysProcAttr = redistest.ChildAttr()
+	p.cmd.Env = append(cleanEnv(), p.env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.Log, p.Log
+	p.done = make(chan struct{})
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd, done := p.cmd, p.done
+	go func() { p.exitErr = cmd.Wait(); close(done) }()
 	conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.conn = conn
-	t.Cleanup(func() { conn.Close() })
-	return p
+	p.conn, p.ownConn = conn, conn
+}
+
+// relaunchOnTakenPort starts rls again on new addresses when it exited
+// because another process took a port freeAddrs handed out (it listened
+// and closed, and anything on the machine may bind the port before rls
+// does), as long as the test still talks through the connection launch
+// made. It reports whether it did.
+func (p *rlsProc) relaunchOnTakenPort(t testing.TB) bool {
+	t.Helper()
+	if p.relaunches >= 3 || p.conn != p.ownConn || !strings.Contains(p.Log.String(), "address already in use") {
+		return false
+	}
+	p.relaunches++
+	t.Logf("rls could not bind %s or %s (taken since freeAddrs freed it): starting it again on new addresses", p.GRPCAddr, p.HTTPAddr)
+	fmt.Fprintf(p.Log, "--- relaunched: a port was taken ---\n")
+	p.conn.Close()
+	p.launch(t, freeAddrs(t, 2))
+	return true
 }
 
 // cleanEnv is the test's environment without RLS_* and OTEL_* variables,
@@ -217,6 +260,10 @@ func (p *rlsProc) waitServing(t testing.TB, within time.Duration) {
 	for time.Now().Before(deadline) {
 		select {
 		case <-p.done:
+			if p.relaunchOnTakenPort(t) {
+				hc = healthpb.NewHealthClient(p.conn)
+				continue
+			}
 			t.Fatalf("rls exited before serving: %v\n%s", p.exitErr, p.Log.String())
 		default:
 		}
@@ -237,6 +284,9 @@ const pollEvery = 50 * time.Millisecond
 
 // stop sends SIGTERM and waits for the exit, killing by PID after 15 s.
 func (p *rlsProc) stop(t testing.TB) {
+	if p.cmd == nil {
+		return
+	}
 	select {
 	case <-p.done:
 		return

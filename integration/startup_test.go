@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -26,5 +27,30 @@ func TestOversizedRequest(t *testing.T) {
 	}
 	if r := should(t, p.client(), "example", desc("api_key", "small")); r.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("after the oversized request: %v", r)
+	}
+}
+
+// TestRelaunchOnTakenPort: the harness starts rls again on new addresses
+// when a port freeAddrs handed out was taken before rls bound it (seen in
+// CI: another process's port, taken between freeAddrs closing it and rls
+// listening), so a test does not fail on the machine's other traffic.
+func TestRelaunchOnTakenPort(t *testing.T) {
+	light(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	p := newRLSProc(t, rlsBin, nil, "../config")
+	p.launch(t, []string{taken.Addr().String(), freeAddr(t)})
+	p.waitServing(t, 20*time.Second)
+	if p.relaunches != 1 || p.GRPCAddr == taken.Addr().String() {
+		t.Fatalf("relaunches %d, gRPC on %s (taken: %s), want one relaunch on another address", p.relaunches, p.GRPCAddr, taken.Addr())
+	}
+	if !strings.Contains(p.Log.String(), "address already in use") {
+		t.Fatalf("the first start did not fail on the taken port:\n%s", p.Log.String())
+	}
+	if r := should(t, p.client(), "example", desc("api_key", "k")); r.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("after the relaunch: %v", r)
 	}
 }
