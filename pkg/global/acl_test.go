@@ -16,7 +16,7 @@ import (
 // aclRules is docs/global.md's ACL of the global store's user.
 const aclRules = "on >pw ~g:* resetchannels -@all +evalsha +script|load +time +hgetall +hset +hdel +pexpire +pexpireat +ping +hello"
 
-// TestExchangeACL: the exchange runs under exactly docs/global.md's ACL
+// TestExchangeACL: the publish and the grant run under exactly docs/global.md's ACL
 // (the script loaded on first use), and that page lists it.
 func TestExchangeACL(t *testing.T) {
 	srv := redistest.StartServer(t)
@@ -29,6 +29,9 @@ func TestExchangeACL(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "rlsg", Password: "pw"})
 	defer c.Close()
 	for i := range 2 {
+		if err := Publish(ctx, c, settings("eu", "p1"), []Ask{{Key: "rl:{d:k=acl}:k", Limit: 10, Window: time.Second, Demand: 5}})[0]; err != nil {
+			t.Errorf("publish %d: %v", i, err)
+		}
 		g := exchange1(t, c, settings("eu", "p1"), Ask{Key: "rl:{d:k=acl}:k", Limit: 10, Window: time.Second, Demand: 5})
 		if len(g.Shares) == 0 || g.Shares[len(g.Shares)-1] != 10 {
 			t.Errorf("exchange %d: %+v, want the whole limit alone", i, g)

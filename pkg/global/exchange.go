@@ -94,24 +94,44 @@ func MetaKey(key string, limit uint64, window time.Duration) string {
 	return "g:{" + key + "}|" + strconv.FormatUint(limit, 10) + "|" + strconv.FormatInt(int64(window/time.Second), 10)
 }
 
-// Exchange runs the exchange of every ask in one pipeline (loading the
+// Exchange runs the grant of every ask in one pipeline (loading the
 // script once when the store lacks it) and returns a grant or an error
-// for each.
+// for each. A key's grant reads the demand every replica published this
+// round (Publish), and publishes a's when it has not.
 func Exchange(ctx context.Context, c redis.UniversalClient, s Settings, asks []Ask) ([]Grant, []error) {
+	grants := make([]Grant, len(asks))
+	errs := run(ctx, c, s, asks, "g", func(i int, cmd *redis.Cmd) (err error) {
+		grants[i], err = parseGrant(cmd)
+		return err
+	})
+	return grants, errs
+}
+
+// Publish publishes each ask's demand for this round in one pipeline: a
+// round's grants (Exchange), a quarter interval later, read every
+// replica's alike.
+func Publish(ctx context.Context, c redis.UniversalClient, s Settings, asks []Ask) []error {
+	return run(ctx, c, s, asks, "p", func(_ int, cmd *redis.Cmd) error { return cmd.Err() })
+}
+
+// run calls the script for every ask in one pipeline, in mode ("p":
+// publish, "g": grant), loading the script once when the store lacks it,
+// and returns read's error for each ask.
+func run(ctx context.Context, c redis.UniversalClient, s Settings, asks []Ask, mode string, read func(int, *redis.Cmd) error) []error {
 	s.defaults()
-	grants, errs := make([]Grant, len(asks)), make([]error, len(asks))
+	errs := make([]error, len(asks))
 	for attempt := 0; attempt < 2; attempt++ {
 		cmds := make([]*redis.Cmd, len(asks))
 		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := range asks {
 				a := &asks[i]
-				cmds[i] = exchangeScript.EvalSha(ctx, p, []string{MetaKey(a.Key, a.Limit, a.Window)}, s.args(a)...)
+				cmds[i] = exchangeScript.EvalSha(ctx, p, []string{MetaKey(a.Key, a.Limit, a.Window)}, append(s.args(a), mode)...)
 			}
 			return nil
 		})
 		noScript := false
 		for i, cmd := range cmds {
-			grants[i], errs[i] = parseGrant(cmd)
+			errs[i] = read(i, cmd)
 			noScript = noScript || (errs[i] != nil && strings.HasPrefix(errs[i].Error(), "NOSCRIPT"))
 		}
 		if !noScript {
@@ -124,7 +144,7 @@ func Exchange(ctx context.Context, c redis.UniversalClient, s Settings, asks []A
 			break
 		}
 	}
-	return grants, errs
+	return errs
 }
 
 // args returns the script's ARGV for a.

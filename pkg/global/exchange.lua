@@ -12,12 +12,21 @@
 -- ARGV: 1 now in µs ('' = this server's TIME, the one clock), 2 region,
 --   3 replica, 4 limit, 5 window µs, 6 lease µs, 7 interval µs, 8 the floor
 --   a region asks for, 9 this replica's demand in hits per window, 10 '1'
---   for a sliding window, 11 margin µs (clock error allowance).
+--   for a sliding window, 11 margin µs (clock error allowance), 12 'p' to
+--   publish the demand only (a round's first call), else grant.
 -- Meta fields: 'e|R' region R's lease end (a window index), 'f|R' its
 --   floor, 'ff|R' its floor's first window, 's|R' when it last called (µs),
---   'd|R|P' replica P's demand as 'hits@µs'.
+--   'd|R|P' replica P's demand as 'n:hits', published in round n (the
+--   interval its call's now is in).
 -- Reply: {now µs, c, floor, floor's first window, lease end e, share of c,
---   ..., share of e}: this region's shares from the current window c on.
+--   ..., share of e}: this region's shares from the current window c on;
+--   to a publish, {now µs}.
+--
+-- A round is two calls by every replica: each publishes its demand a
+-- quarter into the interval, then, half into it, is granted shares from
+-- the demand every replica published: the grants of a round read the same
+-- demands whatever their order, so a shift published in round k is in the
+-- shares of window k+1 whole, not in one region's and not another's.
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
@@ -29,9 +38,17 @@ local me, rep = ARGV[2], ARGV[3]
 local L, W, lease, ival = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local floorWant, demand, sliding, margin = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10] == '1', tonumber(ARGV[11])
 local meta = KEYS[1]
+local ttl = math.floor((11 * lease + 3 * W + margin + 10 * ival) / 1000)
+local round = math.floor(now / ival)
+local myDemand = 'd|' .. me .. '|' .. rep
+if ARGV[12] == 'p' then
+  redis.call('HSET', meta, myDemand, round .. ':' .. demand)
+  redis.call('PEXPIRE', meta, ttl)
+  return {now}
+end
 local c = math.floor(now / W)
 local enew = math.floor((now + lease) / W)
-local myDemand = 'd|' .. me .. '|' .. rep
+local myRound = -1
 
 -- The regions, from the meta hash.
 local R = {}
@@ -54,12 +71,17 @@ for i = 1, #raw, 2 do
     elseif kind == 'f' then x.fl = tonumber(v)
     elseif kind == 'ff' then x.ff = tonumber(v)
     elseif kind == 's' then x.seen = tonumber(v)
-    elseif kind == 'd' and k ~= myDemand then
-      local d, t = string.match(v, '^([^@]+)@(.+)$')
-      d, t = tonumber(d), tonumber(t)
-      if t < now - 10 * ival then
+    elseif kind == 'd' then
+      local n, d = string.match(v, '^(-?%d+):(%d+)$')
+      n, d = tonumber(n), tonumber(d)
+      if not n then
+        redis.call('HDEL', meta, k) -- not this script's
+      elseif k == myDemand then
+        myRound = n
+        if n == round then x.d = x.d + d end
+      elseif n < round - 10 then
         redis.call('HDEL', meta, k) -- a replica gone
-      elseif t >= now - 2 * ival then
+      elseif n >= round - 1 then -- this round's, else the round before's
         x.d = x.d + d
       end
     end
@@ -76,8 +98,12 @@ for q, x in pairs(R) do
   end
 end
 local mine = reg(me)
-mine.seen, mine.d = math.max(mine.seen, now), mine.d + demand
-redis.call('HSET', meta, 's|' .. me, mine.seen, myDemand, demand .. '@' .. now)
+mine.seen = math.max(mine.seen, now)
+redis.call('HSET', meta, 's|' .. me, mine.seen)
+if myRound ~= round then -- not published this round (a key's first call): now
+  mine.d = mine.d + demand
+  redis.call('HSET', meta, myDemand, round .. ':' .. demand)
+end
 
 -- The window hashes that the shares of windows c .. maxE+2 depend on.
 local maxE = enew
@@ -181,7 +207,7 @@ for v = c, enew do
 end
 mine.e = math.max(mine.e, enew)
 redis.call('HSET', meta, 'e|' .. me, mine.e)
-redis.call('PEXPIRE', meta, math.floor((11 * lease + 3 * W + margin + 10 * ival) / 1000))
+redis.call('PEXPIRE', meta, ttl)
 
 local out = {now, c, mine.fl, mine.ff, mine.e}
 for v = c, mine.e do table.insert(out, held(me, v)) end

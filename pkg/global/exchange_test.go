@@ -5,6 +5,7 @@ package global
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -161,7 +162,7 @@ func TestExchangeFollowsDemand(t *testing.T) {
 	before := share(gu, gu.Current+2)
 	for i := 1; i <= 4; i++ {
 		g = call("eu", 600, at+int64(i)*sec)
-		if gu2 := call("us", 0, at+int64(i)*sec+100_000); share(gu2, gu.Current+2) < before {
+		if gu2 := call("us", 0, at+int64(i)*sec+100_000); gu.Current+2 >= gu2.Current && share(gu2, gu.Current+2) < before {
 			t.Fatalf("us's share of window %d fell from %d to %d", gu.Current+2, before, share(gu2, gu.Current+2))
 		}
 		call("ap", 0, at+int64(i)*sec+200_000)
@@ -217,6 +218,73 @@ func TestExchangeSlidingShareIgnoresWobble(t *testing.T) {
 		t.Errorf("eu's share %d of window %d after its demand fell to 150 of 900, want at most 60", s, g.LeaseEnd)
 	}
 	checkSums(t, held(t, c, MetaKey(a.Key, 300, time.Second), settled.Current-6, g.LeaseEnd+2), settled.Current-6, 300, true)
+}
+
+// TestExchangeRoundIgnoresOrder: three regions of two replicas each (their
+// demand split 60/40) publish their demand a quarter into each round and
+// ask for grants half into it, each in an order drawn at random; the demand
+// shifts from eu to us at round 6's boundary, as round 6 publishes it.
+// Every grant of a round reads the same demands, so two keys exchanged in
+// different orders get the same shares of every window once the key has
+// settled, and the shift is followed whole and at once: a fixed window's
+// shares are 200/50/50 up to window 6 and 50/200/50 from window 7; a
+// sliding window, which counts eu's hits of window 6 in window 7's
+// estimate, reaches 50/200/50 at window 8.
+func TestExchangeRoundIgnoresOrder(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	for _, sliding := range []bool{false, true} {
+		t0 := testEpoch()
+		run := func(key string, rng *rand.Rand) []map[string]int64 {
+			a := Ask{Key: key, Limit: 300, Window: time.Second, Sliding: sliding}
+			for i := range int64(13) {
+				demand := map[string]uint64{"eu": 600, "us": 150, "ap": 150}
+				if i >= 6 {
+					demand = map[string]uint64{"eu": 150, "us": 600, "ap": 150}
+				}
+				for phase := range int64(2) {
+					for pos, j := range rng.Perm(6) {
+						region, p := []string{"eu", "us", "ap"}[j/2], j%2
+						a := a
+						a.Demand = demand[region] * []uint64{60, 40}[p] / 100
+						a.Now = t0 + i*sec + (1+phase)*sec/4 + int64(pos)*20_000
+						s := settings(region, "p"+strconv.Itoa(p))
+						s.Lease = s.Interval
+						if phase == 0 {
+							if err := Publish(context.Background(), c, s, []Ask{a})[0]; err != nil {
+								t.Fatal(err)
+							}
+						} else {
+							exchange1(t, c, s, a)
+						}
+					}
+				}
+			}
+			meta := MetaKey(key, 300, time.Second)
+			h := held(t, c, meta, t0/sec, t0/sec+13)
+			checkSums(t, h, t0/sec, 300, sliding)
+			return h
+		}
+		k1, k2 := fmt.Sprintf("rl:{d:k=o1%v}:k", sliding), fmt.Sprintf("rl:{d:k=o2%v}:k", sliding)
+		h1 := run(k1, rand.New(rand.NewPCG(seed, 1)))
+		h2 := run(k2, rand.New(rand.NewPCG(seed, 2)))
+		before, after, from := map[string]int64{"eu": 200, "us": 50, "ap": 50}, map[string]int64{"eu": 50, "us": 200, "ap": 50}, 7
+		if sliding {
+			from = 8
+		}
+		for v := 3; v <= 13; v++ {
+			if !maps.Equal(h1[v], h2[v]) {
+				t.Errorf("sliding=%v: window %d's shares %v in one order, %v in another", sliding, v, h1[v], h2[v])
+			}
+			switch {
+			case v <= 6 && !maps.Equal(h1[v], before):
+				t.Errorf("sliding=%v: window %d's shares %v, want %v (the demand before the shift)", sliding, v, h1[v], before)
+			case v >= from && !maps.Equal(h1[v], after):
+				t.Errorf("sliding=%v: window %d's shares %v, want %v (the demand after the shift)", sliding, v, h1[v], after)
+			}
+		}
+	}
 }
 
 // TestExchangeFloorAfterLeases: a region joining while another holds the

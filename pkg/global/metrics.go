@@ -14,8 +14,8 @@ var (
 	descDemand   = prometheus.NewDesc("rls_global_demand", "Hits asked of this replica (admitted and denied) per window over the last interval, summed over the rule's keys.", []string{"region", "domain", "rule"}, nil)
 	descLease    = prometheus.NewDesc("rls_global_lease_seconds", "Least time left, over the rule's keys, until this region's granted shares end and it decides on its floor.", []string{"region", "domain", "rule"}, nil)
 	descAge      = prometheus.NewDesc("rls_global_exchange_age_seconds", "Since the global store last answered this replica's exchange (-1: never).", []string{"region"}, nil)
-	descCalls    = prometheus.NewDesc("rls_global_exchange_calls_total", "Keys sent to the global store's exchange script.", []string{"region"}, nil)
-	descFailures = prometheus.NewDesc("rls_global_exchange_failures_total", "Keys whose exchange failed (the global store unreachable, slow or refusing).", []string{"region"}, nil)
+	descCalls    = prometheus.NewDesc("rls_global_exchange_calls_total", "Calls of the global store's exchange script, per key: a round's publish and its grant.", []string{"region"}, nil)
+	descFailures = prometheus.NewDesc("rls_global_exchange_failures_total", "Calls of the exchange script, per key, that failed (the global store unreachable, slow or refusing).", []string{"region"}, nil)
 )
 
 // Register adds the table's metrics to reg.

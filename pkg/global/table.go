@@ -25,9 +25,10 @@ type Table struct {
 	log    *slog.Logger
 	now    func() time.Time
 
-	mu   sync.RWMutex
-	keys map[string]*entry // by MetaKey
-	kick chan struct{}     // a key without a grant: exchange it now
+	mu    sync.RWMutex
+	keys  map[string]*entry // by MetaKey
+	kick  chan struct{}     // a key without a grant: exchange it now
+	round []*entry          // the keys this round published, for its grant
 
 	clock    atomic.Pointer[clockFix]
 	lastOK   atomic.Int64 // local Unix ns of the last exchange the global store answered
@@ -176,22 +177,28 @@ func (e *entry) shareLocked(v, g int64, lease time.Duration) uint64 {
 }
 
 // Run exchanges every interval (and at once for a key never granted)
-// until ctx ends.
+// until ctx ends: each round marks the hits at its boundary, publishes the
+// demand a quarter into the interval and asks for the grants half into it.
 func (t *Table) Run(ctx context.Context) {
-	timer := time.NewTimer(t.untilTick())
-	defer timer.Stop()
-	mark := time.NewTimer(t.untilTick() - t.s.Interval/4)
+	mark := time.NewTimer(t.until(0))
 	defer mark.Stop()
+	publish := time.NewTimer(t.until(t.s.Interval / 4))
+	defer publish.Stop()
+	grant := time.NewTimer(t.until(t.s.Interval / 2))
+	defer grant.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-mark.C:
 			t.markHits()
-			mark.Reset(t.untilTick() - t.s.Interval/4 + t.s.Interval)
-		case <-timer.C:
+			mark.Reset(t.until(0))
+		case <-publish.C:
+			t.publish(ctx)
+			publish.Reset(t.until(t.s.Interval / 4))
+		case <-grant.C:
 			t.exchange(ctx, true)
-			timer.Reset(t.untilTick())
+			grant.Reset(t.until(t.s.Interval / 2))
 		case <-t.kick:
 			t.exchange(ctx, false)
 		}
@@ -199,9 +206,9 @@ func (t *Table) Run(ctx context.Context) {
 }
 
 // markHits notes each key's hits at the interval's boundary, a quarter
-// interval before the exchange: demandRate follows the rate of the hits
-// since when they show a shift, so an exchange sees a shift of demand that
-// happened at the boundary before it, rather than an interval later.
+// interval before the publish: demandRate follows the rate of the hits
+// since when they show a shift, so a round publishes a shift of demand
+// that happened at its boundary rather than an interval later.
 func (t *Table) markHits() {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -212,19 +219,24 @@ func (t *Table) markHits() {
 	}
 }
 
-// untilTick returns the time to the next exchange: a quarter into the
-// next interval on the global store's clock, so that each exchange
-// extends the shares to the window after the current one well before it
-// starts (with a lease of one window) and every replica measures its
-// demand over the same intervals.
-func (t *Table) untilTick() time.Duration {
+// until returns the time to the next instant at phase into an interval on
+// the global store's clock, at least an eighth of an interval away (a
+// timer that fires a little early, or a clock estimate that moved, does
+// not run a phase twice in one interval). Every replica so measures its
+// demand over the same intervals, and a round's grants, half into it,
+// extend the shares to the next window well before it starts (with a
+// lease of one window).
+func (t *Table) until(phase time.Duration) time.Duration {
 	var off int64
 	if fix := t.clock.Load(); fix != nil {
 		off = fix.off
 	}
-	iv := t.s.Interval.Microseconds()
+	iv, ph := t.s.Interval.Microseconds(), phase.Microseconds()
 	g := t.now().UnixMicro() + off
-	next := (g-iv/4)/iv*iv + iv + iv/4
+	next := (g-ph)/iv*iv + iv + ph
+	if next-g < iv/8 {
+		next += iv
+	}
 	return time.Duration(next-g) * time.Microsecond
 }
 
@@ -270,32 +282,50 @@ func demandRate(hits, recent uint64, interval, window time.Duration) uint64 {
 	return (hits*uint64(window) + uint64(interval) - 1) / uint64(interval)
 }
 
-// exchange exchanges the keys with demand in the last 3 intervals (all),
-// or only the keys never granted; it turns each key's hits into its
-// demand per window (demandRate), and drops keys idle for 10 intervals
-// whose leases have ended.
-func (t *Table) exchange(ctx context.Context, all bool) {
-	es := t.pick(all)
+// publish takes the demand per window of each key with demand in the last
+// 3 intervals (pick, demandRate), keeps the MaxKeys with the most for this
+// round's grant, and publishes theirs.
+func (t *Table) publish(ctx context.Context) {
+	es := t.pick(true)
+	slices.SortFunc(es, func(a, b *entry) int { return cmp.Compare(b.demand, a.demand) })
+	es = es[:min(len(es), t.s.MaxKeys)]
+	t.mu.Lock()
+	t.round = es
+	t.mu.Unlock()
 	if len(es) == 0 {
 		return
 	}
-	slices.SortFunc(es, func(a, b *entry) int { return cmp.Compare(b.demand, a.demand) })
-	es = es[:min(len(es), t.s.MaxKeys)]
-	asks := make([]Ask, len(es))
-	for i, e := range es {
-		asks[i] = Ask{Key: e.key, Limit: e.limit, Window: e.window, Sliding: e.sliding, Demand: e.demand}
+	cctx, cancel := context.WithTimeout(ctx, t.s.Interval/4)
+	defer cancel()
+	errs := Publish(cctx, t.client, t.s, asksOf(es))
+	t.calls.Add(uint64(len(es)))
+	t.failed(errs, "publish")
+}
+
+// exchange asks for the grants of this round's keys (all: those publish
+// chose), or of the keys never granted, and takes them; it drops keys
+// idle for 10 intervals whose leases have ended.
+func (t *Table) exchange(ctx context.Context, all bool) {
+	var es []*entry
+	if all {
+		t.mu.Lock()
+		es, t.round = t.round, nil
+		t.mu.Unlock()
+	} else {
+		es = t.pick(false)
 	}
-	cctx, cancel := context.WithTimeout(ctx, t.s.Interval)
+	if len(es) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, t.s.Interval/2)
 	defer cancel()
 	sent := t.now()
-	grants, errs := Exchange(cctx, t.client, t.s, asks)
+	grants, errs := Exchange(cctx, t.client, t.s, asksOf(es))
 	recv := t.now()
-	t.calls.Add(uint64(len(asks)))
-	var failed int
+	t.calls.Add(uint64(len(es)))
 	clocked := false
 	for i, e := range es {
 		if errs[i] != nil {
-			failed++
 			continue
 		}
 		if !clocked { // every answer was read between sent and recv
@@ -305,13 +335,36 @@ func (t *Table) exchange(ctx context.Context, all bool) {
 		}
 		e.apply(&grants[i])
 	}
-	if failed > 0 {
-		t.failures.Add(uint64(failed))
-		t.log.Warn("global store: exchange failed; deciding on the shares held", "keys", failed, "error", firstErr(errs))
-	}
-	if failed < len(es) {
+	if t.failed(errs, "exchange") < len(es) {
 		t.lastOK.Store(recv.UnixNano())
 	}
+}
+
+// asksOf returns the asks of es: each key with its demand.
+func asksOf(es []*entry) []Ask {
+	asks := make([]Ask, len(es))
+	for i, e := range es {
+		e.mu.Lock()
+		asks[i] = Ask{Key: e.key, Limit: e.limit, Window: e.window, Sliding: e.sliding, Demand: e.demand}
+		e.mu.Unlock()
+	}
+	return asks
+}
+
+// failed counts and logs the calls of errs that failed, and returns how
+// many did.
+func (t *Table) failed(errs []error, what string) int {
+	n := 0
+	for _, err := range errs {
+		if err != nil {
+			n++
+		}
+	}
+	if n > 0 {
+		t.failures.Add(uint64(n))
+		t.log.Warn("global store: "+what+" failed; deciding on the shares held", "keys", n, "error", firstErr(errs))
+	}
+	return n
 }
 
 func firstErr(errs []error) error {
