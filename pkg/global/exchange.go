@@ -71,6 +71,7 @@ type Ask struct {
 	Window  time.Duration
 	Sliding bool
 	Demand  uint64
+	Shift   bool  // Demand is the rate since the interval's boundary: a shift (demandRate)
 	Now     int64 // test clock in µs; 0: the global store's TIME
 }
 
@@ -125,7 +126,7 @@ func run(ctx context.Context, c redis.UniversalClient, s Settings, asks []Ask, m
 		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := range asks {
 				a := &asks[i]
-				cmds[i] = exchangeScript.EvalSha(ctx, p, []string{MetaKey(a.Key, a.Limit, a.Window)}, append(s.args(a), mode)...)
+				cmds[i] = exchangeScript.EvalSha(ctx, p, []string{MetaKey(a.Key, a.Limit, a.Window)}, s.args(a, mode)...)
 			}
 			return nil
 		})
@@ -147,17 +148,20 @@ func run(ctx context.Context, c redis.UniversalClient, s Settings, asks []Ask, m
 	return errs
 }
 
-// args returns the script's ARGV for a.
-func (s *Settings) args(a *Ask) []any {
-	now, sliding := "", "0"
+// args returns the script's ARGV for a's call in mode.
+func (s *Settings) args(a *Ask, mode string) []any {
+	now, sliding, shift := "", "0", "0"
 	if a.Now > 0 {
 		now = strconv.FormatInt(a.Now, 10)
 	}
 	if a.Sliding {
 		sliding = "1"
 	}
+	if a.Shift {
+		shift = "1"
+	}
 	return []any{now, s.Region, s.Replica, a.Limit, a.Window.Microseconds(), s.Lease.Microseconds(), s.Interval.Microseconds(),
-		uint64(s.Floor * float64(a.Limit)), a.Demand, sliding, s.Margin.Microseconds()}
+		uint64(s.Floor * float64(a.Limit)), a.Demand, sliding, s.Margin.Microseconds(), mode, shift}
 }
 
 // errReply marks a reply of the wrong shape.

@@ -13,11 +13,12 @@
 --   3 replica, 4 limit, 5 window µs, 6 lease µs, 7 interval µs, 8 the floor
 --   a region asks for, 9 this replica's demand in hits per window, 10 '1'
 --   for a sliding window, 11 margin µs (clock error allowance), 12 'p' to
---   publish the demand only (a round's first call), else grant.
+--   publish the demand only (a round's first call), else grant, 13 '1'
+--   when the demand is a shift's (measured since the interval's boundary).
 -- Meta fields: 'e|R' region R's lease end (a window index), 'f|R' its
 --   floor, 'ff|R' its floor's first window, 's|R' when it last called (µs),
 --   'd|R|P' replica P's demand as 'n:hits', published in round n (the
---   interval its call's now is in).
+--   interval its call's now is in); 'x' the last round a shift was published.
 -- Reply: {now µs, c, floor, floor's first window, lease end e, share of c,
 --   ..., share of e}: this region's shares from the current window c on;
 --   to a publish, {now µs}.
@@ -43,6 +44,7 @@ local round = math.floor(now / ival)
 local myDemand = 'd|' .. me .. '|' .. rep
 if ARGV[12] == 'p' then
   redis.call('HSET', meta, myDemand, round .. ':' .. demand)
+  if ARGV[13] == '1' then redis.call('HSET', meta, 'x', round) end
   redis.call('PEXPIRE', meta, ttl)
   return {now}
 end
@@ -61,9 +63,11 @@ local function reg(q)
   return x
 end
 local raw = redis.call('HGETALL', meta)
+local shifted = -1
 for i = 1, #raw, 2 do
   local k, v = raw[i], raw[i + 1]
   local kind, q = string.match(k, '^(%a+)|([^|]+)')
+  if k == 'x' then shifted = tonumber(v) end
   if kind then
     local x = reg(q)
     table.insert(x.fields, k)
@@ -186,8 +190,12 @@ t = math.floor(math.max(t, mine.fl or 0))
 -- A sliding window's share drops only by more than a twentieth of the
 -- limit: a drop idles its capacity for a window (the next window counts a
 -- region's larger share of the two), and a steady demand's measure
--- wobbles by up to about that much from one exchange to the next.
-if sliding then
+-- wobbles by up to about that much from one round to the next. Not in the
+-- round of a shift or the next: a shift's demand is a quarter's, which
+-- wobbles twice as much, and the next round's, a whole interval's, corrects
+-- it at once (held within the band, the error would drop a window later,
+-- idling that window's capacity instead).
+if sliding and shifted < round - 1 then
   local keep = held(me, c)
   if t < keep and keep - t <= L / 20 then t = keep end
 end

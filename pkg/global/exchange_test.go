@@ -287,6 +287,54 @@ func TestExchangeRoundIgnoresOrder(t *testing.T) {
 	}
 }
 
+// TestExchangeShiftLiftsTheBand: a shift's demand is a quarter's (here eu's
+// 600 published as 200 where 150 was true), and the next round's, a whole
+// interval's, corrects it at once on a sliding window, though by less than
+// the band a steady demand's wobble keeps: eu's share falls from 63 to 50
+// at the window after, not a window later, where the drop would idle the
+// capacity us asks for.
+func TestExchangeShiftLiftsTheBand(t *testing.T) {
+	c := redistest.StartServer(t).Client()
+	t0 := testEpoch()
+	a := Ask{Key: "rl:{d:k=b}:k", Limit: 300, Window: time.Second, Sliding: true}
+	var last [3]Grant
+	round := func(i int64, demand [3]uint64, shift bool) {
+		for phase := range int64(2) {
+			for j, region := range []string{"eu", "us", "ap"} {
+				a := a
+				a.Demand, a.Shift, a.Now = demand[j], shift && j < 2, t0+i*sec+(1+phase)*sec/4+int64(j)*20_000
+				s := settings(region, "p1")
+				s.Lease = s.Interval
+				if phase == 0 {
+					if err := Publish(context.Background(), c, s, []Ask{a})[0]; err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				last[j] = exchange1(t, c, s, a)
+			}
+		}
+	}
+	for i := range int64(5) {
+		round(i, [3]uint64{600, 150, 150}, false)
+	}
+	round(5, [3]uint64{200, 600, 150}, true) // the shift, measured on a quarter
+	w := t0 / sec
+	if s := share(last[0], w+6); s != 63 {
+		t.Fatalf("eu's share of window 6 after the shift's round: %d, want 63 (300·200/950)", s)
+	}
+	for i := int64(6); i < 9; i++ {
+		round(i, [3]uint64{150, 600, 150}, false)
+		if s := share(last[0], w+i+1); s != 50 {
+			t.Errorf("eu's share of window %d: %d, want 50 (300·150/900) from the round after the shift's", i+1, s)
+		}
+	}
+	if s := share(last[1], w+8); s != 200 {
+		t.Errorf("us's share of window 8: %d, want 200", s)
+	}
+	checkSums(t, held(t, c, MetaKey(a.Key, 300, time.Second), w, w+9), w, 300, true)
+}
+
 // TestExchangeFloorAfterLeases: a region joining while another holds the
 // whole limit gets its whole floor, from the window after the other's
 // lease; the shares of every window stay within the limit.

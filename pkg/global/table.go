@@ -54,6 +54,7 @@ type entry struct {
 	hits      uint64 // asked this interval (admitted and denied)
 	mark      uint64 // hits when the interval's window boundary passed (markHits)
 	demand    uint64 // last interval's, per window
+	shift     bool   // demand is its last quarter's (demandRate)
 	lastHit   int64  // local Unix ns
 	granted   bool
 	shares    map[int64]uint64 // window -> share, the largest granted
@@ -251,7 +252,7 @@ func (t *Table) pick(all bool) []*entry {
 		e.mu.Lock()
 		idle := now.UnixNano() - e.lastHit
 		if all {
-			e.demand = demandRate(e.hits, e.hits-min(e.mark, e.hits), t.s.Interval, e.window)
+			e.demand, e.shift = demandRate(e.hits, e.hits-min(e.mark, e.hits), t.s.Interval, e.window)
 			e.hits, e.mark = 0, 0
 		}
 		gone := idle > 10*int64(t.s.Interval) && (!e.granted || e.leaseEnd < e.seen/e.window.Microseconds())
@@ -268,18 +269,18 @@ func (t *Table) pick(all bool) []*entry {
 }
 
 // demandRate returns a key's demand per window from the hits of the
-// interval since its last exchange, recent of them in its last quarter
-// (since markHits): the whole interval's rate, which counts four times the
-// hits and so wobbles half as much from one exchange to the next, unless
-// the quarter's count is over three standard deviations (of a Poisson
-// count) from its share of the interval's, when demand has shifted and the
-// quarter's rate is the one to follow.
-func demandRate(hits, recent uint64, interval, window time.Duration) uint64 {
+// interval since its last round, recent of them in its last quarter (since
+// markHits): the whole interval's rate, which counts four times the hits
+// and so wobbles half as much from one round to the next, unless the
+// quarter's count is over three standard deviations (of a Poisson count)
+// from its share of the interval's, when demand has shifted and the
+// quarter's rate is the one to follow (shift true).
+func demandRate(hits, recent uint64, interval, window time.Duration) (rate uint64, shift bool) {
 	q := uint64(interval / 4)
 	if expect := float64(hits) / 4; math.Abs(float64(recent)-expect) > 3*math.Sqrt(max(expect, 1)) {
-		return (recent*uint64(window) + q - 1) / q
+		return (recent*uint64(window) + q - 1) / q, true
 	}
-	return (hits*uint64(window) + uint64(interval) - 1) / uint64(interval)
+	return (hits*uint64(window) + uint64(interval) - 1) / uint64(interval), false
 }
 
 // publish takes the demand per window of each key with demand in the last
@@ -345,7 +346,7 @@ func asksOf(es []*entry) []Ask {
 	asks := make([]Ask, len(es))
 	for i, e := range es {
 		e.mu.Lock()
-		asks[i] = Ask{Key: e.key, Limit: e.limit, Window: e.window, Sliding: e.sliding, Demand: e.demand}
+		asks[i] = Ask{Key: e.key, Limit: e.limit, Window: e.window, Sliding: e.sliding, Demand: e.demand, Shift: e.shift}
 		e.mu.Unlock()
 	}
 	return asks
