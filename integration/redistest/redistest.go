@@ -301,18 +301,29 @@ func (s *Server) URL() string { return "redis://" + s.Addr }
 // commandstats, keyed by lower-case command name (e.g. "evalsha", "eval").
 // It returns nil if the server cannot be asked.
 func (s *Server) CommandStats(ctx context.Context) map[string]int64 {
+	return s.commandStat(ctx, "calls")
+}
+
+// CommandUsec returns the server's own time per command (INFO
+// commandstats' usec; a script's includes the commands it runs), keyed as
+// CommandStats is; nil if the server cannot be asked.
+func (s *Server) CommandUsec(ctx context.Context) map[string]int64 {
+	return s.commandStat(ctx, "usec")
+}
+
+func (s *Server) commandStat(ctx context.Context, field string) map[string]int64 {
 	c := s.Client()
 	defer c.Close()
 	info, err := c.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return nil
 	}
-	return parseCommandStats(info)
+	return parseCommandStats(info, field)
 }
 
-// parseCommandStats parses lines like
+// parseCommandStats parses field (calls, usec) of lines like
 // "cmdstat_evalsha:calls=3,usec=120,usec_per_call=40.00,...".
-func parseCommandStats(info string) map[string]int64 {
+func parseCommandStats(info, field string) map[string]int64 {
 	stats := make(map[string]int64)
 	for _, line := range strings.Split(info, "\n") {
 		line = strings.TrimSpace(line)
@@ -321,7 +332,7 @@ func parseCommandStats(info string) map[string]int64 {
 			continue
 		}
 		for _, kv := range strings.Split(rest, ",") {
-			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+			if v, ok := strings.CutPrefix(kv, field+"="); ok {
 				n, err := strconv.ParseInt(v, 10, 64)
 				if err == nil {
 					stats[strings.ToLower(name)] = n

@@ -56,9 +56,12 @@ func TestServerLifecycle(t *testing.T) {
 func TestParseCommandStats(t *testing.T) {
 	info := "# Commandstats\r\ncmdstat_evalsha:calls=3,usec=120,usec_per_call=40.00,rejected_calls=0,failed_calls=1\r\n" +
 		"cmdstat_EVAL:calls=1,usec=10\r\ncmdstat_broken\r\n"
-	got := parseCommandStats(info)
+	got := parseCommandStats(info, "calls")
 	if got["evalsha"] != 3 || got["eval"] != 1 || len(got) != 2 {
-		t.Errorf("parseCommandStats = %v", got)
+		t.Errorf("parseCommandStats calls = %v", got)
+	}
+	if got := parseCommandStats(info, "usec"); got["evalsha"] != 120 || got["eval"] != 10 || len(got) != 2 {
+		t.Errorf("parseCommandStats usec = %v", got)
 	}
 }
 

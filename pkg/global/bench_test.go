@@ -5,12 +5,9 @@ package global
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/integration/redistest"
 )
@@ -42,7 +39,7 @@ func BenchmarkExchangeRound(b *testing.B) {
 	round := 0
 	for b.Loop() {
 		for phase := range 2 {
-			before := evalshaStats(b, c)
+			before := evalsha(ctx, srv)
 			for r, region := range regions {
 				for p := range 2 {
 					s := settings(region, "p"+strconv.Itoa(p))
@@ -62,7 +59,7 @@ func BenchmarkExchangeRound(b *testing.B) {
 					}
 				}
 			}
-			after := evalshaStats(b, c)
+			after := evalsha(ctx, srv)
 			if phase == 0 {
 				pubUsec, pubCalls = pubUsec+after[1]-before[1], pubCalls+after[0]-before[0]
 			} else {
@@ -76,19 +73,7 @@ func BenchmarkExchangeRound(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
-var evalshaRE = regexp.MustCompile(`cmdstat_evalsha:calls=(\d+),usec=(\d+)`)
-
-// evalshaStats returns the global store's evalsha calls and their usec.
-func evalshaStats(b *testing.B, c *redis.Client) [2]float64 {
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	m := evalshaRE.FindStringSubmatch(info)
-	if m == nil {
-		return [2]float64{}
-	}
-	calls, _ := strconv.ParseFloat(m[1], 64)
-	usec, _ := strconv.ParseFloat(m[2], 64)
-	return [2]float64{calls, usec}
+// evalsha returns the global store's evalsha calls and their usec so far.
+func evalsha(ctx context.Context, srv *redistest.Server) [2]float64 {
+	return [2]float64{float64(srv.CommandStats(ctx)["evalsha"]), float64(srv.CommandUsec(ctx)["evalsha"])}
 }

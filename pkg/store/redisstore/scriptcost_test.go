@@ -4,10 +4,8 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -102,7 +100,11 @@ func BenchmarkScriptCost(b *testing.B) {
 			}
 			usec := 0.0
 			for _, cmd := range m.cmds {
-				usec += float64(usecOf(b, c, cmd))
+				u, ok := srv.CommandUsec(ctx)[cmd]
+				if !ok {
+					b.Fatalf("no commandstats for %s", cmd)
+				}
+				usec += float64(u)
 			}
 			b.ReportMetric(usec/float64(n), "redis-us/call")
 		})
@@ -114,17 +116,4 @@ func resetStat(b *testing.B, c *redis.Client) {
 	if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
 		b.Fatal(err)
 	}
-}
-
-// usecOf returns INFO commandstats' usec of cmd.
-func usecOf(b *testing.B, c *redis.Client, cmd string) int64 {
-	info := c.Info(context.Background(), "commandstats").Val()
-	var calls, usec int64
-	for line := range strings.Lines(info) {
-		if _, err := fmt.Sscanf(line, "cmdstat_"+cmd+":calls=%d,usec=%d", &calls, &usec); err == nil {
-			return usec
-		}
-	}
-	b.Fatalf("no commandstats for %s", cmd)
-	return 0
 }
