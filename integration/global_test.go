@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -289,6 +290,14 @@ func (l *globalLoad) fed(t *testing.T, w int64, want [3]int) bool {
 		}
 	}
 	return true
+}
+
+// sent returns the requests the load sent per region and window (Unix
+// second of the send).
+func (l *globalLoad) sent() map[int64][3]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.offered)
 }
 
 // admitted returns the admitted requests per region and window (Unix
@@ -599,7 +608,8 @@ func testGlobalShift(t *testing.T, alg string) {
 func checkGlobalWindows(t *testing.T, load *globalLoad, rows []windowRow, alg string, lo func(int64) int, first, last int64) {
 	adm := load.admitted()
 	var b strings.Builder
-	fmt.Fprintf(&b, "window  counts(eu us ap) sum  shares(eu us ap) sum  admitted(eu us ap) sum  demand published(eu us ap)\n")
+	fmt.Fprintf(&b, "window  counts(eu us ap) sum  shares(eu us ap) sum  admitted(eu us ap) sum  demand published(eu us ap)  sent(eu us ap)\n")
+	sent := load.sent()
 	prev := map[int64][3]int64{}
 	for _, r := range rows {
 		prev[r.w] = r.shares
@@ -614,7 +624,7 @@ func checkGlobalWindows(t *testing.T, load *globalLoad, rows []windowRow, alg st
 		if r.w < first || r.w >= last {
 			mark = "-" // shown, not checked
 		}
-		fmt.Fprintf(&b, "%s%d  %v %d  %v %d  %v %d  %v\n", mark, r.w, r.counts, sum3(r.counts), r.shares, sum3(r.shares), a, sum3(a), r.demand)
+		fmt.Fprintf(&b, "%s%d  %v %d  %v %d  %v %d  %v  %v\n", mark, r.w, r.counts, sum3(r.counts), r.shares, sum3(r.shares), a, sum3(a), r.demand, sent[r.w])
 		if mark == "-" {
 			continue
 		}
