@@ -411,22 +411,19 @@ func windowCounts(t *testing.T, regions []*region, g redis.UniversalClient, w in
 	}
 	for _, meta := range metas {
 		win, _ := g.HGetAll(ctx, meta+"|"+strconv.FormatInt(w, 10)).Result()
+		fields, _ := g.HGetAll(ctx, meta).Result()
 		for i, r := range regions {
 			s, ok := win[r.name]
-			if !ok {
-				if from, _ := g.HGet(ctx, meta, "ff|"+r.name).Int64(); w >= from {
-					s, _ = g.HGet(ctx, meta, "f|"+r.name).Result()
-				}
+			if from, _ := strconv.ParseInt(fields["ff|"+r.name], 10, 64); !ok && w >= from {
+				s = fields["f|"+r.name]
 			}
 			n, _ := strconv.ParseInt(s, 10, 64)
 			shares[i] += n
-		}
-		for k, v := range g.HGetAll(ctx, meta).Val() {
-			round, hits, ok := strings.Cut(v, ":") // a replica's demand: 'round:hits'
-			n, _ := strconv.ParseInt(round, 10, 64)
-			d, _ := strconv.ParseInt(hits, 10, 64)
-			for i, r := range regions {
+			for k, v := range fields { // its replicas' demands: 'd|R|P' = 'round:hits'
+				round, hits, ok := strings.Cut(v, ":")
 				if ok && strings.HasPrefix(k, "d|"+r.name+"|") {
+					n, _ := strconv.ParseInt(round, 10, 64)
+					d, _ := strconv.ParseInt(hits, 10, 64)
 					x := demand[n]
 					x[i] += d
 					demand[n] = x

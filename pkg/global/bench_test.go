@@ -42,8 +42,7 @@ func BenchmarkExchangeRound(b *testing.B) {
 			before := evalsha(ctx, srv)
 			for r, region := range regions {
 				for p := range 2 {
-					s := settings(region, "p"+strconv.Itoa(p))
-					s.Lease = s.Interval
+					s := roundSettings(region, "p"+strconv.Itoa(p))
 					a := asks(t0 + int64(round)*sec + int64(1+phase)*sec/4 + int64(r*2+p)*1000)
 					for i := range a {
 						a[i].Demand = demand[region]

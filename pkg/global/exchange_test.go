@@ -116,6 +116,27 @@ func exchange1(t *testing.T, c redis.UniversalClient, s Settings, a Ask) Grant {
 	return g[0]
 }
 
+// roundSettings is settings with a lease of one interval, as a replica
+// runs by default.
+func roundSettings(region, replica string) Settings {
+	s := settings(region, replica)
+	s.Lease = s.Interval
+	return s
+}
+
+// roundCall makes a's call of a round's phase: 0 publishes its demand (no
+// grant), 1 asks for its grant.
+func roundCall(t *testing.T, c redis.UniversalClient, s Settings, a Ask, phase int64) Grant {
+	t.Helper()
+	if phase == 0 {
+		if err := Publish(context.Background(), c, s, []Ask{a})[0]; err != nil {
+			t.Fatal(err)
+		}
+		return Grant{}
+	}
+	return exchange1(t, c, s, a)
+}
+
 // share returns g's share of window v: its stored share, else its floor.
 func share(g Grant, v int64) uint64 {
 	if i := v - g.Current; i >= 0 && i < int64(len(g.Shares)) {
@@ -249,15 +270,7 @@ func TestExchangeRoundIgnoresOrder(t *testing.T) {
 						a := a
 						a.Demand = demand[region] * []uint64{60, 40}[p] / 100
 						a.Now = t0 + i*sec + (1+phase)*sec/4 + int64(pos)*20_000
-						s := settings(region, "p"+strconv.Itoa(p))
-						s.Lease = s.Interval
-						if phase == 0 {
-							if err := Publish(context.Background(), c, s, []Ask{a})[0]; err != nil {
-								t.Fatal(err)
-							}
-						} else {
-							exchange1(t, c, s, a)
-						}
+						roundCall(t, c, roundSettings(region, "p"+strconv.Itoa(p)), a, phase)
 					}
 				}
 			}
@@ -303,15 +316,9 @@ func TestExchangeShiftLiftsTheBand(t *testing.T) {
 			for j, region := range []string{"eu", "us", "ap"} {
 				a := a
 				a.Demand, a.Shift, a.Now = demand[j], shift && j < 2, t0+i*sec+(1+phase)*sec/4+int64(j)*20_000
-				s := settings(region, "p1")
-				s.Lease = s.Interval
-				if phase == 0 {
-					if err := Publish(context.Background(), c, s, []Ask{a})[0]; err != nil {
-						t.Fatal(err)
-					}
-					continue
+				if g := roundCall(t, c, roundSettings(region, "p1"), a, phase); phase == 1 {
+					last[j] = g
 				}
-				last[j] = exchange1(t, c, s, a)
 			}
 		}
 	}
